@@ -1,0 +1,1 @@
+"""txstream: transactional stream processing on Ray."""

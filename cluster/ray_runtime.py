@@ -1,0 +1,59 @@
+"""Starting or attaching to Ray, and starting txstream's actors on it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+OBJECT_STORE_BYTES = 512 * 1024**2
+
+
+@contextmanager
+def ray_session(address: str | None = None, job_config: object | None = None) -> Iterator[bool]:
+    """A Ray session for one run: reuse an initialised one, attach to ``address``, or
+    start a lean local Ray. Yields whether this call started it; shuts down only then."""
+    import ray
+
+    if ray.is_initialized():
+        yield False
+        return
+    options = dict(
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+        configure_logging=True,
+        job_config=job_config,
+    )
+    if address:
+        ray.init(address=address, **options)
+    else:
+        ray.init(
+            num_cpus=os.cpu_count() or 1,
+            object_store_memory=OBJECT_STORE_BYTES,
+            **options,
+        )
+    try:
+        yield True
+    finally:
+        ray.shutdown()
+
+
+def start_actor(cls: type, *args: object, name: str | None = None, **kwargs: object) -> object:
+    """Start ``cls`` (a plain class) as a Ray actor. txstream's actors reserve no Ray
+    CPU: executors pin themselves to cores, the others mostly wait."""
+    import ray
+
+    return ray.remote(num_cpus=0, max_restarts=0)(cls).options(name=name).remote(*args, **kwargs)
+
+
+def stop_actors(actors: list) -> None:
+    """Kill actors without waiting for queued calls (used on success and on failure)."""
+    import ray
+
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # already dead or Ray gone: nothing left to stop
+            pass

@@ -1,0 +1,172 @@
+"""The public entry point: configure a `Job`, `run()` it on events, get a `Result`.
+
+`run()` validates everything it can before starting anything (schema errors cost no
+Ray start-up), then runs the actor graph ProgressController -> Executors -> Sink
+over shared-memory state, and always stops the actors, unlinks the shared memory
+and shuts down the Ray it started - on success, on error and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from txstream import topologies
+from txstream.actors.executor import Executor, output_schema
+from txstream.actors.progress import ProgressController
+from txstream.actors.sink import Sink
+from txstream.cluster.ray_runtime import ray_session, start_actor, stop_actors
+from txstream.config import RunConfig
+from txstream.errors import RuntimeFailure, TxstreamError
+from txstream.sources import ArrowSource, Source
+from txstream.state.init import InitState, read_init_state
+from txstream.state.shared import SharedArray, new_run_id, sweep_stale_segments
+from txstream.state.tables import SharedState
+from txstream.topologies.api import Layout
+
+DEFAULT_SET_CAPACITY = 1 << 20
+"""Distinct-set slots when the number of events is not known in advance."""
+
+
+@dataclass
+class Result:
+    """What a run produced: per-event outputs, final state, and metrics."""
+
+    events: pa.Table
+    state: dict[str, pa.Table]
+    metrics: dict[str, Any]
+
+
+class Job:
+    """A configured run of one topology, e.g. ``Job("sl", scheduler="serial").run(events, init)``.
+
+    Options are those of `txstream run` (see :class:`txstream.config.RunConfig`).
+    """
+
+    def __init__(self, topology: str = "sl", **options: Any):
+        self.config = RunConfig(topology=topology, **options)
+
+    def run(
+        self,
+        events: str | Path | pa.Table | Source,
+        init_state: InitState,
+        output: str | Path | None = None,
+    ) -> Result:
+        """Run the job on ``events`` (Parquet path, Arrow table or a Source) from
+        ``init_state`` (folder of ``<table>.parquet`` or Arrow tables by name). With
+        ``output``, also writes events.parquet, state/ and metrics.json there."""
+        cfg = self.config
+        topology = topologies.get(cfg.topology)
+        source = events if hasattr(events, "iter_batches") else ArrowSource(events)
+        topology.check_event_schema(source.schema)
+        init = read_init_state(topology, init_state)
+        layout = Layout.of(topology.tables, topology.sizes_from({k: t.num_rows for k, t in init.items()}))
+        out_dir = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="txstream_"))
+        try:
+            metrics, state = self._execute(topology, source, init, layout, out_dir)
+            result = Result(pq.read_table(out_dir / "events.parquet"), state, metrics)
+        finally:
+            if output is None:
+                shutil.rmtree(out_dir, ignore_errors=True)
+        return result
+
+    def _execute(self, topology, source, init, layout, out_dir: Path):
+        cfg = self.config
+        sweep_stale_segments()
+        run_id = new_run_id()
+        has_sets = any(t.distinct for t in topology.tables)
+        set_capacity = (2 * (source.num_rows or DEFAULT_SET_CAPACITY)) if has_sets else 16
+        actors: list = []
+        begin = time.perf_counter()
+        with ExitStack() as stack:
+            state = stack.enter_context(SharedState.create(run_id, layout, set_capacity))
+            progress = SharedArray.create(run_id, "progress", (1,), "int64")
+            stack.callback(progress.close)
+            state.load(topology, init)
+            stack.enter_context(ray_session(cfg.address))
+            stack.callback(stop_actors, actors)
+            sink = start_actor(Sink, str(out_dir), output_schema(topology), progress.handle)
+            executors = [start_actor(Executor, cfg, state.handle, sink) for _ in range(cfg.executors)]
+            controller = start_actor(ProgressController, cfg, source, executors)
+            actors += [controller, *executors, sink]
+            self._get([e.warm_up.remote(source.schema) for e in executors])
+            startup = time.perf_counter() - begin
+            start = time.perf_counter()
+            done = controller.run.remote()
+            self._wait_with_progress(done, progress, source.num_rows)
+            run_info = self._get(done)
+            summary = self._get(sink.finish.remote())
+            seconds = time.perf_counter() - start
+            self._get([e.close.remote() for e in executors])
+            tables = state.tables(topology)
+        self._write_state(out_dir, tables)
+        metrics = self._metrics(summary, run_info, seconds, startup, source)
+        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        return metrics, tables
+
+    def _get(self, refs: Any) -> Any:
+        """ray.get with the run's timeout; user and engine errors keep their own type."""
+        import ray
+
+        try:
+            return ray.get(refs, timeout=self.config.timeout_s)
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, TxstreamError):
+                raise cause from exc
+            raise RuntimeFailure(f"an actor failed: {cause or exc}") from exc
+        except ray.exceptions.GetTimeoutError as exc:
+            raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
+        except ray.exceptions.RayError as exc:
+            raise RuntimeFailure(f"an actor died: {exc}") from exc
+
+    def _wait_with_progress(self, done: Any, progress: SharedArray, total: int | None) -> None:
+        """Wait for the run, with a progress bar on stderr once it takes over 2 s."""
+        import ray
+        from tqdm import tqdm
+
+        deadline = time.monotonic() + self.config.timeout_s
+        with tqdm(total=total, unit="ev", unit_scale=True, delay=2.0, file=sys.stderr,
+                  disable=not self.config.progress, desc=self.config.topology) as bar:  # fmt: skip
+            while not ray.wait([done], timeout=0.25)[0]:
+                bar.update(int(progress.array[0]) - bar.n)
+                if time.monotonic() > deadline and int(progress.array[0]) == bar.n:
+                    raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")
+            bar.update(int(progress.array[0]) - bar.n)
+
+    @staticmethod
+    def _write_state(out_dir: Path, tables: dict[str, pa.Table]) -> None:
+        (out_dir / "state").mkdir(parents=True, exist_ok=True)
+        for name, table in tables.items():
+            pq.write_table(table, out_dir / "state" / f"{name}.parquet")
+
+    def _metrics(self, summary, run_info, seconds, startup, source) -> dict[str, Any]:
+        from txstream.metrics import Breakdown
+
+        total = Breakdown()
+        for b in run_info["breakdowns"]:
+            total.add(Breakdown(**b))
+        events = summary["events"]
+        return {
+            "events": events,
+            "committed": summary["committed"],
+            "aborted": summary["aborted"],
+            "rejected": summary["rejected"],
+            "seconds": round(seconds, 6),
+            "throughput_eps": round(events / seconds, 1) if seconds > 0 else None,
+            "latency_ms": summary["latency_ms"],
+            "breakdown_s": total.as_dict(),
+            "breakdown_per_executor_s": run_info["breakdowns"],
+            "startup_s": round(startup, 3),
+            "config": {**self.config.as_dict(), "source_rows": source.num_rows},
+        }

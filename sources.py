@@ -1,0 +1,75 @@
+"""Event sources: where the ProgressController reads events from, in ts order.
+
+A source is created in the driver (its schema is checked there, before anything
+runs) and pickled into the ProgressController actor, which iterates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from txstream.errors import SchemaError
+
+
+class Source(Protocol):
+    """Ordered batches of events (row order = ts order)."""
+
+    schema: pa.Schema
+    num_rows: int | None
+
+    def iter_batches(self, max_rows: int) -> Iterator[pa.RecordBatch]:
+        """Batches of at most ``max_rows`` rows, in input order."""
+        ...
+
+
+def parquet_files(path: str | Path) -> list[Path]:
+    """A Parquet file, or the Parquet files of a folder in name order."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix == ".parquet" and p.is_file())
+        if not files:
+            raise SchemaError(f"events: no .parquet files in {path}")
+        return files
+    if not path.is_file():
+        raise SchemaError(f"events: {path} not found")
+    return [path]
+
+
+class ArrowSource:
+    """Parquet read with pyarrow (one file or a folder in name order), or an Arrow table."""
+
+    def __init__(self, events: str | Path | pa.Table):
+        if isinstance(events, pa.Table):
+            self._table: pa.Table | None = events
+            self._files: list[Path] = []
+            self.schema = events.schema
+            self.num_rows = events.num_rows
+            return
+        self._table = None
+        self._files = parquet_files(events)
+        schemas = []
+        rows = 0
+        for f in self._files:
+            try:
+                meta = pq.ParquetFile(f)
+            except Exception as exc:
+                raise SchemaError(f"events: cannot read {f} ({exc})") from exc
+            schemas.append(meta.schema_arrow)
+            rows += meta.metadata.num_rows
+        if any(not s.equals(schemas[0]) for s in schemas[1:]):
+            raise SchemaError(f"events: files in {events} have different schemas")
+        self.schema = schemas[0]
+        self.num_rows = rows
+
+    def iter_batches(self, max_rows: int) -> Iterator[pa.RecordBatch]:
+        """Batches in file order, then row order."""
+        if self._table is not None:
+            yield from self._table.to_batches(max_chunksize=max_rows)
+            return
+        for f in self._files:
+            yield from pq.ParquetFile(f).iter_batches(batch_size=max_rows)

@@ -1,0 +1,61 @@
+"""Reading and validating init state: dense keys, int64 values, nothing else (SPEC §2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from txstream.errors import SchemaError
+from txstream.topologies.api import Table, Topology
+
+InitState = str | Path | dict[str, pa.Table]
+
+
+def read_init_state(topology: Topology, init: InitState) -> dict[str, pa.Table]:
+    """Init tables by name, validated and cast to int64; raises SchemaError otherwise."""
+    tables = {}
+    for table in topology.init_tables:
+        if isinstance(init, dict):
+            if table.name not in init:
+                raise SchemaError(f"init state: missing table {table.name!r}")
+            data, label = init[table.name], f"init state {table.name!r}"
+        else:
+            path = Path(init) / f"{table.name}.parquet"
+            label = f"init state {path}"
+            if not path.is_file():
+                raise SchemaError(f"{label}: file not found")
+            try:
+                data = pq.read_table(path)
+            except Exception as exc:
+                raise SchemaError(f"{label}: unreadable ({exc})") from exc
+        tables[table.name] = validate_init_table(table, data, label)
+    return tables
+
+
+def validate_init_table(table: Table, data: pa.Table, label: str) -> pa.Table:
+    """Check ``key`` = 0..K-1 plus exactly the table's value columns, integer, no nulls."""
+    expected = {"key", *table.columns}
+    if set(data.column_names) != expected:
+        raise SchemaError(
+            f"{label}: columns {sorted(data.column_names)}, expected {sorted(expected)}"
+        )
+    columns = {}
+    for name in ("key", *table.columns):
+        col = data.column(name)
+        if not pa.types.is_integer(col.type):
+            raise SchemaError(f"{label}: column {name!r} has type {col.type}, expected int64")
+        if col.null_count:
+            raise SchemaError(f"{label}: column {name!r} has nulls")
+        columns[name] = pc.cast(col, pa.int64()).combine_chunks()
+    keys = columns["key"].to_numpy()
+    if not np.array_equal(keys, np.arange(len(keys))):
+        raise SchemaError(f"{label}: keys are not 0..K-1 in order (init state must be dense)")
+    if table.init_min is not None:
+        for name in table.columns:
+            if len(keys) and pc.min(columns[name]).as_py() < table.init_min:
+                raise SchemaError(f"{label}: column {name!r} has values below {table.init_min}")
+    return pa.table(columns)

@@ -1,0 +1,93 @@
+"""Numpy arrays in POSIX shared memory, created by the driver and attached by actors.
+
+The driver alone creates and unlinks segments (in a ``finally``); actors attach by
+name and unregister from Python's resource tracker so their exit does not unlink.
+Names carry the creating pid, so segments left by a killed run can be swept.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
+
+import numpy as np
+
+PREFIX = "txstream_"
+
+
+@dataclass(frozen=True)
+class ArrayHandle:
+    """What an actor needs to attach to a shared array: picklable and tiny."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class SharedArray:
+    """One numpy array backed by one shared-memory segment."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, handle: ArrayHandle, owner: bool):
+        self._shm = shm
+        self.handle = handle
+        self.owner = owner
+        self.array: np.ndarray = np.ndarray(handle.shape, handle.dtype, buffer=shm.buf)
+
+    @classmethod
+    def create(cls, run_id: str, what: str, shape: tuple[int, ...], dtype: str) -> SharedArray:
+        """Create a zeroed segment named after the run (driver side)."""
+        name = f"{PREFIX}{os.getpid()}_{run_id}_{what}"
+        nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
+        array = cls(shm, ArrayHandle(name, tuple(shape), dtype), owner=True)
+        array.array.fill(0)
+        return array
+
+    @classmethod
+    def attach(cls, handle: ArrayHandle) -> SharedArray:
+        """Attach to an existing segment (actor side); never unlinks it."""
+        shm = shared_memory.SharedMemory(name=handle.name)
+        resource_tracker.unregister(shm._name, "shared_memory")  # the driver owns it
+        return cls(shm, handle, owner=False)
+
+    def close(self) -> None:
+        """Detach; the owner also unlinks the segment."""
+        self.array = np.empty(0)
+        self._shm.close()
+        if self.owner:
+            try:
+                self._shm.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def new_run_id() -> str:
+    """A short random token distinguishing the segments of concurrent runs."""
+    return secrets.token_hex(4)
+
+
+def sweep_stale_segments(shm_dir: str = "/dev/shm") -> list[str]:
+    """Remove segments of txstream runs whose driver process no longer exists."""
+    removed = []
+    for path in Path(shm_dir).glob(PREFIX + "*"):
+        try:
+            pid = int(path.name[len(PREFIX) :].split("_", 1)[0])
+        except ValueError:
+            continue
+        if not _alive(pid):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

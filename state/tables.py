@@ -1,0 +1,97 @@
+"""The state of a run: every table's columns in one flat int64 array, plus distinct sets.
+
+Cell ``layout.base(column) + key`` holds ``column[key]``. Distinct tables keep their
+members in an open-addressing hash set of (cell, member) pairs; the cell holds the size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from txstream.state.shared import ArrayHandle, SharedArray
+from txstream.topologies.api import Layout, Topology
+
+EMPTY = -1
+"""Marks a free slot of a distinct set; a removed member becomes TOMBSTONE."""
+TOMBSTONE = -2
+
+
+@dataclass(frozen=True)
+class StateHandle:
+    """Picklable description of a run's state, for actors to attach to."""
+
+    layout: Layout
+    values: ArrayHandle
+    set_cells: ArrayHandle
+    set_members: ArrayHandle
+
+
+class SharedState:
+    """The run's tables in shared memory (see module docstring)."""
+
+    def __init__(self, layout: Layout, arrays: tuple[SharedArray, SharedArray, SharedArray]):
+        self.layout = layout
+        self._arrays = arrays
+        self.values, self.set_cells, self.set_members = (a.array for a in arrays)
+
+    @classmethod
+    def create(cls, run_id: str, layout: Layout, set_capacity: int) -> SharedState:
+        """Allocate the state (driver side); ``set_capacity`` is rounded up to a power of 2."""
+        capacity = 1 << max(4, int(set_capacity - 1).bit_length())
+        arrays = (
+            SharedArray.create(run_id, "values", (layout.cells,), "int64"),
+            SharedArray.create(run_id, "set_cells", (capacity,), "int64"),
+            SharedArray.create(run_id, "set_members", (capacity,), "int64"),
+        )
+        arrays[1].array.fill(EMPTY)
+        return cls(layout, arrays)
+
+    @classmethod
+    def attach(cls, handle: StateHandle) -> SharedState:
+        """Attach to the driver's state (actor side)."""
+        arrays = (
+            SharedArray.attach(handle.values),
+            SharedArray.attach(handle.set_cells),
+            SharedArray.attach(handle.set_members),
+        )
+        return cls(handle.layout, arrays)
+
+    @property
+    def handle(self) -> StateHandle:
+        """What to send to actors."""
+        values, cells, members = (a.handle for a in self._arrays)
+        return StateHandle(self.layout, values, cells, members)
+
+    def close(self) -> None:
+        """Detach (and unlink, on the driver)."""
+        for array in self._arrays:
+            array.close()
+
+    def __enter__(self) -> SharedState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def load(self, topology: Topology, init: dict[str, pa.Table]) -> None:
+        """Copy validated init tables into the state (tables without init start at 0)."""
+        for table in topology.init_tables:
+            for column in table.columns:
+                base = self.layout.bases[(table.name, column)]
+                data = init[table.name].column(column).to_numpy()
+                self.values[base : base + len(data)] = data
+
+    def tables(self, topology: Topology) -> dict[str, pa.Table]:
+        """Every table as ``key`` + value columns (a copy, safe after close)."""
+        out = {}
+        for table in topology.tables:
+            size = self.layout.sizes[table.name]
+            columns = {"key": pa.array(np.arange(size, dtype=np.int64))}
+            for column in table.columns:
+                base = self.layout.bases[(table.name, column)]
+                columns[column] = pa.array(self.values[base : base + size].copy())
+            out[table.name] = pa.table(columns)
+        return out

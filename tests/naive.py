@@ -1,0 +1,310 @@
+"""A plain-Python model of SPEC.md §1–§4: the oracle the engine is tested against.
+
+Events run one at a time in `ts` order, on Python lists and ints, with no code shared
+with txstream, so that a bug in the engine cannot hide behind the same bug here.
+Speed does not matter; being obviously right does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pyarrow as pa
+
+MAX = 2**40
+"""Upper bound of amounts, prices, quantities and |delta|."""
+
+I64, STR, LIST = pa.int64(), pa.string(), pa.list_(pa.int64())
+
+EVENT_SCHEMAS: dict[str, pa.Schema] = {
+    "sl": pa.schema(
+        [
+            ("event_id", I64),
+            ("kind", STR),
+            ("account", I64),
+            ("asset", I64),
+            ("dst_account", I64),
+            ("dst_asset", I64),
+            ("amount", I64),
+            ("asset_amount", I64),
+        ]
+    ),
+    "gs": pa.schema(
+        [("event_id", I64), ("kind", STR), ("keys", LIST), ("deps", LIST), ("delta", I64)]
+    ),
+    "ob": pa.schema(
+        [
+            ("event_id", I64),
+            ("kind", STR),
+            ("items", LIST),
+            ("prices", LIST),
+            ("quantities", LIST),
+            ("bid_price", I64),
+        ]
+    ),
+    "tp": pa.schema([("event_id", I64), ("vehicle", I64), ("segment", I64), ("speed", I64)]),
+}
+"""The event columns of SPEC §3, in order, with their exact Arrow types."""
+
+TABLES: dict[str, dict[str, tuple[str, ...]]] = {
+    "sl": {"accounts": ("balance",), "assets": ("balance",)},
+    "gs": {"records": ("value",)},
+    "ob": {"items": ("price", "quantity")},
+    "tp": {"segment_speed": ("speed_sum", "speed_count"), "segment_vehicles": ("vehicle_count",)},
+}
+"""Every table of a topology and its value columns."""
+
+OUTPUT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "sl": (),
+    "gs": ("sum",),
+    "ob": (),
+    "tp": ("toll", "avg_speed", "vehicle_count"),
+}
+"""Output columns after `ts, event_id, status, reason` (SPEC §4), all int64."""
+
+# Fields each kind uses (TP has no `kind` column: its one kind is None).
+USED: dict[str, dict[str | None, tuple[str, ...]]] = {
+    "sl": {
+        "deposit": ("event_id", "kind", "account", "asset", "amount", "asset_amount"),
+        "transfer": (
+            "event_id",
+            "kind",
+            "account",
+            "asset",
+            "dst_account",
+            "dst_asset",
+            "amount",
+            "asset_amount",
+        ),
+    },
+    "gs": {
+        "read": ("event_id", "kind", "keys"),
+        "write": ("event_id", "kind", "keys", "deps", "delta"),
+    },
+    "ob": {
+        "bid": ("event_id", "kind", "items", "quantities", "bid_price"),
+        "alter": ("event_id", "kind", "items", "prices"),
+        "top": ("event_id", "kind", "items", "quantities"),
+    },
+    "tp": {None: ("event_id", "vehicle", "segment", "speed")},
+}
+
+# The table whose keys a key field names.
+KEY_TABLE: dict[str, dict[str, str]] = {
+    "sl": {
+        "account": "accounts",
+        "asset": "assets",
+        "dst_account": "accounts",
+        "dst_asset": "assets",
+    },
+    "gs": {"keys": "records", "deps": "records"},
+    "ob": {"items": "items"},
+    "tp": {"segment": "segment_speed"},
+}
+
+# Inclusive value domains (for list fields: of every element).
+DOMAIN: dict[str, dict[str, tuple[int, int | None]]] = {
+    "sl": {"amount": (1, MAX), "asset_amount": (1, MAX)},
+    "gs": {"delta": (-MAX, MAX)},
+    "ob": {"prices": (1, MAX), "quantities": (1, MAX), "bid_price": (1, MAX)},
+    "tp": {"vehicle": (0, None), "speed": (0, None)},
+}
+
+# Pairs of list fields whose lengths must match, and fixed lengths, per kind.
+SAME_LENGTH: dict[str, tuple[str, str]] = {
+    "alter": ("items", "prices"),
+    "top": ("items", "quantities"),
+}
+LENGTH_ONE: dict[str, tuple[str, ...]] = {"bid": ("items", "quantities")}
+
+
+class Rejected(Exception):
+    """Malformed input; the event leaves the state untouched."""
+
+
+class Aborted(Exception):
+    """A consistency condition failed; the event leaves the state untouched."""
+
+
+class Txn:
+    """One transaction's view of the tables: its own writes first, committed only at the end."""
+
+    def __init__(self, tables: dict[str, dict[str, list]]) -> None:
+        self.tables = tables
+        self.writes: dict[tuple[str, str, int], object] = {}
+
+    def get(self, table: str, column: str, key: int):
+        """The value as of this point of the transaction."""
+        return self.writes.get((table, column, key), self.tables[table][column][key])
+
+    def set(self, table: str, column: str, key: int, value) -> None:
+        """Buffer a write; later `get`s of this transaction see it."""
+        self.writes[(table, column, key)] = value
+
+    def commit(self) -> None:
+        """Apply every buffered write."""
+        for (table, column, key), value in self.writes.items():
+            self.tables[table][column][key] = value
+
+
+def validate(topology: str, row: dict, sizes: dict[str, int]) -> None:
+    """Raise `Rejected` if the event is malformed (SPEC §1, §3); reads no state."""
+    kind = None
+    if topology != "tp":
+        kind = row["kind"]
+        if kind is None:
+            raise Rejected("null kind")
+        if kind not in USED[topology]:
+            raise Rejected("unknown kind")
+    used = USED[topology][kind]
+    for field in used:
+        if row[field] is None:
+            raise Rejected(f"null {field}")
+        if isinstance(row[field], list) and any(x is None for x in row[field]):
+            raise Rejected(f"null element in {field}")
+    if kind in SAME_LENGTH:
+        a, b = SAME_LENGTH[kind]
+        if len(row[a]) != len(row[b]):
+            raise Rejected(f"{b} length mismatch")
+    for field in LENGTH_ONE.get(kind, ()):
+        if len(row[field]) != 1:
+            raise Rejected(f"{field} length mismatch")
+    if topology == "gs" and not row["keys"]:
+        raise Rejected("keys out of domain")
+    for field in used:
+        values = row[field] if isinstance(row[field], list) else [row[field]]
+        if field in KEY_TABLE[topology]:
+            size = sizes[KEY_TABLE[topology][field]]
+            if any(not 0 <= k < size for k in values):
+                raise Rejected(f"{field} out of range")
+        if field in DOMAIN[topology]:
+            lo, hi = DOMAIN[topology][field]
+            if any(v < lo or (hi is not None and v > hi) for v in values):
+                raise Rejected(f"{field} out of domain")
+
+
+def _sl(row: dict, txn: Txn) -> dict:
+    a, s, amount, asset_amount = row["account"], row["asset"], row["amount"], row["asset_amount"]
+    if row["kind"] == "deposit":
+        txn.set("accounts", "balance", a, txn.get("accounts", "balance", a) + amount)
+        txn.set("assets", "balance", s, txn.get("assets", "balance", s) + asset_amount)
+        return {}
+    if txn.get("accounts", "balance", a) < amount or txn.get("assets", "balance", s) < asset_amount:
+        raise Aborted("insufficient balance")
+    da, ds = row["dst_account"], row["dst_asset"]
+    txn.set("accounts", "balance", a, txn.get("accounts", "balance", a) - amount)
+    txn.set("accounts", "balance", da, txn.get("accounts", "balance", da) + amount)
+    txn.set("assets", "balance", s, txn.get("assets", "balance", s) - asset_amount)
+    txn.set("assets", "balance", ds, txn.get("assets", "balance", ds) + asset_amount)
+    return {}
+
+
+def _gs(row: dict, txn: Txn) -> dict:
+    if row["kind"] == "read":
+        return {"sum": sum(txn.get("records", "value", k) for k in row["keys"])}
+    deps = row["deps"]
+    for key in row["keys"]:
+        base = sum(txn.get("records", "value", d) for d in deps) // len(deps) if deps else 0
+        v = base + row["delta"]
+        if v < 0:
+            raise Aborted("negative value")
+        txn.set("records", "value", key, v)
+    return {}
+
+
+def _ob(row: dict, txn: Txn) -> dict:
+    items = row["items"]
+    if row["kind"] == "bid":
+        item, q = items[0], row["quantities"][0]
+        if row["bid_price"] < txn.get("items", "price", item):
+            raise Aborted("bid below price")
+        if txn.get("items", "quantity", item) < q:
+            raise Aborted("insufficient quantity")
+        txn.set("items", "quantity", item, txn.get("items", "quantity", item) - q)
+    elif row["kind"] == "alter":
+        for item, price in zip(items, row["prices"], strict=True):
+            txn.set("items", "price", item, price)
+    else:
+        for item, q in zip(items, row["quantities"], strict=True):
+            txn.set("items", "quantity", item, txn.get("items", "quantity", item) + q)
+    return {}
+
+
+def _tp(row: dict, txn: Txn) -> dict:
+    seg, speed = row["segment"], row["speed"]
+    if speed >= 200:
+        raise Aborted("implausible speed")
+    speed_sum = txn.get("segment_speed", "speed_sum", seg) + speed
+    speed_count = txn.get("segment_speed", "speed_count", seg) + 1
+    vehicles = txn.get("segment_vehicles", "vehicles", seg) | {row["vehicle"]}
+    txn.set("segment_speed", "speed_sum", seg, speed_sum)
+    txn.set("segment_speed", "speed_count", seg, speed_count)
+    txn.set("segment_vehicles", "vehicles", seg, vehicles)
+    avg, cnt = speed_sum // speed_count, len(vehicles)
+    toll = 2 * (cnt - 50) ** 2 if avg < 40 and cnt > 50 else 0
+    return {"toll": toll, "avg_speed": avg, "vehicle_count": cnt}
+
+
+APPLY: dict[str, Callable[[dict, Txn], dict]] = {"sl": _sl, "gs": _gs, "ob": _ob, "tp": _tp}
+
+
+def _load(topology: str, init: dict[str, pa.Table]) -> dict[str, dict[str, list]]:
+    """Init tables as column lists; TP's vehicle sets start empty, sized like segment_speed."""
+    tables = {}
+    for name, columns in TABLES[topology].items():
+        if name == "segment_vehicles":
+            continue
+        table = init[name]
+        if table.column("key").to_pylist() != list(range(table.num_rows)):
+            raise ValueError(f"init {name}: key is not 0..K-1")
+        tables[name] = {c: table.column(c).to_pylist() for c in columns}
+    if topology == "tp":
+        segments = init["segment_speed"].num_rows
+        tables["segment_vehicles"] = {"vehicles": [frozenset() for _ in range(segments)]}
+    return tables
+
+
+def _state(topology: str, tables: dict[str, dict[str, list]]) -> dict[str, pa.Table]:
+    state = {}
+    for name, columns in TABLES[topology].items():
+        if name == "segment_vehicles":
+            values = {"vehicle_count": [len(v) for v in tables[name]["vehicles"]]}
+        else:
+            values = tables[name]
+        size = len(next(iter(values.values())))
+        state[name] = pa.table(
+            {"key": pa.array(range(size), I64)} | {c: pa.array(values[c], I64) for c in columns}
+        )
+    return state
+
+
+def output_schema(topology: str) -> pa.Schema:
+    """The schema of events.parquet for a topology (SPEC §4)."""
+    return pa.schema(
+        [("ts", I64), ("event_id", I64), ("status", STR), ("reason", STR)]
+        + [(c, I64) for c in OUTPUT_COLUMNS[topology]]
+    )
+
+
+def run_model(
+    topology: str, events: pa.Table, init: dict[str, pa.Table]
+) -> tuple[pa.Table, dict[str, pa.Table]]:
+    """Run `events` one by one in ts order; return (events output, final state of every table)."""
+    tables = _load(topology, init)
+    sizes = {name: len(next(iter(cols.values()))) for name, cols in tables.items()}
+    out = []
+    for ts, row in enumerate(events.to_pylist()):
+        result = {"ts": ts, "event_id": row["event_id"], "status": "committed", "reason": None}
+        result |= dict.fromkeys(OUTPUT_COLUMNS[topology])
+        try:
+            validate(topology, row, sizes)
+            txn = Txn(tables)
+            outputs = APPLY[topology](row, txn)
+            txn.commit()
+            result |= outputs
+        except Rejected as e:
+            result |= {"status": "rejected", "reason": str(e)}
+        except Aborted as e:
+            result |= {"status": "aborted", "reason": str(e)}
+        out.append(result)
+    return pa.Table.from_pylist(out, schema=output_schema(topology)), _state(topology, tables)

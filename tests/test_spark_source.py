@@ -1,0 +1,163 @@
+"""SparkSource keeps input order through Spark's reordering partitions, read inside an actor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+from txstream.cluster.spark import (
+    POSITION,
+    SparkSource,
+    java_available,
+    ray_job_config,
+    spark_session,
+)
+
+TIMEOUT_S = 300
+FILE_ROWS = (30_000, 50_000, 20_000)
+
+
+@ray.remote(num_cpus=0)
+class Consumer:
+    """Stands in for the ProgressController: unpickles the source and iterates it."""
+
+    def consume(self, source: SparkSource, max_rows: int) -> tuple[pa.Table, int]:
+        batches = list(source.iter_batches(max_rows))
+        largest = max((b.num_rows for b in batches), default=0)
+        return pa.Table.from_batches(batches, schema=source.schema), largest
+
+
+def _events(start: int, rows: int, rng: np.random.Generator) -> pa.Table:
+    """SL-like events with nulls in scalar, string and list columns and in list elements."""
+    ids = np.arange(start, start + rows, dtype=np.int64)
+    keys = [
+        None if i % 11 == 0 else [int(i), None, int(i) * 2][: 1 + i % 3]
+        for i in range(start, start + rows)
+    ]
+    return pa.table(
+        {
+            "event_id": ids,
+            "kind": pa.array(
+                [None if i % 13 == 0 else ("deposit", "transfer")[i % 2] for i in ids]
+            ),
+            "account": pa.array(rng.integers(0, 1000, rows), mask=ids % 17 == 0),
+            "amount": rng.integers(-(2**62), 2**62, rows),
+            "keys": pa.array(keys, pa.list_(pa.int64())),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def spark():
+    if java_available():
+        pytest.skip(java_available())
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=512 * 2**20,
+        job_config=ray_job_config(),
+    )
+    try:
+        with spark_session(app_name="txstream-test") as session:
+            # Small splits: every file spans several Spark partitions.
+            session.conf.set("spark.sql.files.maxPartitionBytes", "200000")
+            yield session
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def event_files(tmp_path_factory) -> tuple[str, pa.Table]:
+    folder = tmp_path_factory.mktemp("events")
+    rng = np.random.default_rng(7)
+    tables, start = [], 0
+    for index, rows in enumerate(FILE_ROWS):
+        table = _events(start, rows, rng)
+        pq.write_table(table, folder / f"part-{index:02d}.parquet", row_group_size=2_000)
+        tables.append(table)
+        start += rows
+    # A file that is not Parquet by name is not input.
+    (folder / "_SUCCESS").write_text("")
+    expected = pa.concat_tables(
+        [pq.read_table(folder / f"part-{i:02d}.parquet") for i in range(len(FILE_ROWS))]
+    )
+    return str(folder), expected
+
+
+@pytest.fixture
+def consumer():
+    actor = Consumer.remote()
+    yield actor
+    ray.kill(actor)
+
+
+def test_spark_itself_reorders_the_files(spark, event_files):
+    folder, expected = event_files
+    frame = spark.read.parquet(folder)
+    assert frame.rdd.getNumPartitions() > len(FILE_ROWS)
+    # Spark packs file splits largest first: its own order is not the input order,
+    # which is what makes the next test meaningful.
+    seen = [row.event_id for row in frame.select("event_id").collect()]
+    assert seen != expected.column("event_id").to_pylist()
+
+
+def test_folder_comes_out_in_input_order_inside_an_actor(spark, event_files, consumer):
+    folder, expected = event_files
+    with SparkSource(folder, partition_rows=16_384) as source:
+        table, largest = ray.get(consumer.consume.remote(source, 5_000), timeout=TIMEOUT_S)
+    assert largest <= 5_000
+    assert table.num_rows == sum(FILE_ROWS)
+    assert table.equals(expected)
+
+
+def test_schema_is_spark_columns_without_position(spark, event_files):
+    folder, expected = event_files
+    with SparkSource(folder) as source:
+        assert source.schema == pa.schema(
+            [
+                ("event_id", pa.int64()),
+                ("kind", pa.string()),
+                ("account", pa.int64()),
+                ("amount", pa.int64()),
+                ("keys", pa.list_(pa.int64())),
+            ]
+        )
+        assert POSITION not in source.schema.names
+        assert source.schema == expected.schema
+        assert source.num_rows == sum(FILE_ROWS)
+
+
+def test_single_file_with_one_big_partition(spark, event_files, consumer):
+    folder, expected = event_files
+    with SparkSource(f"{folder}/part-01.parquet") as source:
+        table, largest = ray.get(consumer.consume.remote(source, 100_000), timeout=TIMEOUT_S)
+    assert largest == FILE_ROWS[1]
+    assert table.equals(expected.slice(FILE_ROWS[0], FILE_ROWS[1]))
+
+
+def test_dataframe_keeps_its_own_order_not_value_order(spark, consumer):
+    from pyspark.sql import functions as F
+
+    high = spark.range(50_000, 90_000, numPartitions=3)
+    low = spark.range(0, 50_000, numPartitions=4)
+    frame = high.union(low).select(
+        F.col("id").alias("event_id"),
+        F.when(F.col("id") % 5 == 0, None).otherwise(F.array("id", F.col("id") + 1)).alias("keys"),
+    )
+    with SparkSource(frame, partition_rows=20_000) as source:
+        assert source.num_rows == 90_000
+        table, _ = ray.get(consumer.consume.remote(source, 7_000), timeout=TIMEOUT_S)
+    ids = list(range(50_000, 90_000)) + list(range(50_000))
+    assert table.column("event_id").to_pylist() == ids
+    assert table.column("keys").to_pylist() == [None if i % 5 == 0 else [i, i + 1] for i in ids]
+    assert table.schema.field("keys").type.value_type == pa.int64()
+
+
+def test_java_missing_is_a_clear_message(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    message = java_available()
+    assert message is not None and "openjdk-17-jre-headless" in message

@@ -1,0 +1,664 @@
+"""The topology API: tables, user functions, and vectorised operators.
+
+A topology is three vectorised operators over a batch of events (Arrow columns):
+
+* ``pre_process(events)`` validates and calls ``events.reject(mask, reason)``;
+* ``state_access(events, txn)`` emits the batch's state transactions as columns of
+  operations (READ, WRITE, READ_MODIFY, SET_ADD) through a :class:`Transactions`
+  builder: one call emits one *statement* for every event selected by ``where``;
+* ``post_process(events, outputs)`` turns the operations' results into output columns.
+
+Statement order inside a transaction is the order of the builder calls (and, for a
+list-valued key, list order). User functions (``fun``/``cond``) are numba-compiled
+when the topology is built; the engine calls them from its kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numba
+import numpy as np
+import pyarrow as pa
+
+from txstream._numba import USER_SIG
+from txstream.errors import SchemaError, TopologyError
+
+# Operation kinds, shared with the kernels.
+READ, WRITE, READ_MODIFY, SET_ADD = 0, 1, 2, 3
+
+# Event column types a topology can declare.
+INT, STRING, INT_LIST = "int64", "string", "list<int64>"
+
+
+# ---------------------------------------------------------------- tables
+@dataclass(frozen=True)
+class Table:
+    """A state table with dense int64 keys ``0..K-1`` and int64 value columns.
+
+    ``distinct=True`` makes every key hold a *set* of members; its single value column
+    is the set's size (maintained by SET_ADD). ``size_of`` names a table whose K this
+    one takes; such a table starts empty and reads no init file. ``init_min`` is the
+    smallest value its init state may hold.
+    """
+
+    name: str
+    columns: tuple[str, ...]
+    distinct: bool = False
+    size_of: str | None = None
+    init_min: int | None = None
+
+    def __getitem__(self, column: str) -> Column:
+        if column not in self.columns:
+            raise TopologyError(f"table {self.name!r} has no column {column!r}")
+        return Column(self, column)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One value column of a table: what an operation reads or writes."""
+
+    table: Table
+    name: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each (table, column) lives in the flat state array, given the table sizes."""
+
+    sizes: dict[str, int]
+    bases: dict[tuple[str, str], int]
+    cells: int
+
+    @staticmethod
+    def of(tables: Sequence[Table], sizes: dict[str, int]) -> Layout:
+        """Lay out every column of every table one after the other."""
+        bases: dict[tuple[str, str], int] = {}
+        cells = 0
+        for table in tables:
+            for column in table.columns:
+                bases[(table.name, column)] = cells
+                cells += sizes[table.name]
+        return Layout(sizes=dict(sizes), bases=bases, cells=cells)
+
+    def base(self, column: Column) -> int:
+        """Index of key 0 of ``column`` in the flat state array."""
+        return self.bases[(column.table.name, column.name)]
+
+
+# ---------------------------------------------------------------- user functions
+@dataclass(eq=False)
+class UserFunction:
+    """A Python function the engine compiles with numba and calls from its kernels."""
+
+    pyfunc: Callable[..., Any]
+    compiled: Any = None
+
+    @property
+    def where(self) -> str:
+        """``module:line`` of the definition, for error messages."""
+        code = self.pyfunc.__code__
+        return f"{self.pyfunc.__module__}:{code.co_firstlineno} ({self.pyfunc.__qualname__})"
+
+    def compile(self) -> None:
+        """Compile once to a C-callable function (cached on disk when possible)."""
+        if self.compiled is None:
+            cache = self.pyfunc.__module__ != "__main__"
+            self.compiled = numba.cfunc(USER_SIG, cache=cache, nopython=True)(self.pyfunc)
+
+    @property
+    def address(self) -> int:
+        """Address of the compiled function, which kernels call."""
+        return self.compiled.address
+
+
+def function(pyfunc: Callable[[int, Any, Any, int], int]) -> UserFunction:
+    """Declare ``fun(value, args, reads, n_reads) -> int``: the new value (WRITE,
+    READ_MODIFY) or the result (READ) of an operation, from the target's current
+    ``value``, the operation's ``args`` and its parametric ``reads`` (pointers: index
+    them, see :data:`txstream._numba.USER_SIG`)."""
+    return UserFunction(pyfunc)
+
+
+def condition(pyfunc: Callable[[int, Any, Any, int], bool]) -> UserFunction:
+    """Declare ``cond(value, args, reads, n_reads) -> bool``; the transaction aborts
+    when it is false. Same arguments as :func:`function`."""
+    return UserFunction(pyfunc)
+
+
+@function
+def identity(value, args, reads, n_reads):
+    """The value as it is: the default function of READ."""
+    return value
+
+
+# ---------------------------------------------------------------- events
+@dataclass(frozen=True)
+class ListColumn:
+    """A ``list<int64>`` column as CSR: ``values[offsets[i]:offsets[i+1]]`` is row i."""
+
+    offsets: np.ndarray
+    values: np.ndarray
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Length of every row's list."""
+        return np.diff(self.offsets)
+
+
+class EventBatch:
+    """A batch of events as numpy columns, plus the rejections found so far.
+
+    Null scalars read as 0 and null lists as empty: validation decides what a null
+    means for each kind, through :meth:`present` and :meth:`reject`.
+    """
+
+    def __init__(self, batch: pa.RecordBatch, topology: Topology, sizes: dict[str, int]):
+        self.arrow = batch
+        self.topology = topology
+        self.sizes = sizes
+        self.n = batch.num_rows
+        self.reason = np.zeros(self.n, np.int32)  # 0 = not rejected
+        self._cache: dict[str, Any] = {}
+
+    # -- columns
+    def int(self, name: str) -> np.ndarray:
+        """An int64 column with nulls read as 0."""
+        key = "int:" + name
+        if key not in self._cache:
+            col = self.arrow.column(name)
+            if pa.types.is_null(col.type):
+                values = np.zeros(self.n, np.int64)
+            else:
+                values = col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            self._cache[key] = values
+        return self._cache[key]
+
+    def list(self, name: str) -> ListColumn:
+        """A list<int64> column as CSR, null lists empty and null elements 0."""
+        key = "list:" + name
+        if key not in self._cache:
+            col = self.arrow.column(name)
+            if pa.types.is_null(col.type):
+                lst = ListColumn(np.zeros(self.n + 1, np.int64), np.zeros(0, np.int64))
+            else:
+                offsets = col.offsets.to_numpy().astype(np.int64)
+                lengths = np.where(col.is_null().to_numpy(zero_copy_only=False), 0, np.diff(offsets))
+                flat = col.flatten().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+                # flatten() drops the elements of null lists; rebuild offsets from lengths.
+                new_offsets = np.zeros(self.n + 1, np.int64)
+                np.cumsum(lengths, out=new_offsets[1:])
+                lst = ListColumn(new_offsets, flat)
+            self._cache[key] = lst
+        return self._cache[key]
+
+    def present(self, name: str) -> np.ndarray:
+        """True where the field is not null (for a list: the list and all its elements)."""
+        col = self.arrow.column(name)
+        if pa.types.is_null(col.type):
+            return np.zeros(self.n, bool)
+        valid = col.is_valid().to_numpy(zero_copy_only=False)
+        if self.topology.event_columns[name] == INT_LIST:
+            lst = self.list(name)
+            bad_elem = col.flatten().is_null().to_numpy(zero_copy_only=False)
+            if bad_elem.any():
+                row = np.repeat(np.arange(self.n), lst.lengths)
+                valid = valid & (np.bincount(row[bad_elem], minlength=self.n) == 0)
+        return valid
+
+    def kind(self, name: str) -> np.ndarray:
+        """True where the event's ``kind`` is ``name``."""
+        key = "kind:" + name
+        if key not in self._cache:
+            col = self.arrow.column("kind")
+            if pa.types.is_null(col.type):
+                self._cache[key] = np.zeros(self.n, bool)
+            else:
+                eq = pa.compute.equal(col, name)
+                self._cache[key] = eq.fill_null(False).to_numpy(zero_copy_only=False)
+        return self._cache[key]
+
+    # -- validation
+    @property
+    def rejected(self) -> np.ndarray:
+        """True for the events rejected so far."""
+        return self.reason != 0
+
+    def reject(self, mask: np.ndarray, reason: str) -> None:
+        """Reject the events in ``mask`` with ``reason`` (the first reason found is kept)."""
+        hit = mask & (self.reason == 0)
+        if hit.any():
+            self.reason[hit] = self.topology.reason_code(reason)
+
+    def require_present(self, names: Sequence[str], where: np.ndarray | None = None) -> None:
+        """Reject events in ``where`` with a null in any of ``names``."""
+        sel = self._where(where)
+        for name in names:
+            self.reject(sel & ~self.present(name), f"null field: {name}")
+
+    def require_between(
+        self, name: str, low: int, high: int | None, where: np.ndarray | None = None
+    ) -> None:
+        """Reject events in ``where`` whose field (every element, for a list) is outside
+        ``low..high`` (``high=None``: no upper bound)."""
+        sel = self._where(where)
+        if self.topology.event_columns[name] == INT_LIST:
+            lst = self.list(name)
+            ok_elem = lst.values >= low
+            if high is not None:
+                ok_elem &= lst.values <= high
+            bad = np.bincount(
+                np.repeat(np.arange(self.n), lst.lengths)[~ok_elem], minlength=self.n
+            ) > 0
+        else:
+            values = self.int(name)
+            bad = values < low
+            if high is not None:
+                bad |= values > high
+        self.reject(sel & bad, f"{name} out of range")
+
+    def require_key(self, name: str, table: Table, where: np.ndarray | None = None) -> None:
+        """Reject events in ``where`` whose field is not a key of ``table``."""
+        size = self.sizes[table.name]
+        sel = self._where(where)
+        before = self.reason.copy()
+        self.require_between(name, 0, size - 1, where=sel)
+        self.reason[(before == 0) & (self.reason != 0)] = self.topology.reason_code(
+            f"key out of range: {name}"
+        )
+
+    def require_kind(self) -> None:
+        """Reject events whose ``kind`` is null or not one of the topology's kinds."""
+        known = np.zeros(self.n, bool)
+        for kind in self.topology.kinds:
+            known |= self.kind(kind)
+        self.reject(~known, "unknown kind")
+
+    def _where(self, where: np.ndarray | None) -> np.ndarray:
+        return np.ones(self.n, bool) if where is None else where
+
+
+# ---------------------------------------------------------------- operations
+@dataclass
+class OperationBatch:
+    """The operations of a batch of transactions, as parallel arrays in (txn, statement) order.
+
+    Operation ``o`` targets cell ``cell[o]`` of the flat state array; its parametric
+    reads are the cells ``dep_cell[dep_ptr[o]:dep_ptr[o+1]]``; the operations of
+    transaction ``t`` are ``txn_ptr[t]:txn_ptr[t+1]``.
+    """
+
+    txn: np.ndarray
+    cell: np.ndarray
+    kind: np.ndarray
+    fun: np.ndarray
+    cond: np.ndarray
+    reason: np.ndarray
+    out: np.ndarray
+    args: np.ndarray
+    dep_ptr: np.ndarray
+    dep_cell: np.ndarray
+    txn_ptr: np.ndarray
+    max_txn_ops: int = 0
+    max_reads: int = 0
+
+    def __len__(self) -> int:
+        return len(self.txn)
+
+
+Key = np.ndarray | ListColumn
+Arg = np.ndarray | ListColumn | int
+
+
+@dataclass
+class _Statement:
+    txn: np.ndarray
+    cell: np.ndarray
+    kind: int
+    fun: int
+    cond: int
+    reason: int
+    out: int
+    args: list[np.ndarray]
+    dep_count: np.ndarray
+    dep_cell: np.ndarray
+
+
+class Transactions:
+    """Builds a batch's operations from vectorised statements (the TStream API's
+    READ / WRITE / READ_MODIFY with optional condition, plus SET_ADD)."""
+
+    def __init__(self, events: EventBatch, layout: Layout):
+        self.events = events
+        self.layout = layout
+        self.topology = events.topology
+        self._statements: list[_Statement] = []
+
+    def read(self, column: Column, key: Key, *, fun: UserFunction = identity, **kw: Any) -> None:
+        """Read ``column[key]`` through ``fun``; the result is added into output ``out``."""
+        self._emit(READ, column, key, fun, **kw)
+
+    def write(self, column: Column, key: Key, fun: UserFunction, **kw: Any) -> None:
+        """``column[key] = fun(old, args, reads)``."""
+        self._emit(WRITE, column, key, fun, **kw)
+
+    def read_modify(self, column: Column, key: Key, fun: UserFunction, **kw: Any) -> None:
+        """``column[key] = fun(old, args, reads)``; differs from WRITE in that the old
+        value is part of the result (schedulers may not blind-write it)."""
+        self._emit(READ_MODIFY, column, key, fun, **kw)
+
+    def set_add(self, column: Column, key: Key, member: Arg, **kw: Any) -> None:
+        """Add ``member`` to the set at ``key`` of a distinct table; the result is the size."""
+        if not column.table.distinct:
+            raise TopologyError(f"set_add needs a distinct table, {column.table.name!r} is not")
+        self._emit(SET_ADD, column, key, identity, args=(member,), **kw)
+
+    def _emit(
+        self,
+        kind: int,
+        column: Column,
+        key: Key,
+        fun: UserFunction,
+        *,
+        args: Sequence[Arg] = (),
+        reads: Sequence[tuple[Column, Key]] = (),
+        cond: UserFunction | None = None,
+        reason: str | None = None,
+        out: str | None = None,
+        where: np.ndarray | None = None,
+    ) -> None:
+        topo = self.topology
+        events = self.events
+        sel = ~events.rejected if where is None else where & ~events.rejected
+        idx = np.flatnonzero(sel)
+        # One operation per selected event, or per list element for a list-valued key.
+        if isinstance(key, ListColumn):
+            lengths = key.lengths[idx]
+            elem = _gather_positions(key.offsets[idx], lengths)
+            txn = np.repeat(idx, lengths)
+            keys = key.values[elem]
+        else:
+            elem = None
+            txn = idx
+            keys = np.asarray(key)[idx]
+        self._check_keys(column.table, keys)
+        arg_cols = [self._per_op(a, elem, txn) for a in args]
+        dep_count, dep_cell = self._deps(reads, txn)
+        if cond is not None and reason is None:
+            raise TopologyError("a conditional operation needs a `reason` for its aborts")
+        self._statements.append(
+            _Statement(
+                txn=txn,
+                cell=keys + self.layout.base(column),
+                kind=kind,
+                fun=topo.function_id(fun),
+                cond=0 if cond is None else topo.condition_id(cond),
+                reason=0 if reason is None else topo.reason_code(reason),
+                out=-1 if out is None else topo.output_slot(out),
+                args=arg_cols,
+                dep_count=dep_count,
+                dep_cell=dep_cell,
+            )
+        )
+
+    @staticmethod
+    def _per_op(arg: Arg, elem: np.ndarray | None, txn: np.ndarray) -> np.ndarray:
+        """An argument as one value per operation (``txn`` maps operations to events)."""
+        if isinstance(arg, ListColumn):
+            if elem is None:
+                raise TopologyError("a list argument needs a list-valued key")
+            return arg.values[elem]
+        if np.isscalar(arg):
+            return np.full(len(txn), arg, np.int64)
+        return np.asarray(arg)[txn]
+
+    def _deps(self, reads, txn: np.ndarray):
+        """Per-operation parametric reads as (count per op, cells in op order)."""
+        n_ops = len(txn)
+        if not reads:
+            return np.zeros(n_ops, np.int64), np.zeros(0, np.int64)
+        counts, parts = [], []
+        for column, key in reads:
+            if isinstance(key, ListColumn):
+                lengths = key.lengths[txn]
+                cells = key.values[_gather_positions(key.offsets[txn], lengths)]
+            else:
+                lengths = np.ones(n_ops, np.int64)
+                cells = np.asarray(key)[txn]
+            self._check_keys(column.table, cells)
+            counts.append(lengths)
+            parts.append((lengths, cells + self.layout.base(column)))
+        total = np.sum(counts, axis=0)
+        ptr = np.zeros(n_ops + 1, np.int64)
+        np.cumsum(total, out=ptr[1:])
+        dep_cell = np.empty(ptr[-1], np.int64)
+        offset = ptr[:-1].copy()
+        for lengths, cells in parts:
+            dep_cell[_gather_positions(offset, lengths)] = cells
+            offset += lengths
+        return total, dep_cell
+
+    def _check_keys(self, table: Table, keys: np.ndarray) -> None:
+        size = self.layout.sizes[table.name]
+        if len(keys) and (keys.min() < 0 or keys.max() >= size):
+            raise TopologyError(
+                f"{self.topology.name}: state_access used a key outside table {table.name!r}; "
+                "pre_process must reject such events"
+            )
+
+    def build(self) -> OperationBatch:
+        """All statements as one operation batch in (txn, statement, list) order."""
+        st = self._statements
+        n = self.events.n
+        if not st:
+            empty = np.zeros(0, np.int64)
+            return OperationBatch(
+                empty, empty, empty.astype(np.int8), empty.astype(np.int32),
+                empty.astype(np.int32), empty.astype(np.int32), empty.astype(np.int32),
+                np.zeros((0, 1), np.int64), np.zeros(1, np.int64), empty, np.zeros(n + 1, np.int64),
+            )  # fmt: skip
+        width = max(1, max(len(s.args) for s in st))
+
+        def per_stmt(attr: str, dtype) -> np.ndarray:
+            return np.concatenate(
+                [np.full(len(s.txn), getattr(s, attr), dtype) for s in st]
+            )
+
+        txn = np.concatenate([s.txn for s in st])
+        order = np.argsort(txn, kind="stable")
+        args = np.zeros((len(txn), width), np.int64)
+        row = 0
+        for s in st:
+            for j, col in enumerate(s.args):
+                args[row : row + len(s.txn), j] = col
+            row += len(s.txn)
+        dep_count = np.concatenate([s.dep_count for s in st])
+        dep_cell = np.concatenate([s.dep_cell for s in st])
+        dep_start = np.zeros(len(txn), np.int64)
+        np.cumsum(dep_count[:-1], out=dep_start[1:])
+        count_sorted = dep_count[order]
+        dep_ptr = np.zeros(len(txn) + 1, np.int64)
+        np.cumsum(count_sorted, out=dep_ptr[1:])
+        dep_cell = dep_cell[_gather_positions(dep_start[order], count_sorted)]
+        txn = txn[order]
+        txn_ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(txn, minlength=n), out=txn_ptr[1:])
+        return OperationBatch(
+            txn=txn,
+            cell=np.concatenate([s.cell for s in st])[order],
+            kind=per_stmt("kind", np.int8)[order],
+            fun=per_stmt("fun", np.int32)[order],
+            cond=per_stmt("cond", np.int32)[order],
+            reason=per_stmt("reason", np.int32)[order],
+            out=per_stmt("out", np.int32)[order],
+            args=np.ascontiguousarray(args[order]),
+            dep_ptr=dep_ptr,
+            dep_cell=dep_cell,
+            txn_ptr=txn_ptr,
+            max_txn_ops=int(np.diff(txn_ptr).max(initial=0)),
+            max_reads=int(count_sorted.max(initial=0)),
+        )
+
+
+def _gather_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Flat indices ``starts[i] + 0..lengths[i]-1`` for every i, concatenated."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    ends = np.cumsum(lengths)
+    shift = np.repeat(starts - (ends - lengths), lengths)
+    return np.arange(total, dtype=np.int64) + shift
+
+
+# ---------------------------------------------------------------- outputs
+@dataclass
+class Outputs:
+    """Per-event results handed to ``post_process``: engine output slots and status.
+
+    ``values[name]`` is int64 and ``valid[name]`` says where it is set: a committed
+    event that had an operation writing to that slot.
+    """
+
+    status: np.ndarray
+    values: dict[str, np.ndarray]
+    valid: dict[str, np.ndarray]
+
+
+def _pass_outputs(events: EventBatch, outputs: Outputs) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    return {name: (outputs.values[name], outputs.valid[name]) for name in outputs.values}
+
+
+# ---------------------------------------------------------------- topology
+@dataclass(eq=False)
+class Topology:
+    """A complete, validated topology definition.
+
+    Built once per process; building compiles every user function, so a function
+    numba cannot compile is reported here, with all other problems, in one error.
+    """
+
+    name: str
+    tables: tuple[Table, ...]
+    event_columns: dict[str, str]
+    kinds: tuple[str, ...]
+    pre_process: Callable[[EventBatch], None]
+    state_access: Callable[[EventBatch, Transactions], None]
+    functions: tuple[UserFunction, ...] = ()
+    conditions: tuple[UserFunction, ...] = ()
+    outputs: tuple[str, ...] = ()
+    post_process: Callable[[EventBatch, Outputs], dict[str, tuple[np.ndarray, np.ndarray]]] = (
+        _pass_outputs
+    )
+    output_columns: tuple[str, ...] | None = None
+    _reasons: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.functions = (identity, *[f for f in self.functions if f is not identity])
+        if self.output_columns is None:
+            self.output_columns = self.outputs
+        problems = []
+        names = [t.name for t in self.tables]
+        if len(set(names)) != len(names):
+            problems.append(f"duplicate table names in {names}")
+        for table in self.tables:
+            if table.size_of is not None and table.size_of not in names:
+                problems.append(f"table {table.name!r}: size_of {table.size_of!r} is not a table")
+            if table.distinct and len(table.columns) != 1:
+                problems.append(f"distinct table {table.name!r} must have exactly one column")
+        for col, typ in self.event_columns.items():
+            if typ not in (INT, STRING, INT_LIST):
+                problems.append(f"event column {col!r}: unknown type {typ!r}")
+        if self.kinds and self.event_columns.get("kind") != STRING:
+            problems.append("a topology with kinds needs a string `kind` event column")
+        if "event_id" not in self.event_columns:
+            problems.append("events need an `event_id` column")
+        first_error = None
+        for fn in (*self.functions, *self.conditions):
+            try:
+                fn.compile()
+            except Exception as exc:  # numba raises many error types
+                first_error = first_error or exc
+                msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                problems.append(f"user function {fn.where} does not compile: {msg}")
+        if problems:
+            raise TopologyError(f"topology {self.name!r}: " + "; ".join(problems)) from first_error
+        self._reasons = {}
+
+    # -- ids used by operations
+    def function_id(self, fn: UserFunction) -> int:
+        """Index of ``fn`` in :attr:`functions` (what the kernels dispatch on)."""
+        for i, f in enumerate(self.functions):
+            if f is fn:
+                return i
+        raise TopologyError(f"{self.name}: function {fn.where} is not in the topology's functions")
+
+    def condition_id(self, cond: UserFunction) -> int:
+        """1 + index of ``cond`` in :attr:`conditions` (0 means no condition)."""
+        for i, c in enumerate(self.conditions):
+            if c is cond:
+                return i + 1
+        raise TopologyError(f"{self.name}: condition {cond.where} is not in its conditions")
+
+    def output_slot(self, name: str) -> int:
+        """Index of an output slot."""
+        try:
+            return self.outputs.index(name)
+        except ValueError:
+            raise TopologyError(f"{self.name}: unknown output {name!r}") from None
+
+    def reason_code(self, reason: str) -> int:
+        """A stable per-process code (>= 1) for a reason string."""
+        code = self._reasons.get(reason)
+        if code is None:
+            code = self._reasons[reason] = len(self._reasons) + 1
+        return code
+
+    def reason_strings(self) -> list[str | None]:
+        """Reason strings by code (index 0: no reason)."""
+        out: list[str | None] = [None] * (len(self._reasons) + 1)
+        for text, code in self._reasons.items():
+            out[code] = text
+        return out
+
+    # -- what the engine needs from a definition
+    @property
+    def function_addresses(self) -> np.ndarray:
+        """Addresses of the compiled functions, by function id."""
+        return np.array([f.address for f in self.functions], np.int64)
+
+    @property
+    def condition_addresses(self) -> np.ndarray:
+        """Addresses of the compiled conditions, by condition id (id 0: no condition)."""
+        return np.array([0, *(c.address for c in self.conditions)], np.int64)
+
+    @property
+    def init_tables(self) -> tuple[Table, ...]:
+        """Tables whose init state is read from a file."""
+        return tuple(t for t in self.tables if t.size_of is None)
+
+    def sizes_from(self, init_sizes: dict[str, int]) -> dict[str, int]:
+        """Size of every table given the sizes of the init tables."""
+        sizes = dict(init_sizes)
+        for t in self.tables:
+            if t.size_of is not None:
+                sizes[t.name] = init_sizes[t.size_of]
+        return sizes
+
+    def check_event_schema(self, schema: pa.Schema) -> None:
+        """Raise :class:`SchemaError` unless every declared event column has a usable type."""
+        for name, typ in self.event_columns.items():
+            if name not in schema.names:
+                raise SchemaError(f"events: missing column {name!r}")
+            actual = schema.field(name).type
+            if pa.types.is_null(actual):
+                continue
+            ok = {
+                INT: pa.types.is_integer(actual),
+                STRING: pa.types.is_string(actual) or pa.types.is_large_string(actual),
+                INT_LIST: (pa.types.is_list(actual) or pa.types.is_large_list(actual))
+                and (pa.types.is_integer(actual.value_type) or pa.types.is_null(actual.value_type)),
+            }[typ]
+            if not ok:
+                raise SchemaError(f"events: column {name!r} has type {actual}, expected {typ}")
