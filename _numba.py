@@ -6,7 +6,6 @@ Kernels take only arrays and scalars, never raise, and are compiled with
 
 from __future__ import annotations
 
-import time
 import numba
 from llvmlite import ir
 from numba import types
@@ -21,6 +20,8 @@ operation instead of 13 ns."""
 
 inline = numba.njit(cache=True, nogil=True, _nrt=False, inline="always")
 """Decorator for helpers called from kernels (inlined at the IR level)."""
+
+CLOCK_MONOTONIC = 1
 
 INT_PTR = types.CPointer(types.int64)
 
@@ -58,27 +59,22 @@ def call_user(typingctx, address, value, args, reads, n_reads):
 
 
 @intrinsic
-def cycles(typingctx):
-    """Read the CPU cycle counter (rdtsc): a sub-ns clock usable inside kernels."""
+def monotonic_ns(typingctx):
+    """``clock_gettime(CLOCK_MONOTONIC)`` in ns, inside kernels (vDSO: ~25 ns a call).
+
+    A wall clock, not a cycle counter: busy work measured with it needs no calibration
+    and is not stretched when the process is descheduled.
+    """
 
     def codegen(context, builder, signature, args):
-        fnty = ir.FunctionType(ir.IntType(64), [])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.readcyclecounter")
-        return builder.call(fn, [])
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        timespec = ir.LiteralStructType([i64, i64])
+        fnty = ir.FunctionType(i32, [i32, timespec.as_pointer()])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "clock_gettime")
+        ts = cgutils.alloca_once(builder, timespec)
+        builder.call(fn, [ir.Constant(i32, CLOCK_MONOTONIC), ts])
+        sec = builder.load(builder.gep(ts, [ir.Constant(i32, 0), ir.Constant(i32, 0)]))
+        nsec = builder.load(builder.gep(ts, [ir.Constant(i32, 0), ir.Constant(i32, 1)]))
+        return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
 
     return types.int64(), codegen
-
-
-@jit
-def _read_cycles() -> int:
-    return cycles()
-
-
-def cycles_per_us(sample_s: float = 0.02) -> float:
-    """Calibrate the cycle counter against the wall clock (for `--udf-cost-us`)."""
-    _read_cycles()
-    t0, c0 = time.perf_counter(), _read_cycles()
-    while time.perf_counter() - t0 < sample_s:
-        pass
-    t1, c1 = time.perf_counter(), _read_cycles()
-    return (c1 - c0) / ((t1 - t0) * 1e6)

@@ -40,13 +40,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--output", required=True, metavar="DIR")
     run.add_argument("--scheduler", choices=(*SCHEDULERS, *PLANNED), default=defaults.scheduler)
     run.add_argument("--explore", choices=("auto", "bfs", "dfs", "ns"), default=defaults.explore)
-    run.add_argument("--granularity", choices=("auto", "fine", "coarse"),
-                     default=defaults.granularity)  # fmt: skip
+    run.add_argument(
+        "--granularity", choices=("auto", "fine", "coarse"), default=defaults.granularity
+    )
     run.add_argument("--abort", choices=("auto", "eager", "lazy"), default=defaults.abort)
     run.add_argument("--executors", type=int, default=defaults.executors, metavar="N")
     run.add_argument("--placement", choices=PLACEMENTS, default=defaults.placement)
-    run.add_argument("--punctuation-interval", type=int, default=defaults.punctuation_interval,
-                     metavar="N")  # fmt: skip
+    run.add_argument(
+        "--punctuation-interval", type=int, default=defaults.punctuation_interval, metavar="N"
+    )
     run.add_argument("--udf-cost-us", type=float, default=defaults.udf_cost_us, metavar="C")
     run.add_argument("--source", choices=SOURCES, default=defaults.source)
     run.add_argument("--address", default=None, metavar="RAY_ADDRESS")
@@ -59,9 +61,14 @@ def _generate(args: argparse.Namespace) -> None:
 
     try:
         spec = WorkloadSpec(
-            events=args.events, keys=args.keys, theta=args.theta, abort_ratio=args.abort_ratio,
-            txn_length=args.txn_length, deps=args.deps, seed=args.seed,
-        )  # fmt: skip
+            events=args.events,
+            keys=args.keys,
+            theta=args.theta,
+            abort_ratio=args.abort_ratio,
+            txn_length=args.txn_length,
+            deps=args.deps,
+            seed=args.seed,
+        )
         events, init = generate(args.topology, spec)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -73,12 +80,19 @@ def _run(args: argparse.Namespace) -> None:
     from txstream.job import Job
 
     job = Job(
-        args.topology, scheduler=args.scheduler, explore=args.explore,
-        granularity=args.granularity, abort=args.abort, executors=args.executors,
-        placement=args.placement, punctuation_interval=args.punctuation_interval,
-        udf_cost_us=args.udf_cost_us, source=args.source, address=args.address,
+        args.topology,
+        scheduler=args.scheduler,
+        explore=args.explore,
+        granularity=args.granularity,
+        abort=args.abort,
+        executors=args.executors,
+        placement=args.placement,
+        punctuation_interval=args.punctuation_interval,
+        udf_cost_us=args.udf_cost_us,
+        source=args.source,
+        address=args.address,
         progress=not args.no_progress,
-    )  # fmt: skip
+    )
     m = job.run(args.input, args.init_state, output=args.output).metrics
     print(
         f"{args.topology} {args.scheduler}: {m['events']:,} events "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from txstream.errors import UsageError
-from txstream.topologies import BUNDLED
+from txstream.topologies import BUNDLED, is_valid_name
 
 PLACEMENTS = ("shared-nothing", "shared-per-socket", "shared-everything")
 SOURCES = ("spark", "arrow")
@@ -33,7 +33,10 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.topology in BUNDLED, f"topology must be one of {', '.join(BUNDLED)}"),
+            (
+                is_valid_name(self.topology),
+                f"topology must be one of {', '.join(BUNDLED)} or module:function",
+            ),
             (self.executors >= 1, "--executors must be >= 1"),
             (self.placement in PLACEMENTS, f"--placement must be one of {', '.join(PLACEMENTS)}"),
             (self.punctuation_interval >= 1, "--punctuation-interval must be >= 1"),

@@ -20,7 +20,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from txstream import topologies
 from txstream.actors.executor import Executor, output_schema
 from txstream.actors.progress import ProgressController
@@ -70,7 +69,9 @@ class Job:
         source = events if hasattr(events, "iter_batches") else ArrowSource(events)
         topology.check_event_schema(source.schema)
         init = read_init_state(topology, init_state)
-        layout = Layout.of(topology.tables, topology.sizes_from({k: t.num_rows for k, t in init.items()}))
+        layout = Layout.of(
+            topology.tables, topology.sizes_from({k: t.num_rows for k, t in init.items()})
+        )
         out_dir = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="txstream_"))
         try:
             metrics, state = self._execute(topology, source, init, layout, out_dir)
@@ -96,7 +97,9 @@ class Job:
             stack.enter_context(ray_session(cfg.address))
             stack.callback(stop_actors, actors)
             sink = start_actor(Sink, str(out_dir), output_schema(topology), progress.handle)
-            executors = [start_actor(Executor, cfg, state.handle, sink) for _ in range(cfg.executors)]
+            executors = [
+                start_actor(Executor, cfg, state.handle, sink) for _ in range(cfg.executors)
+            ]
             controller = start_actor(ProgressController, cfg, source, executors)
             actors += [controller, *executors, sink]
             self._get([e.warm_up.remote(source.schema) for e in executors])
@@ -136,9 +139,16 @@ class Job:
         from tqdm import tqdm
 
         deadline = time.monotonic() + self.config.timeout_s
-        with tqdm(total=total, unit="ev", unit_scale=True, delay=2.0, file=sys.stderr,
-                  disable=not self.config.progress, desc=self.config.topology) as bar:  # fmt: skip
-            while not ray.wait([done], timeout=0.25)[0]:
+        with tqdm(
+            total=total,
+            unit="ev",
+            unit_scale=True,
+            delay=2.0,
+            file=sys.stderr,
+            disable=not self.config.progress,
+            desc=self.config.topology,
+        ) as bar:
+            while not ray.wait([done], timeout=0.02)[0]:
                 bar.update(int(progress.array[0]) - bar.n)
                 if time.monotonic() > deadline and int(progress.array[0]) == bar.n:
                     raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")
@@ -154,8 +164,8 @@ class Job:
         from txstream.metrics import Breakdown
 
         total = Breakdown()
-        for b in run_info["breakdowns"]:
-            total.add(Breakdown(**b))
+        for executor in run_info["executors"]:
+            total.add(Breakdown(**executor["breakdown_s"]))
         events = summary["events"]
         return {
             "events": events,
@@ -166,7 +176,8 @@ class Job:
             "throughput_eps": round(events / seconds, 1) if seconds > 0 else None,
             "latency_ms": summary["latency_ms"],
             "breakdown_s": total.as_dict(),
-            "breakdown_per_executor_s": run_info["breakdowns"],
+            "breakdown_per_executor_s": [e["breakdown_s"] for e in run_info["executors"]],
+            "operations": sum(e["operations"] for e in run_info["executors"]),
             "startup_s": round(startup, 3),
             "config": {**self.config.as_dict(), "source_rows": source.num_rows},
         }

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -56,9 +56,7 @@ class LatencyHistogram:
 
     def add(self, seconds: np.ndarray) -> None:
         """Count a batch of latencies."""
-        self.counts += np.bincount(
-            np.searchsorted(self.EDGES, seconds), minlength=len(self.counts)
-        )
+        self.counts += np.bincount(np.searchsorted(self.EDGES, seconds), minlength=len(self.counts))
 
     def percentile_ms(self, q: float) -> float | None:
         """The q-th percentile in milliseconds (bin upper edge), None without events."""

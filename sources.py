@@ -12,7 +12,6 @@ from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 from txstream.errors import SchemaError
 
 

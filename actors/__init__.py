@@ -1,0 +1,1 @@
+"""Ray actors: ProgressController, Executor and Sink, as plain classes Ray can host."""

@@ -11,9 +11,7 @@ from collections import deque
 
 import numpy as np
 import pyarrow as pa
-
 from txstream import schedulers, topologies
-from txstream._numba import cycles_per_us
 from txstream.config import RunConfig
 from txstream.metrics import Breakdown
 from txstream.schedulers._kernels import STATUS_NAMES
@@ -27,8 +25,12 @@ MAX_PENDING_WRITES = 2
 
 def output_schema(topology: Topology) -> pa.Schema:
     """events.parquet columns (SPEC §4)."""
-    fields = [("ts", pa.int64()), ("event_id", pa.int64()), ("status", pa.string()),
-              ("reason", pa.string())]  # fmt: skip
+    fields = [
+        ("ts", pa.int64()),
+        ("event_id", pa.int64()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+    ]
     fields += [(name, pa.int64()) for name in topology.output_columns]
     return pa.schema(fields)
 
@@ -40,8 +42,9 @@ def process_chunk(
     ts0: int,
     punctuation_interval: int,
     time: Breakdown,
-) -> pa.RecordBatch:
-    """Run a chunk (a whole number of punctuation batches) and return its output rows."""
+) -> tuple[pa.RecordBatch, int]:
+    """Run a chunk (a whole number of punctuation batches); its output rows and the
+    number of operations it executed."""
     layout = scheduler.state.layout
     with time.timing("useful"):
         events = EventBatch(chunk, topology, layout.sizes)
@@ -55,7 +58,7 @@ def process_chunk(
         end = min(begin + punctuation_interval, events.n)
         scheduler.execute(ops, begin, end, results, time)
     with time.timing("useful"):
-        return _output_rows(topology, events, results, ts0)
+        return _output_rows(topology, events, results, ts0), len(ops)
 
 
 def _output_rows(
@@ -65,9 +68,7 @@ def _output_rows(
     outputs = Outputs(
         status=results.status,
         values={name: results.out_values[:, i] for i, name in enumerate(topology.outputs)},
-        valid={
-            name: results.out_set[:, i] & committed for i, name in enumerate(topology.outputs)
-        },
+        valid={name: results.out_set[:, i] & committed for i, name in enumerate(topology.outputs)},
     )
     extra = topology.post_process(events, outputs)
     reasons = pa.array(topology.reason_strings(), pa.string())
@@ -93,10 +94,11 @@ class Executor:
         self.config = config
         self.topology = topologies.get(config.topology)
         self.state = SharedState.attach(state)
-        spin = int(round(config.udf_cost_us * cycles_per_us())) if config.udf_cost_us else 0
-        self.scheduler = schedulers.get(config.scheduler)(self.topology, self.state, spin)
+        spin_ns = int(round(config.udf_cost_us * 1000))
+        self.scheduler = schedulers.get(config.scheduler)(self.topology, self.state, spin_ns)
         self.sink = sink
         self.time = Breakdown()
+        self.operations = 0
         self._pending: deque = deque()
 
     def warm_up(self, schema: pa.Schema) -> None:
@@ -111,18 +113,20 @@ class Executor:
 
     def process(self, chunk: pa.RecordBatch, ts0: int, arrival: np.ndarray) -> None:
         """Run a chunk and hand its rows to the sink, keeping at most a few writes in flight."""
-        rows = process_chunk(
+        rows, operations = process_chunk(
             self.topology, self.scheduler, chunk, ts0, self.config.punctuation_interval, self.time
         )
+        self.operations += operations
         self._pending.append(self.sink.write.remote(rows, ts0, arrival))
         if len(self._pending) > MAX_PENDING_WRITES:
             self._wait(self._pending.popleft())
 
-    def flush(self) -> dict[str, float]:
-        """Wait for all writes to the sink; returns this executor's time breakdown."""
+    def flush(self) -> dict:
+        """Wait for all writes to the sink; returns this executor's time breakdown and
+        the number of operations it executed."""
         while self._pending:
             self._wait(self._pending.popleft())
-        return self.time.as_dict()
+        return {"breakdown_s": self.time.as_dict(), "operations": self.operations}
 
     def _wait(self, ref: object) -> None:
         import ray

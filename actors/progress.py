@@ -12,7 +12,6 @@ from collections import deque
 
 import numpy as np
 import pyarrow as pa
-
 from txstream.config import RunConfig
 from txstream.sources import Source
 
@@ -28,7 +27,7 @@ class ProgressController:
         self.executors = executors
 
     def run(self) -> dict:
-        """Stream the whole source through the executors; returns their time breakdowns."""
+        """Stream the whole source through the executors; returns what each reports."""
         import ray
 
         chunk_events = self.config.chunk_events
@@ -66,7 +65,7 @@ class ProgressController:
         if buffered:
             dispatch(buffered)
         ray.get(list(in_flight), timeout=self.config.timeout_s)
-        breakdowns = ray.get(
+        executors = ray.get(
             [e.flush.remote() for e in self.executors], timeout=self.config.timeout_s
         )
-        return {"events": ts, "breakdowns": breakdowns}
+        return {"events": ts, "executors": executors}

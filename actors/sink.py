@@ -9,7 +9,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
 from txstream.metrics import LatencyHistogram
 from txstream.schedulers._kernels import STATUS_NAMES
 from txstream.state.shared import ArrayHandle, SharedArray

@@ -1,0 +1,1 @@
+"""Where txstream runs: Ray start/attach and actor start-up; Spark through RayDP."""

@@ -11,10 +11,34 @@ STATUS_NAMES = ("committed", "aborted", "rejected")
 
 
 @jit
-def run_transactions(begin, end, txn_ptr, values, set_cells, set_members, kind, cell, fun,
-                     cond, reason, out, args, dep_ptr, dep_cell, fun_addr, cond_addr, spin_cycles,
-                     reads, undo_cell, undo_value, undo_slot, status, status_reason,
-                     out_values, out_set):  # fmt: skip
+def run_transactions(
+    begin,
+    end,
+    txn_ptr,
+    values,
+    set_cells,
+    set_members,
+    kind,
+    cell,
+    fun,
+    cond,
+    reason,
+    out,
+    args,
+    dep_ptr,
+    dep_cell,
+    fun_addr,
+    cond_addr,
+    spin_ns,
+    reads,
+    undo_cell,
+    undo_value,
+    undo_slot,
+    status,
+    status_reason,
+    out_values,
+    out_set,
+):
     """Run transactions begin..end-1 one by one in ts order, all-or-nothing each.
 
     Returns 0, or SET_FULL if a distinct set ran out of slots.
@@ -26,8 +50,24 @@ def run_transactions(begin, end, txn_ptr, values, set_cells, set_members, kind, 
         failed = 0
         for o in range(txn_ptr[t], txn_ptr[t + 1]):
             ok, result, n_undo = apply_operation(
-                o, values, set_cells, set_members, kind, cell, fun, cond, args, dep_ptr,
-                dep_cell, fun_addr, cond_addr, reads, spin_cycles, undo_cell, undo_value, undo_slot,
+                o,
+                values,
+                set_cells,
+                set_members,
+                kind,
+                cell,
+                fun,
+                cond,
+                args,
+                dep_ptr,
+                dep_cell,
+                fun_addr,
+                cond_addr,
+                reads,
+                spin_ns,
+                undo_cell,
+                undo_value,
+                undo_slot,
                 n_undo,
             )
             if not ok:

@@ -6,7 +6,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
-
 from txstream.metrics import Breakdown
 from txstream.schedulers._kernels import COMMITTED, REJECTED
 from txstream.state.tables import SharedState
@@ -39,10 +38,10 @@ class Scheduler(ABC):
 
     name: str
 
-    def __init__(self, topology: Topology, state: SharedState, spin_cycles: int):
+    def __init__(self, topology: Topology, state: SharedState, spin_ns: int):
         self.topology = topology
         self.state = state
-        self.spin_cycles = spin_cycles
+        self.spin_ns = spin_ns
         self.fun_addr = topology.function_addresses
         self.cond_addr = topology.condition_addresses
 

@@ -6,7 +6,6 @@ The correctness reference every other scheduler is tested against.
 from __future__ import annotations
 
 import numpy as np
-
 from txstream.errors import RuntimeFailure
 from txstream.metrics import Breakdown
 from txstream.schedulers._kernels import run_transactions
@@ -27,12 +26,32 @@ class SerialScheduler(Scheduler):
         st = self.state
         with time.timing("useful"):
             error = run_transactions(
-                begin, end, ops.txn_ptr, st.values, st.set_cells, st.set_members, ops.kind,
-                ops.cell, ops.fun, ops.cond, ops.reason, ops.out, ops.args, ops.dep_ptr,
-                ops.dep_cell, self.fun_addr, self.cond_addr, self.spin_cycles,
-                np.empty(max(1, ops.max_reads), np.int64), np.empty(width, np.int64),
-                np.empty(width, np.int64), np.empty(width, np.int64), results.status,
-                results.reason, results.out_values, results.out_set,
-            )  # fmt: skip
+                begin,
+                end,
+                ops.txn_ptr,
+                st.values,
+                st.set_cells,
+                st.set_members,
+                ops.kind,
+                ops.cell,
+                ops.fun,
+                ops.cond,
+                ops.reason,
+                ops.out,
+                ops.args,
+                ops.dep_ptr,
+                ops.dep_cell,
+                self.fun_addr,
+                self.cond_addr,
+                self.spin_ns,
+                np.empty(max(1, ops.max_reads), np.int64),
+                np.empty(width, np.int64),
+                np.empty(width, np.int64),
+                np.empty(width, np.int64),
+                results.status,
+                results.reason,
+                results.out_values,
+                results.out_set,
+            )
         if error:
             raise RuntimeFailure("a distinct-set table is full; its capacity is sized per event")

@@ -1,0 +1,1 @@
+"""Shared-memory state: tables, distinct sets, init state and the kernels over them."""

@@ -7,8 +7,7 @@ semantics of READ / WRITE / READ_MODIFY / SET_ADD live in exactly one place.
 from __future__ import annotations
 
 import numpy as np
-
-from txstream._numba import call_user, cycles, element_pointer, inline
+from txstream._numba import call_user, element_pointer, inline, monotonic_ns
 from txstream.state.tables import EMPTY, TOMBSTONE
 from txstream.topologies.api import READ, SET_ADD
 
@@ -41,18 +40,36 @@ def set_insert(set_cells, set_members, cell, member):
 
 
 @inline
-def busy_wait(spin_cycles):
-    """The seeds' UDF complexity: spin for `spin_cycles` cycles."""
-    if spin_cycles > 0:
-        start = cycles()
-        while cycles() - start < spin_cycles:
+def busy_wait(spin_ns):
+    """The seeds' UDF complexity: spin for `spin_ns` nanoseconds."""
+    if spin_ns > 0:
+        end = monotonic_ns() + spin_ns
+        while monotonic_ns() < end:
             pass
 
 
 @inline
-def apply_operation(o, values, set_cells, set_members, kind, cell, fun, cond, args,
-                    dep_ptr, dep_cell, fun_addr, cond_addr, reads, spin_cycles, undo_cell,
-                    undo_value, undo_slot, n_undo):  # fmt: skip
+def apply_operation(
+    o,
+    values,
+    set_cells,
+    set_members,
+    kind,
+    cell,
+    fun,
+    cond,
+    args,
+    dep_ptr,
+    dep_cell,
+    fun_addr,
+    cond_addr,
+    reads,
+    spin_ns,
+    undo_cell,
+    undo_value,
+    undo_slot,
+    n_undo,
+):
     """Execute operation `o` on `values`, logging what it overwrote.
 
     Returns (ok, result, n_undo): ok is False when the condition failed (nothing
@@ -66,7 +83,7 @@ def apply_operation(o, values, set_cells, set_members, kind, cell, fun, cond, ar
         reads[d] = values[dep_cell[first + d]]
     r = element_pointer(reads, 0)
     a = element_pointer(args, o * args.shape[1])
-    busy_wait(spin_cycles)
+    busy_wait(spin_ns)
     if cond[o] > 0 and call_user(cond_addr[cond[o]], value, a, r, n_reads) == 0:
         return False, 0, n_undo
     k = kind[o]

@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
 from txstream.errors import SchemaError
 from txstream.topologies.api import Table, Topology
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-
 from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.topologies.api import Layout, Topology
 

@@ -7,20 +7,51 @@ from functools import cache
 
 from txstream.errors import UsageError
 from txstream.topologies.api import (
-    EventBatch, Outputs, Table, Topology, Transactions, condition, function,
-)  # fmt: skip
+    EventBatch,
+    Outputs,
+    Table,
+    Topology,
+    Transactions,
+    condition,
+    function,
+)
 
 BUNDLED = ("sl", "gs", "ob", "tp")
 
 __all__ = [
-    "BUNDLED", "EventBatch", "Outputs", "Table", "Topology", "Transactions",
-    "condition", "function", "get",
-]  # fmt: skip
+    "BUNDLED",
+    "EventBatch",
+    "Outputs",
+    "Table",
+    "Topology",
+    "Transactions",
+    "condition",
+    "function",
+    "get",
+    "is_valid_name",
+]
+
+
+def is_valid_name(name: str) -> bool:
+    """A bundled topology name, or ``module:function`` naming a factory of one."""
+    return name in BUNDLED or (":" in name and all(name.split(":", 1)))
 
 
 @cache
 def get(name: str) -> Topology:
-    """The bundled topology ``name``, built (and its functions compiled) once per process."""
-    if name not in BUNDLED:
-        raise UsageError(f"unknown topology {name!r}; choose one of {', '.join(BUNDLED)}")
-    return importlib.import_module(f"txstream.topologies.{name}").topology()
+    """The topology ``name`` - bundled (``sl``) or a factory (``mypkg.flows:ledger``) -
+    built, and its functions compiled, once per process (every actor builds its own)."""
+    if name in BUNDLED:
+        return importlib.import_module(f"txstream.topologies.{name}").topology()
+    if not is_valid_name(name):
+        raise UsageError(
+            f"unknown topology {name!r}; choose one of {', '.join(BUNDLED)} or module:function"
+        )
+    module, factory = name.split(":", 1)
+    try:
+        topology = getattr(importlib.import_module(module), factory)()
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"cannot load topology factory {name!r}: {exc}") from exc
+    if not isinstance(topology, Topology):
+        raise UsageError(f"{name!r} returned {type(topology).__name__}, not a Topology")
+    return topology

@@ -22,7 +22,6 @@ from typing import Any
 import numba
 import numpy as np
 import pyarrow as pa
-
 from txstream._numba import USER_SIG
 from txstream.errors import SchemaError, TopologyError
 
@@ -172,7 +171,9 @@ class EventBatch:
             if pa.types.is_null(col.type):
                 values = np.zeros(self.n, np.int64)
             else:
-                values = col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+                values = (
+                    col.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+                )
             self._cache[key] = values
         return self._cache[key]
 
@@ -185,7 +186,9 @@ class EventBatch:
                 lst = ListColumn(np.zeros(self.n + 1, np.int64), np.zeros(0, np.int64))
             else:
                 offsets = col.offsets.to_numpy().astype(np.int64)
-                lengths = np.where(col.is_null().to_numpy(zero_copy_only=False), 0, np.diff(offsets))
+                lengths = np.where(
+                    col.is_null().to_numpy(zero_copy_only=False), 0, np.diff(offsets)
+                )
                 flat = col.flatten().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
                 # flatten() drops the elements of null lists; rebuild offsets from lengths.
                 new_offsets = np.zeros(self.n + 1, np.int64)
@@ -249,9 +252,10 @@ class EventBatch:
             ok_elem = lst.values >= low
             if high is not None:
                 ok_elem &= lst.values <= high
-            bad = np.bincount(
-                np.repeat(np.arange(self.n), lst.lengths)[~ok_elem], minlength=self.n
-            ) > 0
+            bad = (
+                np.bincount(np.repeat(np.arange(self.n), lst.lengths)[~ok_elem], minlength=self.n)
+                > 0
+            )
         else:
             values = self.int(name)
             bad = values < low
@@ -379,12 +383,13 @@ class Transactions:
             elem = _gather_positions(key.offsets[idx], lengths)
             txn = np.repeat(idx, lengths)
             keys = key.values[elem]
+            within = elem - key.offsets[txn]  # position in the event's list
         else:
-            elem = None
+            within = None
             txn = idx
             keys = np.asarray(key)[idx]
         self._check_keys(column.table, keys)
-        arg_cols = [self._per_op(a, elem, txn) for a in args]
+        arg_cols = [self._per_op(a, within, txn) for a in args]
         dep_count, dep_cell = self._deps(reads, txn)
         if cond is not None and reason is None:
             raise TopologyError("a conditional operation needs a `reason` for its aborts")
@@ -403,13 +408,18 @@ class Transactions:
             )
         )
 
-    @staticmethod
-    def _per_op(arg: Arg, elem: np.ndarray | None, txn: np.ndarray) -> np.ndarray:
-        """An argument as one value per operation (``txn`` maps operations to events)."""
+    def _per_op(self, arg: Arg, within: np.ndarray | None, txn: np.ndarray) -> np.ndarray:
+        """An argument as one value per operation (``txn`` maps operations to events;
+        a list argument is aligned with the list-valued key by position ``within``)."""
         if isinstance(arg, ListColumn):
-            if elem is None:
+            if within is None:
                 raise TopologyError("a list argument needs a list-valued key")
-            return arg.values[elem]
+            if np.any(within >= arg.lengths[txn]):
+                raise TopologyError(
+                    f"{self.topology.name}: a list argument is shorter than its key list; "
+                    "pre_process must reject such events"
+                )
+            return arg.values[arg.offsets[txn] + within]
         if np.isscalar(arg):
             return np.full(len(txn), arg, np.int64)
         return np.asarray(arg)[txn]
@@ -455,16 +465,22 @@ class Transactions:
         if not st:
             empty = np.zeros(0, np.int64)
             return OperationBatch(
-                empty, empty, empty.astype(np.int8), empty.astype(np.int32),
-                empty.astype(np.int32), empty.astype(np.int32), empty.astype(np.int32),
-                np.zeros((0, 1), np.int64), np.zeros(1, np.int64), empty, np.zeros(n + 1, np.int64),
-            )  # fmt: skip
+                empty,
+                empty,
+                empty.astype(np.int8),
+                empty.astype(np.int32),
+                empty.astype(np.int32),
+                empty.astype(np.int32),
+                empty.astype(np.int32),
+                np.zeros((0, 1), np.int64),
+                np.zeros(1, np.int64),
+                empty,
+                np.zeros(n + 1, np.int64),
+            )
         width = max(1, max(len(s.args) for s in st))
 
         def per_stmt(attr: str, dtype) -> np.ndarray:
-            return np.concatenate(
-                [np.full(len(s.txn), getattr(s, attr), dtype) for s in st]
-            )
+            return np.concatenate([np.full(len(s.txn), getattr(s, attr), dtype) for s in st])
 
         txn = np.concatenate([s.txn for s in st])
         order = np.argsort(txn, kind="stable")

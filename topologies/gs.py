@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import numba
-
 from txstream.topologies.api import (
-    INT, INT_LIST, STRING, EventBatch, Table, Topology, Transactions, condition, function,
-)  # fmt: skip
+    INT,
+    INT_LIST,
+    STRING,
+    EventBatch,
+    Table,
+    Topology,
+    Transactions,
+    condition,
+    function,
+)
 from txstream.topologies.functions import MAX_VALUE
 
 RECORDS = Table("records", ("value",), init_min=0)
@@ -52,9 +59,16 @@ def state_access(events: EventBatch, txn: Transactions) -> None:
     value = RECORDS["value"]
     keys = events.list("keys")
     txn.read(value, keys, out="sum", where=events.kind("read"))
-    txn.write(value, keys, average_plus_delta, args=[events.int("delta")],
-              reads=[(value, events.list("deps"))], cond=stays_non_negative,
-              reason="negative value", where=events.kind("write"))  # fmt: skip
+    txn.write(
+        value,
+        keys,
+        average_plus_delta,
+        args=[events.int("delta")],
+        reads=[(value, events.list("deps"))],
+        cond=stays_non_negative,
+        reason="negative value",
+        where=events.kind("write"),
+    )
 
 
 def topology() -> Topology:
@@ -63,8 +77,12 @@ def topology() -> Topology:
         name="gs",
         tables=(RECORDS,),
         event_columns={
-            "event_id": INT, "kind": STRING, "keys": INT_LIST, "deps": INT_LIST, "delta": INT,
-        },  # fmt: skip
+            "event_id": INT,
+            "kind": STRING,
+            "keys": INT_LIST,
+            "deps": INT_LIST,
+            "delta": INT,
+        },
         kinds=("read", "write"),
         functions=(average_plus_delta,),
         conditions=(stays_non_negative,),

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from txstream.topologies.api import (
-    INT, INT_LIST, STRING, EventBatch, Table, Topology, Transactions, condition,
-)  # fmt: skip
+    INT,
+    INT_LIST,
+    STRING,
+    EventBatch,
+    Table,
+    Topology,
+    Transactions,
+    condition,
+)
 from txstream.topologies.functions import MAX_VALUE, add, assign, covers, subtract
 
 ITEMS = Table("items", ("price", "quantity"))
@@ -39,10 +46,23 @@ def state_access(events: EventBatch, txn: Transactions) -> None:
     price, quantity = ITEMS["price"], ITEMS["quantity"]
     bid, alter, top = events.kind("bid"), events.kind("alter"), events.kind("top")
     items, quantities = events.list("items"), events.list("quantities")
-    txn.read(price, items, args=[events.int("bid_price")], where=bid,
-             cond=bid_reaches_price, reason="bid below price")  # fmt: skip
-    txn.read_modify(quantity, items, subtract, args=[quantities], where=bid,
-                    cond=covers, reason="insufficient quantity")  # fmt: skip
+    txn.read(
+        price,
+        items,
+        args=[events.int("bid_price")],
+        where=bid,
+        cond=bid_reaches_price,
+        reason="bid below price",
+    )
+    txn.read_modify(
+        quantity,
+        items,
+        subtract,
+        args=[quantities],
+        where=bid,
+        cond=covers,
+        reason="insufficient quantity",
+    )
     txn.write(price, items, assign, args=[events.list("prices")], where=alter)
     txn.read_modify(quantity, items, add, args=[quantities], where=top)
 
@@ -53,9 +73,13 @@ def topology() -> Topology:
         name="ob",
         tables=(ITEMS,),
         event_columns={
-            "event_id": INT, "kind": STRING, "items": INT_LIST, "prices": INT_LIST,
-            "quantities": INT_LIST, "bid_price": INT,
-        },  # fmt: skip
+            "event_id": INT,
+            "kind": STRING,
+            "items": INT_LIST,
+            "prices": INT_LIST,
+            "quantities": INT_LIST,
+            "bid_price": INT,
+        },
         kinds=("bid", "alter", "top"),
         functions=(add, subtract, assign),
         conditions=(covers, bid_reaches_price),

@@ -37,11 +37,25 @@ def state_access(events: EventBatch, txn: Transactions) -> None:
 
     # Both conditions are checked on the state before the transfer's writes: the
     # account debit comes first, and the asset debit touches another table.
-    txn.read_modify(balance, account, subtract, args=[amount], where=transfer,
-                    cond=covers, reason="insufficient balance")  # fmt: skip
+    txn.read_modify(
+        balance,
+        account,
+        subtract,
+        args=[amount],
+        where=transfer,
+        cond=covers,
+        reason="insufficient balance",
+    )
     txn.read_modify(balance, events.int("dst_account"), add, args=[amount], where=transfer)
-    txn.read_modify(holding, asset, subtract, args=[asset_amount], where=transfer,
-                    cond=covers, reason="insufficient assets")  # fmt: skip
+    txn.read_modify(
+        holding,
+        asset,
+        subtract,
+        args=[asset_amount],
+        where=transfer,
+        cond=covers,
+        reason="insufficient assets",
+    )
     txn.read_modify(holding, events.int("dst_asset"), add, args=[asset_amount], where=transfer)
 
 
@@ -51,9 +65,15 @@ def topology() -> Topology:
         name="sl",
         tables=(ACCOUNTS, ASSETS),
         event_columns={
-            "event_id": INT, "kind": STRING, "account": INT, "asset": INT,
-            "dst_account": INT, "dst_asset": INT, "amount": INT, "asset_amount": INT,
-        },  # fmt: skip
+            "event_id": INT,
+            "kind": STRING,
+            "account": INT,
+            "asset": INT,
+            "dst_account": INT,
+            "dst_asset": INT,
+            "amount": INT,
+            "asset_amount": INT,
+        },
         kinds=("deposit", "transfer"),
         functions=(add, subtract),
         conditions=(covers,),

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import numpy as np
-
 from txstream.topologies.api import (
-    INT, EventBatch, Outputs, Table, Topology, Transactions, condition, function,
-)  # fmt: skip
+    INT,
+    EventBatch,
+    Outputs,
+    Table,
+    Topology,
+    Transactions,
+    condition,
+    function,
+)
 from txstream.topologies.functions import add
 
 SEGMENT_SPEED = Table("segment_speed", ("speed_sum", "speed_count"))
-SEGMENT_VEHICLES = Table("segment_vehicles", ("vehicle_count",), distinct=True,
-                         size_of="segment_speed")  # fmt: skip
+SEGMENT_VEHICLES = Table(
+    "segment_vehicles", ("vehicle_count",), distinct=True, size_of="segment_speed"
+)
 
 MAX_SPEED = 200
 """Readings at or above this speed are implausible and abort."""
@@ -47,11 +54,13 @@ def state_access(events: EventBatch, txn: Transactions) -> None:
     """Update the segment's speed statistics and vehicle set, then read the average."""
     segment, speed = events.int("segment"), events.int("speed")
     speed_sum, speed_count = SEGMENT_SPEED["speed_sum"], SEGMENT_SPEED["speed_count"]
-    txn.read_modify(speed_sum, segment, add, args=[speed], cond=plausible_speed,
-                    reason="implausible speed")  # fmt: skip
+    txn.read_modify(
+        speed_sum, segment, add, args=[speed], cond=plausible_speed, reason="implausible speed"
+    )
     txn.read_modify(speed_count, segment, increment)
-    txn.set_add(SEGMENT_VEHICLES["vehicle_count"], segment, events.int("vehicle"),
-                out="vehicle_count")  # fmt: skip
+    txn.set_add(
+        SEGMENT_VEHICLES["vehicle_count"], segment, events.int("vehicle"), out="vehicle_count"
+    )
     txn.read(speed_sum, segment, fun=average, reads=[(speed_count, segment)], out="avg_speed")
 
 

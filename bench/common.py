@@ -1,0 +1,69 @@
+"""Shared pieces of the benchmarks: workloads on disk, one Ray, JSON results."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from txstream.topologies._generators import WorkloadSpec, generate, write_workload
+
+RESULTS = Path(__file__).parent / "results"
+
+
+@contextmanager
+def bench_ray() -> Iterator[None]:
+    """One lean Ray for a whole benchmark (its start-up is never in a figure)."""
+    import ray
+    from txstream.cluster.ray_runtime import OBJECT_STORE_BYTES
+
+    ray.init(
+        include_dashboard=False,
+        object_store_memory=OBJECT_STORE_BYTES,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@contextmanager
+def workload_dirs(topologies: list[str], events: int, **knobs) -> Iterator[dict[str, Path]]:
+    """Generated workloads on disk, one folder per topology, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="txstream_bench_") as tmp:
+        dirs = {}
+        for name in topologies:
+            events_table, init = generate(name, WorkloadSpec(events=events, **knobs))
+            write_workload(Path(tmp) / name, events_table, init)
+            dirs[name] = Path(tmp) / name
+        yield dirs
+
+
+def write_results(name: str, results: dict) -> Path:
+    """bench/results/<name>.json with the machine and commit the figures belong to."""
+    RESULTS.mkdir(exist_ok=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent,
+    ).stdout.strip()
+    payload = {
+        "benchmark": name,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "commit": commit,
+        "machine": platform.machine(),
+        "cpus": __import__("os").cpu_count(),
+        **results,
+    }
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path

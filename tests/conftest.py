@@ -1,0 +1,33 @@
+"""One Ray for the whole test session (starting Ray per test costs ~5 s each)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A lean local Ray; actors see tests/ on their path (for test topologies)."""
+    import ray
+    from txstream.cluster.ray_runtime import OBJECT_STORE_BYTES
+
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=OBJECT_STORE_BYTES,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(TESTS)}},
+    )
+    yield
+    ray.shutdown()
+
+
+def txstream_segments() -> list[str]:
+    """Shared-memory segments of txstream runs that still exist."""
+    return sorted(p.name for p in Path("/dev/shm").glob("txstream_*"))

@@ -1,0 +1,49 @@
+"""Test topologies: SL whose state_access fails on a chosen event, and one that cannot compile."""
+
+from __future__ import annotations
+
+from txstream.topologies import sl
+from txstream.topologies.api import Topology, function
+
+FAIL_ON_EVENT_ID = 13
+
+
+def _failing_state_access(events, txn):
+    if (events.int("event_id") == FAIL_ON_EVENT_ID).any():
+        raise RuntimeError("user code failed on purpose")
+    sl.state_access(events, txn)
+
+
+def build() -> Topology:
+    """SL with a state_access that raises on event 13."""
+    base = sl.topology()
+    return Topology(
+        name="failing-sl",
+        tables=base.tables,
+        event_columns=base.event_columns,
+        kinds=base.kinds,
+        functions=base.functions,
+        conditions=base.conditions,
+        pre_process=base.pre_process,
+        state_access=_failing_state_access,
+    )
+
+
+@function
+def not_numba(value, args, reads, n_reads):
+    """Uses a Python object numba cannot type."""
+    return len({"a": object()}) + value
+
+
+def build_uncompilable() -> Topology:
+    """A topology whose user function numba cannot compile."""
+    base = sl.topology()
+    return Topology(
+        name="bad",
+        tables=base.tables,
+        event_columns=base.event_columns,
+        kinds=base.kinds,
+        functions=(not_numba,),
+        pre_process=base.pre_process,
+        state_access=base.state_access,
+    )

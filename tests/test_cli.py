@@ -1,0 +1,179 @@
+"""The `txstream` command: generate, run, output files (SPEC §4) and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import txstream_segments
+from txstream.cli import main
+
+OUTPUT_COLUMNS = {
+    "sl": [],
+    "gs": ["sum"],
+    "ob": [],
+    "tp": ["toll", "avg_speed", "vehicle_count"],
+}
+STATE_COLUMNS = {
+    "sl": {"accounts": ["key", "balance"], "assets": ["key", "balance"]},
+    "gs": {"records": ["key", "value"]},
+    "ob": {"items": ["key", "price", "quantity"]},
+    "tp": {
+        "segment_speed": ["key", "speed_sum", "speed_count"],
+        "segment_vehicles": ["key", "vehicle_count"],
+    },
+}
+METRIC_KEYS = {
+    "events",
+    "committed",
+    "aborted",
+    "rejected",
+    "seconds",
+    "throughput_eps",
+    "latency_ms",
+    "breakdown_s",
+    "config",
+}
+
+
+def _generate(tmp_path, topology, events=3000):
+    data = tmp_path / "data"
+    assert (
+        main(
+            [
+                "generate",
+                topology,
+                "--out",
+                str(data),
+                "--events",
+                str(events),
+                "--keys",
+                "64",
+                "--abort-ratio",
+                "0.05",
+            ]
+        )
+        == 0
+    )
+    return data
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.parametrize("topology", ["sl", "gs", "ob", "tp"])
+def test_generate_then_run_writes_spec_files(tmp_path, topology):
+    data = _generate(tmp_path, topology)
+    out = tmp_path / "out"
+    code = main(
+        [
+            "run",
+            topology,
+            "--input",
+            str(data / "events.parquet"),
+            "--init-state",
+            str(data / "init"),
+            "--output",
+            str(out),
+            "--punctuation-interval",
+            "500",
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    events = pq.read_table(out / "events.parquet")
+    assert events.schema == pa.schema(
+        [
+            ("ts", pa.int64()),
+            ("event_id", pa.int64()),
+            ("status", pa.string()),
+            ("reason", pa.string()),
+        ]
+        + [(c, pa.int64()) for c in OUTPUT_COLUMNS[topology]]
+    )
+    assert events.column("ts").to_pylist() == list(range(3000))
+    statuses = set(events.column("status").to_pylist())
+    assert statuses <= {"committed", "aborted", "rejected"} and "aborted" in statuses
+    for table, columns in STATE_COLUMNS[topology].items():
+        state = pq.read_table(out / "state" / f"{table}.parquet")
+        assert state.column_names == columns
+        assert all(t == pa.int64() for t in state.schema.types)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert METRIC_KEYS <= metrics.keys()
+    assert set(metrics["breakdown_s"]) == {
+        "useful",
+        "sync",
+        "lock",
+        "construct",
+        "explore",
+        "abort",
+    }
+    assert metrics["committed"] + metrics["aborted"] + metrics["rejected"] == 3000
+    assert metrics["config"]["punctuation_interval"] == 500
+
+
+def _cli(*args, timeout=300):
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    return subprocess.run(
+        [sys.executable, "-m", "txstream.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def test_schema_error_exits_2_with_one_line(tmp_path):
+    data = _generate(tmp_path, "sl", events=100)
+    table = pq.read_table(data / "events.parquet").drop_columns(["asset"])
+    pq.write_table(table, tmp_path / "bad.parquet")
+    proc = _cli(
+        "run",
+        "sl",
+        "--input",
+        str(tmp_path / "bad.parquet"),
+        "--init-state",
+        str(data / "init"),
+        "--output",
+        str(tmp_path / "out"),
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "missing column 'asset'" in proc.stderr
+
+
+def test_unreadable_input_and_bad_usage_exit_2(tmp_path):
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    data = _generate(tmp_path, "sl", events=10)
+    proc = _cli(
+        "run",
+        "sl",
+        "--input",
+        str(tmp_path / "junk.parquet"),
+        "--init-state",
+        str(data / "init"),
+        "--output",
+        str(tmp_path / "out"),
+    )
+    assert proc.returncode == 2 and "cannot read" in proc.stderr
+    assert _cli("run", "sl").returncode == 2
+    assert _cli("generate", "sl", "--out", str(tmp_path / "x"), "--keys", "0").returncode == 2
+
+
+def test_full_cli_run_starts_and_stops_its_own_ray(tmp_path):
+    data = _generate(tmp_path, "tp", events=5000)
+    proc = _cli(
+        "run",
+        "tp",
+        "--input",
+        str(data / "events.parquet"),
+        "--init-state",
+        str(data / "init"),
+        "--output",
+        str(tmp_path / "out"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "5,000 events" in proc.stdout
+    assert not txstream_segments()
