@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 from txstream._numba import USER_SIG
 from txstream.errors import SchemaError, TopologyError
+from txstream.topologies._kernels import merge_statements
 
 # Operation kinds, shared with the kernels.
 READ, WRITE, READ_MODIFY, SET_ADD = 0, 1, 2, 3
@@ -461,61 +462,48 @@ class Transactions:
     def build(self) -> OperationBatch:
         """All statements as one operation batch in (txn, statement, list) order."""
         st = self._statements
-        n = self.events.n
-        if not st:
-            empty = np.zeros(0, np.int64)
-            return OperationBatch(
-                empty,
-                empty,
-                empty.astype(np.int8),
-                empty.astype(np.int32),
-                empty.astype(np.int32),
-                empty.astype(np.int32),
-                empty.astype(np.int32),
-                np.zeros((0, 1), np.int64),
-                np.zeros(1, np.int64),
-                empty,
-                np.zeros(n + 1, np.int64),
-            )
-        width = max(1, max(len(s.args) for s in st))
-
-        def per_stmt(attr: str, dtype) -> np.ndarray:
-            return np.concatenate([np.full(len(s.txn), getattr(s, attr), dtype) for s in st])
-
-        txn = np.concatenate([s.txn for s in st])
-        order = np.argsort(txn, kind="stable")
-        args = np.zeros((len(txn), width), np.int64)
-        row = 0
-        for s in st:
+        n_ops = sum(len(s.txn) for s in st)
+        width = max([1, *(len(s.args) for s in st)])
+        stmt_ptr = np.zeros(len(st) + 1, np.int64)
+        np.cumsum([len(s.txn) for s in st], out=stmt_ptr[1:])
+        stmt_attrs = np.array(
+            [(s.kind, s.fun, s.cond, s.reason, s.out) for s in st], np.int32
+        ).reshape(len(st), 5)
+        args = np.zeros((n_ops, width), np.int64)
+        for s, row in zip(st, stmt_ptr, strict=False):
             for j, col in enumerate(s.args):
                 args[row : row + len(s.txn), j] = col
-            row += len(s.txn)
-        dep_count = np.concatenate([s.dep_count for s in st])
-        dep_cell = np.concatenate([s.dep_cell for s in st])
-        dep_start = np.zeros(len(txn), np.int64)
-        np.cumsum(dep_count[:-1], out=dep_start[1:])
-        count_sorted = dep_count[order]
-        dep_ptr = np.zeros(len(txn) + 1, np.int64)
-        np.cumsum(count_sorted, out=dep_ptr[1:])
-        dep_cell = dep_cell[_gather_positions(dep_start[order], count_sorted)]
-        txn = txn[order]
-        txn_ptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(txn, minlength=n), out=txn_ptr[1:])
-        return OperationBatch(
-            txn=txn,
-            cell=np.concatenate([s.cell for s in st])[order],
-            kind=per_stmt("kind", np.int8)[order],
-            fun=per_stmt("fun", np.int32)[order],
-            cond=per_stmt("cond", np.int32)[order],
-            reason=per_stmt("reason", np.int32)[order],
-            out=per_stmt("out", np.int32)[order],
-            args=np.ascontiguousarray(args[order]),
-            dep_ptr=dep_ptr,
-            dep_cell=dep_cell,
-            txn_ptr=txn_ptr,
-            max_txn_ops=int(np.diff(txn_ptr).max(initial=0)),
-            max_reads=int(count_sorted.max(initial=0)),
+        dep_count = _concat([s.dep_count for s in st])
+        attrs = np.empty((n_ops, 5), np.int32)
+        ops = OperationBatch(
+            txn=np.empty(n_ops, np.int64),
+            cell=np.empty(n_ops, np.int64),
+            kind=attrs[:, 0],  # views until the merge has filled attrs
+            fun=attrs[:, 1],
+            cond=attrs[:, 2],
+            reason=attrs[:, 3],
+            out=attrs[:, 4],
+            args=np.empty((n_ops, width), np.int64),
+            dep_ptr=np.zeros(n_ops + 1, np.int64),
+            dep_cell=np.empty(int(dep_count.sum()), np.int64),
+            txn_ptr=np.zeros(self.events.n + 1, np.int64),
         )
+        merge_statements(
+            stmt_ptr, stmt_attrs, _concat([s.txn for s in st]), _concat([s.cell for s in st]),
+            args, dep_count, _concat([s.dep_cell for s in st]),
+            np.empty(self.events.n, np.int64), np.empty(n_ops, np.int64), ops.txn, ops.cell,
+            attrs, ops.args, ops.dep_ptr, ops.dep_cell, ops.txn_ptr,
+        )  # fmt: skip
+        ops.kind = attrs[:, 0].astype(np.int8)
+        for i, name in enumerate(("fun", "cond", "reason", "out"), start=1):
+            setattr(ops, name, np.ascontiguousarray(attrs[:, i]))
+        ops.max_txn_ops = int(np.diff(ops.txn_ptr).max(initial=0))
+        ops.max_reads = int(dep_count.max(initial=0))
+        return ops
+
+
+def _concat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def _gather_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
