@@ -54,14 +54,22 @@ class SharedArray:
         return cls(shm, handle, owner=False)
 
     def close(self) -> None:
-        """Detach; the owner also unlinks the segment."""
+        """Unlink the segment (owner only), then detach.
+
+        Unlinking comes first: views of the array may still be alive (e.g. in the
+        frames of an exception being handled), which makes detaching fail; the
+        mapping then goes away with the last view, but the name is gone already.
+        """
         self.array = np.empty(0)
-        self._shm.close()
         if self.owner:
             try:
                 self._shm.unlink()
             except FileNotFoundError:
                 pass
+        try:
+            self._shm.close()
+        except BufferError:
+            pass
 
 
 def new_run_id() -> str:

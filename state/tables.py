@@ -66,6 +66,7 @@ class SharedState:
 
     def close(self) -> None:
         """Detach (and unlink, on the driver)."""
+        self.values = self.set_cells = self.set_members = np.empty(0, np.int64)
         for array in self._arrays:
             array.close()
 

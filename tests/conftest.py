@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ def ray_cluster():
     ray.shutdown()
 
 
-def txstream_segments() -> list[str]:
-    """Shared-memory segments of txstream runs that still exist."""
-    return sorted(p.name for p in Path("/dev/shm").glob("txstream_*"))
+def txstream_segments(pid: int | None = None) -> list[str]:
+    """Shared-memory segments that runs driven by process ``pid`` (default: this
+    one) left behind. Other processes' runs may be going on at the same time."""
+    return sorted(p.name for p in Path("/dev/shm").glob(f"txstream_{pid or os.getpid()}_*"))

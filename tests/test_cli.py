@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -116,14 +117,17 @@ def test_generate_then_run_writes_spec_files(tmp_path, topology):
 
 
 def _cli(*args, timeout=300):
+    """Run the command in a new process; the result also carries its ``pid``."""
     env = {**os.environ, "RAY_ADDRESS": ""}
-    return subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "txstream.cli", *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
         env=env,
     )
+    stdout, stderr = proc.communicate(timeout=timeout)
+    return SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=stderr, pid=proc.pid)
 
 
 def test_schema_error_exits_2_with_one_line(tmp_path):
@@ -176,4 +180,27 @@ def test_full_cli_run_starts_and_stops_its_own_ray(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "5,000 events" in proc.stdout
-    assert not txstream_segments()
+    assert not txstream_segments(proc.pid)
+
+
+def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
+    import signal
+    import time
+
+    data = _generate(tmp_path, "sl", events=400_000)
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "txstream.cli", "run", "sl", "--input",
+         str(data / "events.parquet"), "--init-state", str(data / "init"), "--output",
+         str(tmp_path / "out"), "--udf-cost-us", "20", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not txstream_segments(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the run has created its state: it is past start-up checks
+    time.sleep(8)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr
+    assert not txstream_segments(proc.pid)
