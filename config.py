@@ -26,7 +26,7 @@ class RunConfig:
     placement: str = "shared-nothing"
     punctuation_interval: int = 10240
     udf_cost_us: float = 0.0
-    source: str = "arrow"
+    source: str = "spark"
     address: str | None = None
     timeout_s: float = 600.0
     progress: bool = True

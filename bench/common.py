@@ -18,7 +18,7 @@ RESULTS = Path(__file__).parent / "results"
 
 
 @contextmanager
-def bench_ray() -> Iterator[None]:
+def bench_ray(job_config: object | None = None) -> Iterator[None]:
     """One lean Ray for a whole benchmark (its start-up is never in a figure)."""
     import ray
     from txstream.cluster.ray_runtime import OBJECT_STORE_BYTES
@@ -28,6 +28,7 @@ def bench_ray() -> Iterator[None]:
         object_store_memory=OBJECT_STORE_BYTES,
         logging_level=logging.WARNING,
         log_to_driver=False,
+        job_config=job_config,
     )
     try:
         yield

@@ -1,12 +1,11 @@
 """Spark input through RayDP: Spark on the current Ray session and an ordered event source.
 
-`SparkSource` does not use `ray.data.from_spark`: in RayDP 1.6.5 that persists the whole
-DataFrame in Spark, then starts one fetch task per partition at once (all partitions land in
-the object store together), and the fetch tasks switch their pooled Ray workers to
-`load_code_from_local`, which breaks actors Ray later starts in those workers (the
-`load_actor_class ... Expected str or bytes` crash in ENGINEERING.md). Instead the input is
+`SparkSource` does not use `ray.data.from_spark`. In RayDP 1.6.5 that persists the whole
+DataFrame in Spark (MEMORY_AND_DISK), then starts one fetch task per partition at once, so
+every partition lands in the object store together, in Spark's partition order; and the fetch
+tasks leave their pooled Ray workers set to `load_code_from_local`. Instead, the input is
 range-partitioned by input position and staged on the Spark executor's disk, and the consumer
-pulls partitions in position order through a dedicated fetcher actor, a few at a time.
+pulls the partitions in position order, a few at a time, through its own fetcher actor.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import subprocess
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,18 +28,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 from ray.job_config import JobConfig
-
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
+from txstream.sources import parquet_files
 
 if TYPE_CHECKING:  # pyspark is imported only when Spark is used
     from pyspark.sql import DataFrame, SparkSession
 
-_OPENED_PACKAGES = (
-    "java.lang", "java.lang.invoke", "java.lang.reflect", "java.io", "java.net", "java.nio",
-    "java.math", "java.text", "java.time", "java.util", "java.util.concurrent",
-    "java.util.concurrent.atomic", "java.util.regex", "java.security", "jdk.internal.misc",
-    "jdk.internal.ref", "sun.nio.ch", "sun.nio.cs", "sun.security.action", "sun.util.calendar",
-)  # fmt: skip
+_OPENED_PACKAGES = """
+    java.lang java.lang.invoke java.lang.reflect java.io java.net java.nio java.math java.text
+    java.time java.util java.util.concurrent java.util.concurrent.atomic java.util.regex
+    java.security jdk.internal.misc jdk.internal.ref sun.nio.ch sun.nio.cs sun.security.action
+    sun.util.calendar
+""".split()
 
 JVM_OPTIONS: tuple[str, ...] = tuple(
     f"--add-opens=java.base/{package}=ALL-UNNAMED" for package in _OPENED_PACKAGES
@@ -50,7 +50,6 @@ POSITION = "__txstream_position"
 """Column that carries each row's input position through Spark; never handed to the engine."""
 
 _FILE_SHIFT = 40  # position of a file row = file index << 40 | row index within the file
-_INSTALL_JAVA = "install it (Debian/Ubuntu: apt-get install openjdk-17-jre-headless)"
 
 
 def java_available() -> str | None:
@@ -59,26 +58,30 @@ def java_available() -> str | None:
     RayDP's app master runs `java` from PATH and spark-submit prefers `$JAVA_HOME/bin/java`,
     so both must be Java 17 or newer.
     """
-    candidates = {"java on PATH": shutil.which("java")}
+    javas = {"on PATH": shutil.which("java")}
     if os.environ.get("JAVA_HOME"):
-        candidates["$JAVA_HOME/bin/java"] = os.path.join(os.environ["JAVA_HOME"], "bin", "java")
-    for where, java in candidates.items():
-        if java is None or not os.access(java, os.X_OK):
-            return f"Spark input needs Java 17 or newer, but there is no {where}: {_INSTALL_JAVA}"
-        try:
-            out = subprocess.run(
-                [java, "-version"], capture_output=True, text=True, timeout=60
-            ).stderr
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"Spark input needs Java 17 or newer; running {java} failed ({exc}): " + (
-                _INSTALL_JAVA
+        javas["in $JAVA_HOME"] = os.path.join(os.environ["JAVA_HOME"], "bin", "java")
+    for where, java in javas.items():
+        major = _java_major(java) if java else None
+        if major is None or major < 17:
+            found = "no working java" if major is None else f"Java {major}"
+            return (
+                f"Spark input needs Java 17 or newer, found {found} {where}; install it "
+                "(Debian/Ubuntu: apt-get install openjdk-17-jre-headless)"
             )
-        found = re.search(r'version "(\d+)(?:\.(\d+))?', out)
-        major = found and int(found[1] if found[1] != "1" else found[2] or 0)
-        if not major or major < 17:
-            version = found[0] if found else out.strip() or "unknown version"
-            return f"Spark input needs Java 17 or newer, {java} is {version}: {_INSTALL_JAVA}"
     return None
+
+
+def _java_major(java: str) -> int | None:
+    """The major version `java -version` reports (8 for "1.8.0_392"); None if it fails."""
+    try:
+        run = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', run.stderr)
+    if not found:
+        return None
+    return int(found[2] or 0) if found[1] == "1" else int(found[1])
 
 
 def ray_job_config() -> JobConfig:
@@ -92,9 +95,14 @@ def spark_session(
 ) -> Iterator[SparkSession]:
     """Run Spark (one executor, one core) on the current Ray session; stop it on exit.
 
-    Ray must already be running with `ray_job_config()`: RayDP would otherwise start a Ray
-    of its own without the JVM flags.
+    An active Spark session (the user's) is used as it is and left running. Ray must
+    already be running with `ray_job_config()`: RayDP would otherwise start a Ray of
+    its own without the JVM flags.
     """
+    active = _active_session()
+    if active is not None:
+        yield active
+        return
     problem = java_available()
     if problem:
         raise UsageError(problem)
@@ -116,19 +124,44 @@ def spark_session(
         raydp.stop_spark()
 
 
+def _active_session() -> SparkSession | None:
+    import sys
+
+    if "pyspark" not in sys.modules:  # nobody started Spark in this process
+        return None
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
+def is_spark_dataframe(data: object) -> bool:
+    """Whether ``data`` is a Spark DataFrame (without importing pyspark otherwise)."""
+    return type(data).__module__.startswith("pyspark.sql")
+
+
+def arrow_to_spark(table: pa.Table, spark: SparkSession) -> DataFrame:
+    """An Arrow table as a Spark DataFrame with the same column names, types and nulls."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    spark.conf.set("spark.sql.execution.arrow.pyspark.enabled", "true")
+    frame = table.to_pandas(types_mapper={pa.int64(): __import__("pandas").Int64Dtype()}.get)
+    return spark.createDataFrame(frame, schema=from_arrow_schema(table.schema))
+
+
 class SparkSource:
     """Events read by Spark, handed to the engine in input order with bounded memory.
 
-    `data` is a Parquet file, a folder of Parquet files (read in name order, rows in file
-    order) or a Spark DataFrame (its own row order: partition by partition, as `collect()`
-    returns it). Creating the source runs the Spark jobs: every row gets its input position,
-    rows are range-partitioned by position into partitions of about `partition_rows` rows,
-    sorted within each, converted to Arrow and kept on the Spark executor's disk.
-    `iter_batches` (in any process of the Ray job) then fetches those partitions in position
-    order with at most `prefetch` of them ahead of the consumer, and checks that positions
-    strictly increase, so a Spark that broke the range-partitioning contract would fail loudly
-    instead of reordering events. The source pickles without its Spark session; `close()`
-    (in the driver) frees the staged partitions, which stopping Spark does too.
+    `data` is a Parquet file or folder (`txstream.sources.parquet_files`: files in name
+    order, rows in file order) or a Spark DataFrame (its own row order: partition by
+    partition, as `collect()` returns it). Creating the source runs the Spark jobs: every
+    row gets its input position, rows are range-partitioned by position into partitions of
+    about `partition_rows` rows, sorted within each, converted to Arrow and kept on the
+    Spark executor's disk. `iter_batches` (in any process of the Ray job) then fetches those
+    partitions in position order with at most `prefetch` of them ahead of the consumer, and
+    checks that positions strictly increase, so a Spark that broke the range-partitioning
+    contract would fail loudly instead of reordering events. The source pickles without its
+    Spark session; `close()` (in the driver) frees the staged partitions, which stopping
+    Spark does too.
     """
 
     def __init__(
@@ -150,25 +183,32 @@ class SparkSource:
             self._spark = SparkSession.getActiveSession()
             if self._spark is None:
                 raise UsageError("no Spark session: open one with txstream.cluster.spark_session()")
-            frame, self.num_rows = _positioned_files(self._spark, _parquet_files(Path(data)))
+            frame, self.num_rows = _positioned_files(self._spark, parquet_files(data))
         self.schema: pa.Schema = _arrow_schema(frame)
         self.prefetch = prefetch
         self.fetch_timeout_s = fetch_timeout_s
         partitions = max(1, math.ceil(self.num_rows / partition_rows))
-        self._staged = _stage(frame.repartitionByRange(partitions, POSITION)
-                              .sortWithinPartitions(POSITION))  # fmt: skip
+        by_position = frame.repartitionByRange(partitions, POSITION)
+        self._staged = _stage(by_position.sortWithinPartitions(POSITION))
 
     def iter_batches(self, max_rows: int) -> Iterator[pa.RecordBatch]:
         """Yield the events in input order, in batches of at most `max_rows` rows."""
-        staged = self._staged
-        fetcher = _PartitionFetcher.remote(staged)
+        emitted = 0
+        for table in self._partitions_in_order():
+            emitted += table.num_rows
+            yield from table.to_batches(max_chunksize=max_rows)
+        if emitted != self.num_rows:
+            raise RuntimeFailure(f"Spark returned {emitted} events, expected {self.num_rows}")
+
+    def _partitions_in_order(self) -> Iterator[pa.Table]:
+        """The staged partitions by position, at most `prefetch` of them fetched ahead."""
+        count = self._staged.num_partitions
+        fetcher = _PartitionFetcher.remote(self._staged)
+        pending: deque[ray.ObjectRef] = deque()
+        requested, last_position = 0, -1
         try:
-            pending = deque()
-            requested = 0
-            last_position = -1
-            emitted = 0
-            while requested < staged.num_partitions or pending:
-                while requested < staged.num_partitions and len(pending) <= self.prefetch:
+            for _ in range(count):
+                while requested < count and len(pending) <= self.prefetch:
                     pending.append(fetcher.fetch.remote(requested))
                     requested += 1
                 try:
@@ -178,14 +218,9 @@ class SparkSource:
                         f"no Spark partition within {self.fetch_timeout_s} s"
                     ) from exc
                 table, last_position = _in_position_order(table, last_position)
-                if table.schema != self.schema:
-                    table = table.cast(self.schema)
-                emitted += table.num_rows
-                yield from table.to_batches(max_chunksize=max_rows)
+                yield table if table.schema == self.schema else table.cast(self.schema)
         finally:
             ray.kill(fetcher)
-        if emitted != self.num_rows:
-            raise RuntimeFailure(f"Spark returned {emitted} events, expected {self.num_rows}")
 
     def close(self) -> None:
         """Free the staged partitions on the Spark executor (driver only)."""
@@ -203,18 +238,6 @@ class SparkSource:
         return {**self.__dict__, "_spark": None}
 
 
-def _parquet_files(path: Path) -> list[Path]:
-    """The input files in name order, as SPEC.md §4 defines the input order."""
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix == ".parquet" and p.is_file())
-        if not files:
-            raise UsageError(f"no .parquet files in {path}")
-        return files
-    if not path.is_file():
-        raise UsageError(f"input not found: {path}")
-    return [path]
-
-
 def _positioned_files(spark: SparkSession, files: list[Path]) -> tuple[DataFrame, int]:
     """Union of one read per file, each row tagged `file index << 40 | row index in file`.
 
@@ -222,6 +245,7 @@ def _positioned_files(spark: SparkSession, files: list[Path]) -> tuple[DataFrame
     across partitions). One read per file, because `_metadata.file_name` is URL-encoded and
     so cannot be matched against the names back reliably.
     """
+    from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
 
     num_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
@@ -235,7 +259,7 @@ def _positioned_files(spark: SparkSession, files: list[Path]) -> tuple[DataFrame
         reads.append(frame.withColumn(POSITION, position))
     try:
         return reduce(lambda a, b: a.unionByName(b), reads), num_rows
-    except Exception as exc:  # pyspark's AnalysisException: the files' columns differ
+    except AnalysisException as exc:
         raise SchemaError(f"the input files do not share one schema: {exc}") from exc
 
 
@@ -266,14 +290,14 @@ def _arrow_schema(frame: DataFrame) -> pa.Schema:
     return schema.remove(schema.get_field_index(POSITION))
 
 
+@dataclass(frozen=True)
 class _Staged:
     """Where the staged Arrow partitions are: plain values, so the source pickles."""
 
-    def __init__(self, rdd_id: int, schema_json: str, agent_url: str, executors: list[str]):
-        self.rdd_id = rdd_id
-        self.schema_json = schema_json
-        self.agent_url = agent_url
-        self.executors = executors  # Spark executor id holding each partition
+    rdd_id: int
+    schema_json: str
+    agent_url: str
+    executors: list[str]  # the Spark executor holding each partition
 
     @property
     def num_partitions(self) -> int:
@@ -299,8 +323,9 @@ def _stage(frame: DataFrame) -> _Staged:
 class _PartitionFetcher:
     """Fetches staged partitions from the Spark executor's JVM actor, one call at a time.
 
-    Cross-language calls need `load_code_from_local`, which stays set in the calling process;
-    in an actor that process dies with it instead of returning to Ray's worker pool.
+    Cross-language calls need `load_code_from_local`, which stays set in the calling process
+    and changes how it loads any actor class Ray later starts there; an actor's process dies
+    with it instead of going back to Ray's worker pool.
     """
 
     def __init__(self, staged: _Staged) -> None:

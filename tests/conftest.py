@@ -13,9 +13,12 @@ TESTS = Path(__file__).parent
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A lean local Ray; actors see tests/ on their path (for test topologies)."""
+    """A lean local Ray, with the JVM flags Spark needs; actors see tests/ on their path
+    (for test topologies)."""
     import ray
+    from ray.job_config import JobConfig
     from txstream.cluster.ray_runtime import OBJECT_STORE_BYTES
+    from txstream.cluster.spark import JVM_OPTIONS
 
     ray.init(
         num_cpus=2,
@@ -23,10 +26,25 @@ def ray_cluster():
         object_store_memory=OBJECT_STORE_BYTES,
         logging_level=logging.WARNING,
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(TESTS)}},
+        job_config=JobConfig(
+            jvm_options=list(JVM_OPTIONS),
+            runtime_env={"env_vars": {"PYTHONPATH": str(TESTS)}},
+        ),
     )
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def spark(ray_cluster):
+    """One Spark (RayDP) for the whole test session, on the session's Ray."""
+    from txstream.cluster.spark import java_available, spark_session
+
+    problem = java_available()
+    if problem:
+        pytest.fail(problem)
+    with spark_session(app_name="txstream-test") as session:
+        yield session
 
 
 def txstream_segments(pid: int | None = None) -> list[str]:

@@ -81,6 +81,8 @@ def test_generate_then_run_writes_spec_files(tmp_path, topology):
             str(out),
             "--punctuation-interval",
             "500",
+            "--source",
+            "arrow",
             "--no-progress",
         ]
     )
@@ -166,21 +168,24 @@ def test_unreadable_input_and_bad_usage_exit_2(tmp_path):
     assert _cli("generate", "sl", "--out", str(tmp_path / "x"), "--keys", "0").returncode == 2
 
 
-def test_full_cli_run_starts_and_stops_its_own_ray(tmp_path):
+@pytest.mark.usefixtures("ray_cluster")
+def test_default_run_goes_through_spark_on_its_own_ray(tmp_path):
+    """The README's main command: Spark source by default, own Ray, all cleaned up."""
     data = _generate(tmp_path, "tp", events=5000)
-    proc = _cli(
-        "run",
-        "tp",
-        "--input",
-        str(data / "events.parquet"),
-        "--init-state",
-        str(data / "init"),
-        "--output",
-        str(tmp_path / "out"),
-    )
+    out = tmp_path / "out"
+    proc = _cli("run", "tp", "--input", str(data / "events.parquet"), "--init-state",
+                str(data / "init"), "--output", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "5,000 events" in proc.stdout
     assert not txstream_segments(proc.pid)
+    assert {"startup_s", "staging_s"} <= json.loads((out / "metrics.json").read_text())[
+        "spark"
+    ].keys()
+    arrow = tmp_path / "arrow"
+    assert main(["run", "tp", "--input", str(data / "events.parquet"), "--init-state",
+                 str(data / "init"), "--output", str(arrow), "--source", "arrow",
+                 "--no-progress"]) == 0  # fmt: skip
+    assert pq.read_table(out / "events.parquet").equals(pq.read_table(arrow / "events.parquet"))
 
 
 def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
@@ -192,7 +197,7 @@ def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "txstream.cli", "run", "sl", "--input",
          str(data / "events.parquet"), "--init-state", str(data / "init"), "--output",
-         str(tmp_path / "out"), "--udf-cost-us", "20", "--no-progress"],
+         str(tmp_path / "out"), "--udf-cost-us", "20", "--no-progress", "--source", "arrow"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     deadline = time.monotonic() + 120

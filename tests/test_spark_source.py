@@ -7,14 +7,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
-
 from txstream.cluster.spark import (
     POSITION,
     SparkSource,
+    _in_position_order,
     java_available,
-    ray_job_config,
-    spark_session,
 )
+from txstream.errors import RuntimeFailure, SchemaError
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 TIMEOUT_S = 300
 FILE_ROWS = (30_000, 50_000, 20_000)
@@ -51,22 +52,13 @@ def _events(start: int, rows: int, rng: np.random.Generator) -> pa.Table:
 
 
 @pytest.fixture(scope="module")
-def spark():
-    if java_available():
-        pytest.skip(java_available())
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=512 * 2**20,
-        job_config=ray_job_config(),
-    )
-    try:
-        with spark_session(app_name="txstream-test") as session:
-            # Small splits: every file spans several Spark partitions.
-            session.conf.set("spark.sql.files.maxPartitionBytes", "200000")
-            yield session
-    finally:
-        ray.shutdown()
+def small_splits(spark):
+    """Small splits: every file spans several Spark partitions."""
+    key = "spark.sql.files.maxPartitionBytes"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "200000")
+    yield spark
+    spark.conf.set(key, before)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +86,7 @@ def consumer():
     ray.kill(actor)
 
 
-def test_spark_itself_reorders_the_files(spark, event_files):
+def test_spark_itself_reorders_the_files(spark, small_splits, event_files):
     folder, expected = event_files
     frame = spark.read.parquet(folder)
     assert frame.rdd.getNumPartitions() > len(FILE_ROWS)
@@ -104,7 +96,9 @@ def test_spark_itself_reorders_the_files(spark, event_files):
     assert seen != expected.column("event_id").to_pylist()
 
 
-def test_folder_comes_out_in_input_order_inside_an_actor(spark, event_files, consumer):
+def test_folder_comes_out_in_input_order_inside_an_actor(
+    spark, small_splits, event_files, consumer
+):
     folder, expected = event_files
     with SparkSource(folder, partition_rows=16_384) as source:
         table, largest = ray.get(consumer.consume.remote(source, 5_000), timeout=TIMEOUT_S)
@@ -113,7 +107,7 @@ def test_folder_comes_out_in_input_order_inside_an_actor(spark, event_files, con
     assert table.equals(expected)
 
 
-def test_schema_is_spark_columns_without_position(spark, event_files):
+def test_schema_is_spark_columns_without_position(spark, small_splits, event_files):
     folder, expected = event_files
     with SparkSource(folder) as source:
         assert source.schema == pa.schema(
@@ -130,7 +124,7 @@ def test_schema_is_spark_columns_without_position(spark, event_files):
         assert source.num_rows == sum(FILE_ROWS)
 
 
-def test_single_file_with_one_big_partition(spark, event_files, consumer):
+def test_single_file_with_one_big_partition(spark, small_splits, event_files, consumer):
     folder, expected = event_files
     with SparkSource(f"{folder}/part-01.parquet") as source:
         table, largest = ray.get(consumer.consume.remote(source, 100_000), timeout=TIMEOUT_S)
@@ -161,3 +155,21 @@ def test_java_missing_is_a_clear_message(monkeypatch, tmp_path):
     monkeypatch.delenv("JAVA_HOME", raising=False)
     message = java_available()
     assert message is not None and "openjdk-17-jre-headless" in message
+
+
+def test_files_with_different_columns_are_a_schema_error(spark, tmp_path):
+    pq.write_table(pa.table({"event_id": [0, 1]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"other": [2, 3]}), tmp_path / "b.parquet")
+    with pytest.raises(SchemaError):
+        SparkSource(tmp_path)
+
+
+def test_consumer_restores_order_inside_a_partition_and_rejects_overlap():
+    shuffled = pa.table({"v": [30, 10, 20], POSITION: [3, 1, 2]})
+    table, last = _in_position_order(shuffled, 0)
+    assert table.column_names == ["v"] and table.column("v").to_pylist() == [10, 20, 30]
+    assert last == 3
+    with pytest.raises(RuntimeFailure):
+        _in_position_order(pa.table({"v": [1], POSITION: [3]}), last)
+    with pytest.raises(RuntimeFailure):
+        _in_position_order(pa.table({"v": [1, 2], POSITION: [5, 5]}), last)
