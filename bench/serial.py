@@ -26,7 +26,7 @@ def main() -> None:
         for name, folder in dirs.items():
             for cost in (0.0, 10.0):
                 runs = [
-                    Job(name, udf_cost_us=cost, progress=False)
+                    Job(name, udf_cost_us=cost, source="arrow", progress=False)
                     .run(folder / "events.parquet", folder / "init")
                     .metrics
                     for _ in range(args.repeat if cost == 0 else 1)
