@@ -10,11 +10,12 @@ pulls the partitions in position order, a few at a time, through its own fetcher
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil
 import subprocess
+import threading
+import uuid
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from txstream.errors import RuntimeFailure, SchemaError, UsageError
 from txstream.sources import parquet_files
 
 if TYPE_CHECKING:  # pyspark is imported only when Spark is used
+    from py4j.java_gateway import JavaObject
     from pyspark.sql import DataFrame, SparkSession
 
 _OPENED_PACKAGES = """
@@ -153,15 +155,20 @@ class SparkSource:
 
     `data` is a Parquet file or folder (`txstream.sources.parquet_files`: files in name
     order, rows in file order) or a Spark DataFrame (its own row order: partition by
-    partition, as `collect()` returns it). Creating the source runs the Spark jobs: every
-    row gets its input position, rows are range-partitioned by position into partitions of
-    about `partition_rows` rows, sorted within each, converted to Arrow and kept on the
-    Spark executor's disk. `iter_batches` (in any process of the Ray job) then fetches those
-    partitions in position order with at most `prefetch` of them ahead of the consumer, and
-    checks that positions strictly increase, so a Spark that broke the range-partitioning
-    contract would fail loudly instead of reordering events. The source pickles without its
-    Spark session; `close()` (in the driver) frees the staged partitions, which stopping
-    Spark does too.
+    partition, as `collect()` returns it). Every row gets its input position, and Spark
+    partitions are taken as they come, without a shuffle: a file is read on its own, so its
+    partitions are consecutive splits of it, and a DataFrame's position is its partition
+    index first. Partition index order is thus input order; nothing trusts it blindly: the
+    consumer sorts a partition whose rows come out of order and fails the run if a partition
+    starts before the previous one ended (or rows go missing), instead of reordering events.
+
+    Converting to Arrow is one Spark job, started (in a driver thread) once the consumer asks
+    for the first partition; partitions are kept on the Spark executor's disk as they are
+    converted, and `iter_batches` (in any process of the Ray job) fetches each as soon as
+    Spark has it, at most `prefetch` ahead of the consumer: the engine runs while Spark is
+    still converting. File splits are sized to about `partition_rows` rows (Parquet row
+    groups are not split); a DataFrame keeps its partitions. The source pickles without its
+    Spark side; `close()` (in the driver) stops the conversion and frees the partitions.
     """
 
     def __init__(
@@ -179,17 +186,27 @@ class SparkSource:
         if isinstance(data, DataFrame):
             self._spark = data.sparkSession
             frame, self.num_rows = _positioned_frame(data)
+            split_bytes = None
         else:
             self._spark = SparkSession.getActiveSession()
             if self._spark is None:
                 raise UsageError("no Spark session: open one with txstream.cluster.spark_session()")
-            frame, self.num_rows = _positioned_files(self._spark, parquet_files(data))
+            files = parquet_files(data)
+            frame, self.num_rows = _positioned_files(self._spark, files)
+            file_bytes = sum(f.stat().st_size for f in files)
+            split_bytes = max(1, partition_rows * file_bytes // max(1, self.num_rows))
         self.schema: pa.Schema = _arrow_schema(frame)
         self.prefetch = prefetch
         self.fetch_timeout_s = fetch_timeout_s
-        partitions = max(1, math.ceil(self.num_rows / partition_rows))
-        by_position = frame.repartitionByRange(partitions, POSITION)
-        self._staged = _stage(by_position.sortWithinPartitions(POSITION))
+        self._rdd = _arrow_rdd(frame, split_bytes)
+        self._fetcher = _PartitionFetcher.options(max_concurrency=prefetch + 3).remote(
+            _staging(frame, self._rdd)
+        )
+        self.num_partitions: int = self._rdd.getNumPartitions()
+        self._job_group = f"txstream-{uuid.uuid4().hex}"
+        self._closing = threading.Event()
+        self._converting = threading.Thread(target=self._convert, daemon=True)
+        self._converting.start()
 
     def iter_batches(self, max_rows: int) -> Iterator[pa.RecordBatch]:
         """Yield the events in input order, in batches of at most `max_rows` rows."""
@@ -201,32 +218,52 @@ class SparkSource:
             raise RuntimeFailure(f"Spark returned {emitted} events, expected {self.num_rows}")
 
     def _partitions_in_order(self) -> Iterator[pa.Table]:
-        """The staged partitions by position, at most `prefetch` of them fetched ahead."""
-        count = self._staged.num_partitions
-        fetcher = _PartitionFetcher.remote(self._staged)
+        """The partitions in index order, each as soon as Spark has converted it, at most
+        `prefetch` of them fetched ahead."""
+        count = self.num_partitions
         pending: deque[ray.ObjectRef] = deque()
         requested, last_position = 0, -1
+        for _ in range(count):
+            while requested < count and len(pending) <= self.prefetch:
+                pending.append(self._fetcher.fetch.remote(requested))
+                requested += 1
+            [ipc] = self._get(pending.popleft())
+            table = pa.ipc.open_stream(self._get(ipc)).read_all()
+            table, last_position = _in_position_order(table, last_position)
+            yield table if table.schema.equals(self.schema) else table.cast(self.schema)
+
+    def _get(self, ref: ray.ObjectRef) -> object:
+        """ray.get within the fetch timeout; the fetcher's own errors keep their type."""
         try:
-            for _ in range(count):
-                while requested < count and len(pending) <= self.prefetch:
-                    pending.append(fetcher.fetch.remote(requested))
-                    requested += 1
-                try:
-                    table = ray.get(pending.popleft(), timeout=self.fetch_timeout_s)
-                except ray.exceptions.GetTimeoutError as exc:
-                    raise RuntimeFailure(
-                        f"no Spark partition within {self.fetch_timeout_s} s"
-                    ) from exc
-                table, last_position = _in_position_order(table, last_position)
-                yield table if table.schema == self.schema else table.cast(self.schema)
-        finally:
-            ray.kill(fetcher)
+            return ray.get(ref, timeout=self.fetch_timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise RuntimeFailure(f"no Spark partition within {self.fetch_timeout_s} s") from exc
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, RuntimeFailure):
+                raise exc.cause from None
+            raise
+
+    def _convert(self) -> None:
+        """Driver thread: run the conversion job once the consumer starts, report its end."""
+        failure = None
+        try:
+            ray.get(self._fetcher.wait_for_consumer.remote())
+            if not self._closing.is_set():
+                self._spark.sparkContext.setJobGroup(self._job_group, "txstream input", False)
+                self._rdd.count()
+        except Exception as exc:  # any failure goes to the consumer
+            failure = f"Spark failed to convert the input: {_first_line(exc)}"
+        self._fetcher.converted.remote(failure)
 
     def close(self) -> None:
-        """Free the staged partitions on the Spark executor (driver only)."""
-        if self._spark is not None and self._spark.sparkContext._jsc is not None:
-            writer = self._spark.sparkContext._jvm.org.apache.spark.sql.raydp.ObjectStoreWriter
-            writer.releaseRecoverableRDD(self._staged.rdd_id)
+        """Stop the conversion and free the converted partitions (driver only)."""
+        self._closing.set()
+        ray.kill(self._fetcher)
+        if self._spark.sparkContext._jsc is not None:
+            self._spark.sparkContext.cancelJobGroup(self._job_group)
+        self._converting.join(timeout=60)
+        if self._spark.sparkContext._jsc is not None:
+            self._rdd.unpersist(False)
 
     def __enter__(self) -> SparkSource:
         return self
@@ -235,7 +272,18 @@ class SparkSource:
         self.close()
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_spark": None}
+        """What a consumer needs; the Spark side stays in the driver."""
+        return {key: self.__dict__[key] for key in _CONSUMER_FIELDS}
+
+
+_CONSUMER_FIELDS = (
+    "schema",
+    "num_rows",
+    "num_partitions",
+    "prefetch",
+    "fetch_timeout_s",
+    "_fetcher",
+)
 
 
 def _positioned_files(spark: SparkSession, files: list[Path]) -> tuple[DataFrame, int]:
@@ -291,56 +339,121 @@ def _arrow_schema(frame: DataFrame) -> pa.Schema:
 
 
 @dataclass(frozen=True)
-class _Staged:
-    """Where the staged Arrow partitions are: plain values, so the source pickles."""
+class _Staging:
+    """Where the converted Arrow partitions go: plain values, so the fetcher pickles."""
 
     rdd_id: int
+    num_partitions: int
     schema_json: str
     agent_url: str
-    executors: list[str]  # the Spark executor holding each partition
-
-    @property
-    def num_partitions(self) -> int:
-        return len(self.executors)
+    executor: str  # any Spark executor: it tells where each partition is
 
 
-def _stage(frame: DataFrame) -> _Staged:
-    """Convert `frame` to Arrow partitions kept on the executors' disk (RayDP's JVM side).
+def _arrow_rdd(frame: DataFrame, split_bytes: int | None) -> JavaObject:
+    """`frame` as Spark's RDD of Arrow batches, kept on the executors' disk once computed.
 
-    This is the first half of RayDP's `from_spark`; DISK_ONLY keeps the executor heap out of
-    it, so inputs larger than memory only need disk.
+    This is RayDP's staging (`ObjectStoreWriter.prepareRecoverableRDD`) minus running it, so
+    the partitions can be fetched while the job runs. DISK_ONLY keeps the executor heap out
+    of it: inputs larger than memory only need disk. With `split_bytes`, file splits are at
+    most that large (the session's own limit if smaller), set only while Spark plans `frame`.
     """
     from pyspark import StorageLevel
 
+    conf, key = frame.sparkSession.conf, "spark.sql.files.maxPartitionBytes"
+    before = conf.get(key)
+    if split_bytes is not None:
+        conf.set(key, str(min(split_bytes, _bytes(frame.sparkSession, before))))
+    try:
+        rdd = frame._jdf.toArrowBatchRdd()
+        rdd.getNumPartitions()  # plans the file splits now
+    finally:
+        conf.set(key, before)
     context = frame.sparkSession.sparkContext
-    info = context._jvm.org.apache.spark.sql.raydp.ObjectStoreWriter.prepareRecoverableRDD(
-        frame._jdf, context._getJavaStorageLevel(StorageLevel.DISK_ONLY)
+    return rdd.persist(context._getJavaStorageLevel(StorageLevel.DISK_ONLY))
+
+
+def _bytes(spark: SparkSession, size: str) -> int:
+    """A Spark size setting ("128MB", "134217728b") in bytes."""
+    return int(
+        spark.sparkContext._jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(size)
     )
-    return _Staged(info.rddId(), info.schemaJson(), info.driverAgentUrl(), list(info.locations()))
+
+
+def _staging(frame: DataFrame, rdd: JavaObject) -> _Staging:
+    jvm = frame.sparkSession.sparkContext._jvm
+    writer = jvm.org.apache.spark.sql.raydp.ObjectStoreWriter
+    executors = frame.sparkSession.sparkContext._jsc.sc().getExecutorIds()
+    if executors.isEmpty():
+        raise RuntimeFailure("Spark has no executor")
+    return _Staging(
+        rdd.id(),
+        rdd.getNumPartitions(),
+        writer.toArrowSchema(frame._jdf).toJson(),
+        writer.driverAgentUrl(),
+        executors.head(),
+    )
+
+
+_POLL_S = 0.01
 
 
 @ray.remote(num_cpus=0)
 class _PartitionFetcher:
-    """Fetches staged partitions from the Spark executor's JVM actor, one call at a time.
+    """Hands out converted partitions as soon as Spark has them, several calls at a time.
 
     Cross-language calls need `load_code_from_local`, which stays set in the calling process
     and changes how it loads any actor class Ray later starts there; an actor's process dies
-    with it instead of going back to Ray's worker pool.
+    with it instead of going back to Ray's worker pool. A partition's Arrow bytes go from the
+    Spark executor to the caller through the object store, never through this actor.
     """
 
-    def __init__(self, staged: _Staged) -> None:
+    def __init__(self, staging: _Staging) -> None:
         ray._private.worker.global_worker.set_load_code_from_local(True)
-        self._staged = staged
+        self._staging = staging
+        self._locations: list[str | None] = [None] * staging.num_partitions
+        self._asked, self._done = threading.Event(), threading.Event()
+        self._failure: str | None = None
 
-    def fetch(self, partition: int) -> pa.Table:
-        staged = self._staged
-        executor = ray.get_actor(f"raydp-executor-{staged.executors[partition]}")
-        ipc = ray.get(
-            executor.getRDDPartition.remote(
-                staged.rdd_id, partition, staged.schema_json, staged.agent_url
-            )
+    def wait_for_consumer(self) -> None:
+        """Return once a consumer has asked for a partition."""
+        self._asked.wait()
+
+    def converted(self, failure: str | None) -> None:
+        """The conversion job ended, with `failure` if it failed."""
+        self._failure = failure
+        self._done.set()
+
+    def fetch(self, partition: int) -> list[ray.ObjectRef]:
+        """A reference to the partition's Arrow IPC stream, once Spark has converted it."""
+        self._asked.set()
+        staging = self._staging
+        executor = ray.get_actor(f"raydp-executor-{self._location(partition)}")
+        ipc = executor.getRDDPartition.remote(
+            staging.rdd_id, partition, staging.schema_json, staging.agent_url
         )
-        return pa.ipc.open_stream(pa.BufferReader(ipc)).read_all().replace_schema_metadata()
+        return [ipc]
+
+    def _location(self, partition: int) -> str:
+        """The executor holding `partition`, polled for until the conversion job ends."""
+        staging = self._staging
+        executor = ray.get_actor(f"raydp-executor-{staging.executor}")
+        while self._locations[partition] is None:
+            done = self._done.is_set()
+            self._locations = ray.get(
+                executor.getBlockLocations.remote(staging.rdd_id, staging.num_partitions)
+            )
+            if self._locations[partition] is None:
+                if done:
+                    raise RuntimeFailure(self._failure or f"Spark lost partition {partition}")
+                self._done.wait(_POLL_S)
+        return self._locations[partition]
+
+
+def _first_line(exc: Exception) -> str:
+    """The gist of an error, the Java one for a failed Spark call."""
+    java = getattr(exc, "java_exception", None)
+    text = str(java.toString() if java is not None else exc).strip()
+    return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
 def _in_position_order(table: pa.Table, last_position: int) -> tuple[pa.Table, int]:
@@ -361,4 +474,4 @@ def _in_position_order(table: pa.Table, last_position: int) -> tuple[pa.Table, i
     if len(positions) and positions[0] <= last_position:
         raise RuntimeFailure("Spark returned partitions out of input order")
     last = int(positions[-1]) if len(positions) else last_position
-    return table.drop_columns([POSITION]).combine_chunks(), last
+    return table.drop_columns([POSITION]), last
