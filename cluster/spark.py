@@ -19,7 +19,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -120,9 +120,15 @@ def spark_session(
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
     }
+    app = None
     try:
-        yield raydp.init_spark(app_name, 1, 1, executor_memory, configs=configs)
+        session = raydp.init_spark(app_name, 1, 1, executor_memory, configs=configs)
+        app = session.sparkContext.applicationId
+        ray.get(_fetcher(session).ready.remote())  # started with Spark, not by a source
+        yield session
     finally:
+        if app in _FETCHERS:
+            ray.kill(_FETCHERS.pop(app))
         raydp.stop_spark()
 
 
@@ -199,10 +205,10 @@ class SparkSource:
         self.prefetch = prefetch
         self.fetch_timeout_s = fetch_timeout_s
         self._rdd = _arrow_rdd(frame, split_bytes)
-        self._fetcher = _PartitionFetcher.options(max_concurrency=prefetch + 3).remote(
-            _staging(frame, self._rdd)
-        )
-        self.num_partitions: int = self._rdd.getNumPartitions()
+        self._fetcher = _fetcher(self._spark)
+        staging = _staging(frame, self._rdd)
+        ray.get(self._fetcher.add.remote(staging))
+        self.num_partitions, self._rdd_id = staging.num_partitions, staging.rdd_id
         self._job_group = f"txstream-{uuid.uuid4().hex}"
         self._closing = threading.Event()
         self._converting = threading.Thread(target=self._convert, daemon=True)
@@ -225,7 +231,7 @@ class SparkSource:
         requested, last_position = 0, -1
         for _ in range(count):
             while requested < count and len(pending) <= self.prefetch:
-                pending.append(self._fetcher.fetch.remote(requested))
+                pending.append(self._fetcher.fetch.remote(self._rdd_id, requested))
                 requested += 1
             [ipc] = self._get(pending.popleft())
             table = pa.ipc.open_stream(self._get(ipc)).read_all()
@@ -247,18 +253,18 @@ class SparkSource:
         """Driver thread: run the conversion job once the consumer starts, report its end."""
         failure = None
         try:
-            ray.get(self._fetcher.wait_for_consumer.remote())
+            ray.get(self._fetcher.wait_for_consumer.remote(self._rdd_id))
             if not self._closing.is_set():
                 self._spark.sparkContext.setJobGroup(self._job_group, "txstream input", False)
                 self._rdd.count()
         except Exception as exc:  # any failure goes to the consumer
             failure = f"Spark failed to convert the input: {_first_line(exc)}"
-        self._fetcher.converted.remote(failure)
+        self._fetcher.converted.remote(self._rdd_id, failure)
 
     def close(self) -> None:
         """Stop the conversion and free the converted partitions (driver only)."""
         self._closing.set()
-        ray.kill(self._fetcher)
+        ray.get(self._fetcher.remove.remote(self._rdd_id))
         if self._spark.sparkContext._jsc is not None:
             self._spark.sparkContext.cancelJobGroup(self._job_group)
         self._converting.join(timeout=60)
@@ -283,6 +289,7 @@ _CONSUMER_FIELDS = (
     "prefetch",
     "fetch_timeout_s",
     "_fetcher",
+    "_rdd_id",
 )
 
 
@@ -396,57 +403,99 @@ def _staging(frame: DataFrame, rdd: JavaObject) -> _Staging:
 
 _POLL_S = 0.01
 
+_FETCHERS: dict[str, ray.actor.ActorHandle] = {}
+"""Each Spark application's partition fetcher, by application id."""
 
-@ray.remote(num_cpus=0)
+
+def _fetcher(spark: SparkSession) -> ray.actor.ActorHandle:
+    """The application's fetcher, started on first use (`spark_session` starts it)."""
+    app = spark.sparkContext.applicationId
+    if app not in _FETCHERS:
+        _FETCHERS[app] = _PartitionFetcher.remote()
+    return _FETCHERS[app]
+
+
+@dataclass
+class _Conversion:
+    """The fetcher's view of one source's conversion job."""
+
+    staging: _Staging
+    locations: list[str | None]
+    asked: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    failure: str | None = None
+
+
+@ray.remote(num_cpus=0, max_concurrency=64)
 class _PartitionFetcher:
-    """Hands out converted partitions as soon as Spark has them, several calls at a time.
+    """Hands out converted partitions as soon as Spark has them, many calls at a time.
 
-    Cross-language calls need `load_code_from_local`, which stays set in the calling process
-    and changes how it loads any actor class Ray later starts there; an actor's process dies
-    with it instead of going back to Ray's worker pool. A partition's Arrow bytes go from the
-    Spark executor to the caller through the object store, never through this actor.
+    One per Spark application, started with it, so no source waits for a Ray worker to
+    start. Cross-language calls need `load_code_from_local`, which stays set in the calling
+    process and changes how it loads any actor class Ray later starts there; an actor's
+    process dies with it instead of going back to Ray's worker pool. A partition's Arrow
+    bytes go from the Spark executor to the consumer through the object store, never
+    through this actor.
     """
 
-    def __init__(self, staging: _Staging) -> None:
+    def __init__(self) -> None:
         ray._private.worker.global_worker.set_load_code_from_local(True)
-        self._staging = staging
-        self._locations: list[str | None] = [None] * staging.num_partitions
-        self._asked, self._done = threading.Event(), threading.Event()
-        self._failure: str | None = None
+        self._conversions: dict[int, _Conversion] = {}
 
-    def wait_for_consumer(self) -> None:
-        """Return once a consumer has asked for a partition."""
-        self._asked.wait()
+    def ready(self) -> None:
+        """Return once the actor runs."""
 
-    def converted(self, failure: str | None) -> None:
-        """The conversion job ended, with `failure` if it failed."""
-        self._failure = failure
-        self._done.set()
+    def add(self, staging: _Staging) -> None:
+        """Serve a source's partitions."""
+        locations: list[str | None] = [None] * staging.num_partitions
+        self._conversions[staging.rdd_id] = _Conversion(staging, locations)
 
-    def fetch(self, partition: int) -> list[ray.ObjectRef]:
+    def remove(self, rdd_id: int) -> None:
+        """Stop serving a source; release its waiters."""
+        conversion = self._conversions.pop(rdd_id)
+        conversion.failure = "the Spark source was closed"
+        conversion.asked.set()
+        conversion.done.set()
+
+    def wait_for_consumer(self, rdd_id: int) -> None:
+        """Return once a consumer has asked for one of the source's partitions."""
+        self._conversions[rdd_id].asked.wait()
+
+    def converted(self, rdd_id: int, failure: str | None) -> None:
+        """The source's conversion job ended, with `failure` if it failed."""
+        if rdd_id in self._conversions:
+            self._conversions[rdd_id].failure = failure
+            self._conversions[rdd_id].done.set()
+
+    def fetch(self, rdd_id: int, partition: int) -> list[ray.ObjectRef]:
         """A reference to the partition's Arrow IPC stream, once Spark has converted it."""
-        self._asked.set()
-        staging = self._staging
-        executor = ray.get_actor(f"raydp-executor-{self._location(partition)}")
+        conversion = self._conversions.get(rdd_id)
+        if conversion is None:
+            raise RuntimeFailure("the Spark source was closed")
+        conversion.asked.set()
+        staging = conversion.staging
+        executor = ray.get_actor(f"raydp-executor-{self._location(conversion, partition)}")
         ipc = executor.getRDDPartition.remote(
             staging.rdd_id, partition, staging.schema_json, staging.agent_url
         )
         return [ipc]
 
-    def _location(self, partition: int) -> str:
+    @staticmethod
+    def _location(conversion: _Conversion, partition: int) -> str:
         """The executor holding `partition`, polled for until the conversion job ends."""
-        staging = self._staging
+        staging = conversion.staging
         executor = ray.get_actor(f"raydp-executor-{staging.executor}")
-        while self._locations[partition] is None:
-            done = self._done.is_set()
-            self._locations = ray.get(
+        while conversion.locations[partition] is None:
+            done = conversion.done.is_set()
+            conversion.locations = ray.get(
                 executor.getBlockLocations.remote(staging.rdd_id, staging.num_partitions)
             )
-            if self._locations[partition] is None:
+            if conversion.locations[partition] is None:
                 if done:
-                    raise RuntimeFailure(self._failure or f"Spark lost partition {partition}")
-                self._done.wait(_POLL_S)
-        return self._locations[partition]
+                    message = conversion.failure or f"Spark lost partition {partition}"
+                    raise RuntimeFailure(message)
+                conversion.done.wait(_POLL_S)
+        return conversion.locations[partition]
 
 
 def _first_line(exc: Exception) -> str:
