@@ -3,9 +3,10 @@
 `SparkSource` does not use `ray.data.from_spark`. In RayDP 1.6.5 that persists the whole
 DataFrame in Spark (MEMORY_AND_DISK), then starts one fetch task per partition at once, so
 every partition lands in the object store together, in Spark's partition order; and the fetch
-tasks leave their pooled Ray workers set to `load_code_from_local`. Instead, the input is
-range-partitioned by input position and staged on the Spark executor's disk, and the consumer
-pulls the partitions in position order, a few at a time, through its own fetcher actor.
+tasks leave their pooled Ray workers set to `load_code_from_local`. Instead, every row carries
+its input position, partitions are converted to Arrow on the Spark executor's disk while the
+consumer pulls them in order, a few at a time, each as soon as Spark has it, through a
+fetcher actor; the consumer checks the positions.
 """
 
 from __future__ import annotations
@@ -21,16 +22,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import reduce
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import ray
 from ray.job_config import JobConfig
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
-from txstream.sources import parquet_files
+from txstream.sources import ArrowSource, parquet_files
 
 if TYPE_CHECKING:  # pyspark is imported only when Spark is used
     from py4j.java_gateway import JavaObject
@@ -197,9 +196,8 @@ class SparkSource:
             self._spark = SparkSession.getActiveSession()
             if self._spark is None:
                 raise UsageError("no Spark session: open one with txstream.cluster.spark_session()")
-            files = parquet_files(data)
-            frame, self.num_rows = _positioned_files(self._spark, files)
-            file_bytes = sum(f.stat().st_size for f in files)
+            frame, self.num_rows = _positioned_files(self._spark, data)
+            file_bytes = sum(f.stat().st_size for f in parquet_files(data))
             split_bytes = max(1, partition_rows * file_bytes // max(1, self.num_rows))
         self.schema: pa.Schema = _arrow_schema(frame)
         self.prefetch = prefetch
@@ -293,29 +291,29 @@ _CONSUMER_FIELDS = (
 )
 
 
-def _positioned_files(spark: SparkSession, files: list[Path]) -> tuple[DataFrame, int]:
+def _positioned_files(spark: SparkSession, data: str | os.PathLike) -> tuple[DataFrame, int]:
     """Union of one read per file, each row tagged `file index << 40 | row index in file`.
 
     The row index comes from Spark's `_metadata.row_index` (exact even when a file is split
     across partitions). One read per file, because `_metadata.file_name` is URL-encoded and
-    so cannot be matched against the names back reliably.
+    so cannot be matched against the names back reliably, and because Spark packs the splits
+    of several files into one partition, largest first. The files' schemas are checked equal
+    from their footers, so Spark infers the schema (a job) once, not once per file.
     """
-    from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
 
-    num_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    num_rows = ArrowSource(data).num_rows  # checks that the files share one schema
+    files = parquet_files(data)
+    schema = spark.read.parquet(str(files[0])).schema
     reads = []
     for index, file in enumerate(files):
-        frame = spark.read.parquet(str(file))
+        frame = spark.read.schema(schema).parquet(str(file))
         _check_free(frame)
         position = F.shiftleft(F.lit(index).cast("long"), _FILE_SHIFT) + F.col(
             "_metadata.row_index"
         )
         reads.append(frame.withColumn(POSITION, position))
-    try:
-        return reduce(lambda a, b: a.unionByName(b), reads), num_rows
-    except AnalysisException as exc:
-        raise SchemaError(f"the input files do not share one schema: {exc}") from exc
+    return reduce(lambda a, b: a.union(b), reads), num_rows
 
 
 def _positioned_frame(frame: DataFrame) -> tuple[DataFrame, int]:
