@@ -262,7 +262,10 @@ class SparkSource:
     def close(self) -> None:
         """Stop the conversion and free the converted partitions (driver only)."""
         self._closing.set()
-        ray.get(self._fetcher.remove.remote(self._rdd_id))
+        try:
+            ray.get(self._fetcher.remove.remote(self._rdd_id))
+        except ray.exceptions.RayActorError:  # Spark, and its fetcher, already stopped
+            pass
         if self._spark.sparkContext._jsc is not None:
             self._spark.sparkContext.cancelJobGroup(self._job_group)
         self._converting.join(timeout=60)
