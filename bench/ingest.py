@@ -1,24 +1,31 @@
-"""Events/s from a Parquet file through Spark/RayDP into txstream (SL).
+"""Events/s from Parquet through Spark/RayDP into txstream (SL, serial scheduler).
 
-Spark start-up is measured and reported apart; ingestion = staging the input in Spark
-(input positions, range partitioning, Arrow on the executor's disk) + the engine run
-(fetching partitions in order, executing, writing outputs). Peak RSS is sampled over
-the process tree (driver, Ray, Spark JVMs; the shared object store is counted once per
-process that maps it, so the sum overstates).
+Spark start-up is measured and reported apart; ingestion = `spark.staging_s` (planning the
+input in Spark) + the engine run (Spark's Arrow conversion, fetching partitions in order,
+executing, writing outputs; conversion and execution overlap when the input has several
+Spark partitions). Two inputs hold the same events: the generator's single file (one row
+group, so one Spark partition) and the same rows as 8 files. The first run warms Spark's
+JIT up and is reported apart. Peak RSS is sampled over the process tree (driver, Ray,
+Spark JVMs; the shared object store is counted once per process that maps it, so the sum
+overstates).
 
-    python bench/ingest.py [--events 1000000] [--schedulers serial]
+    python bench/ingest.py [--events 1000000] [--repeat 5] [--name ingest]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import threading
+import time
 
 import psutil
+import pyarrow.parquet as pq
 from common import bench_ray, workload_dirs, write_results
 from txstream import Job
 from txstream.cluster.spark import ray_job_config, spark_session
-from txstream.schedulers import SCHEDULERS
+
+SPLIT_FILES = 8
 
 
 class TreeRss:
@@ -51,46 +58,57 @@ class TreeRss:
         self._thread.join()
 
 
+def _run(events, init, label: str, attempt: int) -> dict:
+    m = Job("sl", scheduler="serial", source="spark", progress=False).run(events, init).metrics
+    ingest_s = m["spark"]["staging_s"] + m["seconds"]
+    row = {
+        "input": label, "attempt": attempt, "events": m["events"],
+        "staging_s": m["spark"]["staging_s"], "engine_s": m["seconds"],
+        "ingest_eps": round(m["events"] / ingest_s, 1), "engine_eps": m["throughput_eps"],
+    }  # fmt: skip
+    print(
+        f"{label} #{attempt}: staging {row['staging_s']:.2f} s + engine {row['engine_s']:.2f} s"
+        f" = {row['ingest_eps']:,.0f} events/s ingested"
+    )
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--repeat", type=int, default=2, help="runs per scheduler (best kept)")
-    parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
+    parser.add_argument("--repeat", type=int, default=5, help="runs per input after warm-up")
+    parser.add_argument("--name", default="ingest", help="results file bench/results/NAME.json")
     args = parser.parse_args()
     rss = TreeRss()
-    rows = []
     with workload_dirs(["sl"], args.events) as dirs, bench_ray(job_config=ray_job_config()):
-        import time
-
+        folder = dirs["sl"]
+        table = pq.read_table(folder / "events.parquet")
+        split = folder / "split"
+        split.mkdir()
+        step = -(-table.num_rows // SPLIT_FILES)
+        for index in range(SPLIT_FILES):
+            pq.write_table(table.slice(index * step, step), split / f"part-{index}.parquet")
+        inputs = {"one file": folder / "events.parquet", f"{SPLIT_FILES} files": split}
         begin = time.perf_counter()
         with spark_session():
             spark_startup = time.perf_counter() - begin
             print(f"Spark/RayDP start-up: {spark_startup:.1f} s")
-            folder = dirs["sl"]
-            for scheduler in args.schedulers:
-                for attempt in range(args.repeat):
-                    m = (
-                        Job("sl", scheduler=scheduler, source="spark", progress=False)
-                        .run(folder / "events.parquet", folder / "init")
-                        .metrics
-                    )
-                    ingest_s = m["spark"]["staging_s"] + m["seconds"]
-                    row = {
-                        "scheduler": scheduler, "attempt": attempt, "events": m["events"],
-                        "staging_s": m["spark"]["staging_s"], "engine_s": m["seconds"],
-                        "ingest_eps": round(m["events"] / ingest_s, 1),
-                        "engine_eps": m["throughput_eps"],
-                    }  # fmt: skip
-                    rows.append(row)
-                    print(
-                        f"{scheduler} #{attempt}: staging {row['staging_s']:.2f} s + engine "
-                        f"{row['engine_s']:.2f} s = {row['ingest_eps']:,.0f} events/s ingested "
-                        f"(engine alone {row['engine_eps']:,.0f} events/s)"
-                    )
+            warmup = _run(split, folder / "init", "warm-up", 0)
+            rows = [
+                _run(path, folder / "init", label, attempt)
+                for attempt in range(args.repeat)
+                for label, path in inputs.items()
+            ]
     rss.stop()
+    summary = {}
+    for label in inputs:
+        eps = [r["ingest_eps"] for r in rows if r["input"] == label]
+        summary[label] = {"best_eps": max(eps), "median_eps": statistics.median(eps)}
+        print(f"{label}: best {max(eps):,.0f}, median {statistics.median(eps):,.0f} events/s")
     print(f"peak RSS: {rss.peak_mib:,.0f} MiB (JVMs {rss.peak_java_mib:,.0f} MiB)")
-    path = write_results("ingest", {
-        "events": args.events, "spark_startup_s": round(spark_startup, 2), "rows": rows,
+    path = write_results(args.name, {
+        "events": args.events, "spark_startup_s": round(spark_startup, 2),
+        "summary": summary, "warmup": warmup, "rows": rows,
         "peak_rss_mib": round(rss.peak_mib), "peak_java_rss_mib": round(rss.peak_java_mib),
     })  # fmt: skip
     print("->", path)

@@ -3,35 +3,36 @@
 `SparkSource` does not use `ray.data.from_spark`. In RayDP 1.6.5 that persists the whole
 DataFrame in Spark (MEMORY_AND_DISK), then starts one fetch task per partition at once, so
 every partition lands in the object store together, in Spark's partition order; and the fetch
-tasks leave their pooled Ray workers set to `load_code_from_local`. Instead, the input is
-range-partitioned by input position and staged on the Spark executor's disk, and the consumer
-pulls the partitions in position order, a few at a time, through its own fetcher actor.
+tasks leave their pooled Ray workers set to `load_code_from_local`. Instead, every row carries
+its input position, partitions are converted to Arrow on the Spark executor's disk while the
+consumer pulls them in order, a few at a time, each as soon as Spark has it, through a
+fetcher actor; the consumer checks the positions.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shutil
 import subprocess
+import threading
+import uuid
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import ray
 from ray.job_config import JobConfig
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
-from txstream.sources import parquet_files
+from txstream.sources import ArrowSource, parquet_files
 
 if TYPE_CHECKING:  # pyspark is imported only when Spark is used
+    from py4j.java_gateway import JavaObject
     from pyspark.sql import DataFrame, SparkSession
 
 _OPENED_PACKAGES = """
@@ -118,9 +119,15 @@ def spark_session(
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
     }
+    app = None
     try:
-        yield raydp.init_spark(app_name, 1, 1, executor_memory, configs=configs)
+        session = raydp.init_spark(app_name, 1, 1, executor_memory, configs=configs)
+        app = session.sparkContext.applicationId
+        ray.get(_fetcher(session).ready.remote())  # started with Spark, not by a source
+        yield session
     finally:
+        if app in _FETCHERS:
+            ray.kill(_FETCHERS.pop(app))
         raydp.stop_spark()
 
 
@@ -153,15 +160,20 @@ class SparkSource:
 
     `data` is a Parquet file or folder (`txstream.sources.parquet_files`: files in name
     order, rows in file order) or a Spark DataFrame (its own row order: partition by
-    partition, as `collect()` returns it). Creating the source runs the Spark jobs: every
-    row gets its input position, rows are range-partitioned by position into partitions of
-    about `partition_rows` rows, sorted within each, converted to Arrow and kept on the
-    Spark executor's disk. `iter_batches` (in any process of the Ray job) then fetches those
-    partitions in position order with at most `prefetch` of them ahead of the consumer, and
-    checks that positions strictly increase, so a Spark that broke the range-partitioning
-    contract would fail loudly instead of reordering events. The source pickles without its
-    Spark session; `close()` (in the driver) frees the staged partitions, which stopping
-    Spark does too.
+    partition, as `collect()` returns it). Every row gets its input position, and Spark
+    partitions are taken as they come, without a shuffle: a file is read on its own, so its
+    partitions are consecutive splits of it, and a DataFrame's position is its partition
+    index first. Partition index order is thus input order; nothing trusts it blindly: the
+    consumer sorts a partition whose rows come out of order and fails the run if a partition
+    starts before the previous one ended (or rows go missing), instead of reordering events.
+
+    Converting to Arrow is one Spark job, started (in a driver thread) once the consumer asks
+    for the first partition; partitions are kept on the Spark executor's disk as they are
+    converted, and `iter_batches` (in any process of the Ray job) fetches each as soon as
+    Spark has it, at most `prefetch` ahead of the consumer: the engine runs while Spark is
+    still converting. File splits are sized to about `partition_rows` rows (Parquet row
+    groups are not split); a DataFrame keeps its partitions. The source pickles without its
+    Spark side; `close()` (in the driver) stops the conversion and frees the partitions.
     """
 
     def __init__(
@@ -179,17 +191,26 @@ class SparkSource:
         if isinstance(data, DataFrame):
             self._spark = data.sparkSession
             frame, self.num_rows = _positioned_frame(data)
+            split_bytes = None
         else:
             self._spark = SparkSession.getActiveSession()
             if self._spark is None:
                 raise UsageError("no Spark session: open one with txstream.cluster.spark_session()")
-            frame, self.num_rows = _positioned_files(self._spark, parquet_files(data))
+            frame, self.num_rows = _positioned_files(self._spark, data)
+            file_bytes = sum(f.stat().st_size for f in parquet_files(data))
+            split_bytes = max(1, partition_rows * file_bytes // max(1, self.num_rows))
         self.schema: pa.Schema = _arrow_schema(frame)
         self.prefetch = prefetch
         self.fetch_timeout_s = fetch_timeout_s
-        partitions = max(1, math.ceil(self.num_rows / partition_rows))
-        by_position = frame.repartitionByRange(partitions, POSITION)
-        self._staged = _stage(by_position.sortWithinPartitions(POSITION))
+        self._rdd = _arrow_rdd(frame, split_bytes)
+        self._fetcher = _fetcher(self._spark)
+        staging = _staging(frame, self._rdd)
+        ray.get(self._fetcher.add.remote(staging))
+        self.num_partitions, self._rdd_id = staging.num_partitions, staging.rdd_id
+        self._job_group = f"txstream-{uuid.uuid4().hex}"
+        self._closing = threading.Event()
+        self._converting = threading.Thread(target=self._convert, daemon=True)
+        self._converting.start()
 
     def iter_batches(self, max_rows: int) -> Iterator[pa.RecordBatch]:
         """Yield the events in input order, in batches of at most `max_rows` rows."""
@@ -201,32 +222,55 @@ class SparkSource:
             raise RuntimeFailure(f"Spark returned {emitted} events, expected {self.num_rows}")
 
     def _partitions_in_order(self) -> Iterator[pa.Table]:
-        """The staged partitions by position, at most `prefetch` of them fetched ahead."""
-        count = self._staged.num_partitions
-        fetcher = _PartitionFetcher.remote(self._staged)
+        """The partitions in index order, each as soon as Spark has converted it, at most
+        `prefetch` of them fetched ahead."""
+        count = self.num_partitions
         pending: deque[ray.ObjectRef] = deque()
         requested, last_position = 0, -1
+        for _ in range(count):
+            while requested < count and len(pending) <= self.prefetch:
+                pending.append(self._fetcher.fetch.remote(self._rdd_id, requested))
+                requested += 1
+            [ipc] = self._get(pending.popleft())
+            table = pa.ipc.open_stream(self._get(ipc)).read_all()
+            table, last_position = _in_position_order(table, last_position)
+            yield table if table.schema.equals(self.schema) else table.cast(self.schema)
+
+    def _get(self, ref: ray.ObjectRef) -> object:
+        """ray.get within the fetch timeout; the fetcher's own errors keep their type."""
         try:
-            for _ in range(count):
-                while requested < count and len(pending) <= self.prefetch:
-                    pending.append(fetcher.fetch.remote(requested))
-                    requested += 1
-                try:
-                    table = ray.get(pending.popleft(), timeout=self.fetch_timeout_s)
-                except ray.exceptions.GetTimeoutError as exc:
-                    raise RuntimeFailure(
-                        f"no Spark partition within {self.fetch_timeout_s} s"
-                    ) from exc
-                table, last_position = _in_position_order(table, last_position)
-                yield table if table.schema == self.schema else table.cast(self.schema)
-        finally:
-            ray.kill(fetcher)
+            return ray.get(ref, timeout=self.fetch_timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise RuntimeFailure(f"no Spark partition within {self.fetch_timeout_s} s") from exc
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, RuntimeFailure):
+                raise exc.cause from None
+            raise
+
+    def _convert(self) -> None:
+        """Driver thread: run the conversion job once the consumer starts, report its end."""
+        failure = None
+        try:
+            ray.get(self._fetcher.wait_for_consumer.remote(self._rdd_id))
+            if not self._closing.is_set():
+                self._spark.sparkContext.setJobGroup(self._job_group, "txstream input", False)
+                self._rdd.count()
+        except Exception as exc:  # any failure goes to the consumer
+            failure = f"Spark failed to convert the input: {_first_line(exc)}"
+        self._fetcher.converted.remote(self._rdd_id, failure)
 
     def close(self) -> None:
-        """Free the staged partitions on the Spark executor (driver only)."""
-        if self._spark is not None and self._spark.sparkContext._jsc is not None:
-            writer = self._spark.sparkContext._jvm.org.apache.spark.sql.raydp.ObjectStoreWriter
-            writer.releaseRecoverableRDD(self._staged.rdd_id)
+        """Stop the conversion and free the converted partitions (driver only)."""
+        self._closing.set()
+        try:
+            ray.get(self._fetcher.remove.remote(self._rdd_id))
+        except ray.exceptions.RayActorError:  # Spark, and its fetcher, already stopped
+            pass
+        if self._spark.sparkContext._jsc is not None:
+            self._spark.sparkContext.cancelJobGroup(self._job_group)
+        self._converting.join(timeout=60)
+        if self._spark.sparkContext._jsc is not None:
+            self._rdd.unpersist(False)
 
     def __enter__(self) -> SparkSource:
         return self
@@ -235,32 +279,44 @@ class SparkSource:
         self.close()
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_spark": None}
+        """What a consumer needs; the Spark side stays in the driver."""
+        return {key: self.__dict__[key] for key in _CONSUMER_FIELDS}
 
 
-def _positioned_files(spark: SparkSession, files: list[Path]) -> tuple[DataFrame, int]:
+_CONSUMER_FIELDS = (
+    "schema",
+    "num_rows",
+    "num_partitions",
+    "prefetch",
+    "fetch_timeout_s",
+    "_fetcher",
+    "_rdd_id",
+)
+
+
+def _positioned_files(spark: SparkSession, data: str | os.PathLike) -> tuple[DataFrame, int]:
     """Union of one read per file, each row tagged `file index << 40 | row index in file`.
 
     The row index comes from Spark's `_metadata.row_index` (exact even when a file is split
     across partitions). One read per file, because `_metadata.file_name` is URL-encoded and
-    so cannot be matched against the names back reliably.
+    so cannot be matched against the names back reliably, and because Spark packs the splits
+    of several files into one partition, largest first. The files' schemas are checked equal
+    from their footers, so Spark infers the schema (a job) once, not once per file.
     """
-    from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
 
-    num_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    num_rows = ArrowSource(data).num_rows  # checks that the files share one schema
+    files = parquet_files(data)
+    schema = spark.read.parquet(str(files[0])).schema
     reads = []
     for index, file in enumerate(files):
-        frame = spark.read.parquet(str(file))
+        frame = spark.read.schema(schema).parquet(str(file))
         _check_free(frame)
         position = F.shiftleft(F.lit(index).cast("long"), _FILE_SHIFT) + F.col(
             "_metadata.row_index"
         )
         reads.append(frame.withColumn(POSITION, position))
-    try:
-        return reduce(lambda a, b: a.unionByName(b), reads), num_rows
-    except AnalysisException as exc:
-        raise SchemaError(f"the input files do not share one schema: {exc}") from exc
+    return reduce(lambda a, b: a.union(b), reads), num_rows
 
 
 def _positioned_frame(frame: DataFrame) -> tuple[DataFrame, int]:
@@ -291,56 +347,163 @@ def _arrow_schema(frame: DataFrame) -> pa.Schema:
 
 
 @dataclass(frozen=True)
-class _Staged:
-    """Where the staged Arrow partitions are: plain values, so the source pickles."""
+class _Staging:
+    """Where the converted Arrow partitions go: plain values, so the fetcher pickles."""
 
     rdd_id: int
+    num_partitions: int
     schema_json: str
     agent_url: str
-    executors: list[str]  # the Spark executor holding each partition
-
-    @property
-    def num_partitions(self) -> int:
-        return len(self.executors)
+    executor: str  # any Spark executor: it tells where each partition is
 
 
-def _stage(frame: DataFrame) -> _Staged:
-    """Convert `frame` to Arrow partitions kept on the executors' disk (RayDP's JVM side).
+def _arrow_rdd(frame: DataFrame, split_bytes: int | None) -> JavaObject:
+    """`frame` as Spark's RDD of Arrow batches, kept on the executors' disk once computed.
 
-    This is the first half of RayDP's `from_spark`; DISK_ONLY keeps the executor heap out of
-    it, so inputs larger than memory only need disk.
+    This is RayDP's staging (`ObjectStoreWriter.prepareRecoverableRDD`) minus running it, so
+    the partitions can be fetched while the job runs. DISK_ONLY keeps the executor heap out
+    of it: inputs larger than memory only need disk. With `split_bytes`, file splits are at
+    most that large (the session's own limit if smaller), set only while Spark plans `frame`.
     """
     from pyspark import StorageLevel
 
+    conf, key = frame.sparkSession.conf, "spark.sql.files.maxPartitionBytes"
+    before = conf.get(key)
+    if split_bytes is not None:
+        conf.set(key, str(min(split_bytes, _bytes(frame.sparkSession, before))))
+    try:
+        rdd = frame._jdf.toArrowBatchRdd()
+        rdd.getNumPartitions()  # plans the file splits now
+    finally:
+        conf.set(key, before)
     context = frame.sparkSession.sparkContext
-    info = context._jvm.org.apache.spark.sql.raydp.ObjectStoreWriter.prepareRecoverableRDD(
-        frame._jdf, context._getJavaStorageLevel(StorageLevel.DISK_ONLY)
+    return rdd.persist(context._getJavaStorageLevel(StorageLevel.DISK_ONLY))
+
+
+def _bytes(spark: SparkSession, size: str) -> int:
+    """A Spark size setting ("128MB", "134217728b") in bytes."""
+    return int(
+        spark.sparkContext._jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(size)
     )
-    return _Staged(info.rddId(), info.schemaJson(), info.driverAgentUrl(), list(info.locations()))
 
 
-@ray.remote(num_cpus=0)
+def _staging(frame: DataFrame, rdd: JavaObject) -> _Staging:
+    jvm = frame.sparkSession.sparkContext._jvm
+    writer = jvm.org.apache.spark.sql.raydp.ObjectStoreWriter
+    executors = frame.sparkSession.sparkContext._jsc.sc().getExecutorIds()
+    if executors.isEmpty():
+        raise RuntimeFailure("Spark has no executor")
+    return _Staging(
+        rdd.id(),
+        rdd.getNumPartitions(),
+        writer.toArrowSchema(frame._jdf).toJson(),
+        writer.driverAgentUrl(),
+        executors.head(),
+    )
+
+
+_POLL_S = 0.01
+
+_FETCHERS: dict[str, ray.actor.ActorHandle] = {}
+"""Each Spark application's partition fetcher, by application id."""
+
+
+def _fetcher(spark: SparkSession) -> ray.actor.ActorHandle:
+    """The application's fetcher, started on first use (`spark_session` starts it)."""
+    app = spark.sparkContext.applicationId
+    if app not in _FETCHERS:
+        _FETCHERS[app] = _PartitionFetcher.remote()
+    return _FETCHERS[app]
+
+
+@dataclass
+class _Conversion:
+    """The fetcher's view of one source's conversion job."""
+
+    staging: _Staging
+    locations: list[str | None]
+    asked: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    failure: str | None = None
+
+
+@ray.remote(num_cpus=0, max_concurrency=64)
 class _PartitionFetcher:
-    """Fetches staged partitions from the Spark executor's JVM actor, one call at a time.
+    """Hands out converted partitions as soon as Spark has them, many calls at a time.
 
-    Cross-language calls need `load_code_from_local`, which stays set in the calling process
-    and changes how it loads any actor class Ray later starts there; an actor's process dies
-    with it instead of going back to Ray's worker pool.
+    One per Spark application, started with it, so no source waits for a Ray worker to
+    start. Cross-language calls need `load_code_from_local`, which stays set in the calling
+    process and changes how it loads any actor class Ray later starts there; an actor's
+    process dies with it instead of going back to Ray's worker pool. A partition's Arrow
+    bytes go from the Spark executor to the consumer through the object store, never
+    through this actor.
     """
 
-    def __init__(self, staged: _Staged) -> None:
+    def __init__(self) -> None:
         ray._private.worker.global_worker.set_load_code_from_local(True)
-        self._staged = staged
+        self._conversions: dict[int, _Conversion] = {}
 
-    def fetch(self, partition: int) -> pa.Table:
-        staged = self._staged
-        executor = ray.get_actor(f"raydp-executor-{staged.executors[partition]}")
-        ipc = ray.get(
-            executor.getRDDPartition.remote(
-                staged.rdd_id, partition, staged.schema_json, staged.agent_url
-            )
+    def ready(self) -> None:
+        """Return once the actor runs."""
+
+    def add(self, staging: _Staging) -> None:
+        """Serve a source's partitions."""
+        locations: list[str | None] = [None] * staging.num_partitions
+        self._conversions[staging.rdd_id] = _Conversion(staging, locations)
+
+    def remove(self, rdd_id: int) -> None:
+        """Stop serving a source; release its waiters."""
+        conversion = self._conversions.pop(rdd_id)
+        conversion.failure = "the Spark source was closed"
+        conversion.asked.set()
+        conversion.done.set()
+
+    def wait_for_consumer(self, rdd_id: int) -> None:
+        """Return once a consumer has asked for one of the source's partitions."""
+        self._conversions[rdd_id].asked.wait()
+
+    def converted(self, rdd_id: int, failure: str | None) -> None:
+        """The source's conversion job ended, with `failure` if it failed."""
+        if rdd_id in self._conversions:
+            self._conversions[rdd_id].failure = failure
+            self._conversions[rdd_id].done.set()
+
+    def fetch(self, rdd_id: int, partition: int) -> list[ray.ObjectRef]:
+        """A reference to the partition's Arrow IPC stream, once Spark has converted it."""
+        conversion = self._conversions.get(rdd_id)
+        if conversion is None:
+            raise RuntimeFailure("the Spark source was closed")
+        conversion.asked.set()
+        staging = conversion.staging
+        executor = ray.get_actor(f"raydp-executor-{self._location(conversion, partition)}")
+        ipc = executor.getRDDPartition.remote(
+            staging.rdd_id, partition, staging.schema_json, staging.agent_url
         )
-        return pa.ipc.open_stream(pa.BufferReader(ipc)).read_all().replace_schema_metadata()
+        return [ipc]
+
+    @staticmethod
+    def _location(conversion: _Conversion, partition: int) -> str:
+        """The executor holding `partition`, polled for until the conversion job ends."""
+        staging = conversion.staging
+        executor = ray.get_actor(f"raydp-executor-{staging.executor}")
+        while conversion.locations[partition] is None:
+            done = conversion.done.is_set()
+            conversion.locations = ray.get(
+                executor.getBlockLocations.remote(staging.rdd_id, staging.num_partitions)
+            )
+            if conversion.locations[partition] is None:
+                if done:
+                    message = conversion.failure or f"Spark lost partition {partition}"
+                    raise RuntimeFailure(message)
+                conversion.done.wait(_POLL_S)
+        return conversion.locations[partition]
+
+
+def _first_line(exc: Exception) -> str:
+    """The gist of an error, the Java one for a failed Spark call."""
+    java = getattr(exc, "java_exception", None)
+    text = str(java.toString() if java is not None else exc).strip()
+    return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
 def _in_position_order(table: pa.Table, last_position: int) -> tuple[pa.Table, int]:
@@ -361,4 +524,4 @@ def _in_position_order(table: pa.Table, last_position: int) -> tuple[pa.Table, i
     if len(positions) and positions[0] <= last_position:
         raise RuntimeFailure("Spark returned partitions out of input order")
     last = int(positions[-1]) if len(positions) else last_position
-    return table.drop_columns([POSITION]).combine_chunks(), last
+    return table.drop_columns([POSITION]), last

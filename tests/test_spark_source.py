@@ -30,6 +30,16 @@ class Consumer:
         largest = max((b.num_rows for b in batches), default=0)
         return pa.Table.from_batches(batches, schema=source.schema), largest
 
+    def consume_until_failure(self, source: SparkSource) -> tuple[int, str]:
+        """Rows received before the source failed, and its error."""
+        rows = 0
+        try:
+            for batch in source.iter_batches(1_000):
+                rows += batch.num_rows
+        except RuntimeFailure as exc:
+            return rows, str(exc)
+        return rows, ""
+
 
 def _events(start: int, rows: int, rng: np.random.Generator) -> pa.Table:
     """SL-like events with nulls in scalar, string and list columns and in list elements."""
@@ -124,11 +134,14 @@ def test_schema_is_spark_columns_without_position(spark, small_splits, event_fil
         assert source.num_rows == sum(FILE_ROWS)
 
 
-def test_single_file_with_one_big_partition(spark, small_splits, event_files, consumer):
+def test_file_splits_follow_partition_rows(spark, event_files, consumer):
     folder, expected = event_files
-    with SparkSource(f"{folder}/part-01.parquet") as source:
-        table, largest = ray.get(consumer.consume.remote(source, 100_000), timeout=TIMEOUT_S)
-    assert largest == FILE_ROWS[1]
+    file = f"{folder}/part-01.parquet"  # 50,000 rows in row groups of 2,000
+    with SparkSource(file, partition_rows=4_000) as source:
+        # Smaller than Spark's own splits, even those of `small_splits` (about 8 here).
+        assert source.num_partitions >= 10
+        table, largest = ray.get(consumer.consume.remote(source, 3_000), timeout=TIMEOUT_S)
+    assert 0 < largest <= 3_000
     assert table.equals(expected.slice(FILE_ROWS[0], FILE_ROWS[1]))
 
 
@@ -148,6 +161,21 @@ def test_dataframe_keeps_its_own_order_not_value_order(spark, consumer):
     assert table.column("event_id").to_pylist() == ids
     assert table.column("keys").to_pylist() == [None if i % 5 == 0 else [i, i + 1] for i in ids]
     assert table.schema.field("keys").type.value_type == pa.int64()
+
+
+def test_partitions_flow_before_conversion_ends_and_a_failure_reaches_the_consumer(spark, consumer):
+    from pyspark.sql import functions as F
+
+    fails = F.raise_error(F.lit("the fourth partition breaks"))
+    frame = spark.range(0, 40_000, numPartitions=4).select(
+        F.when(F.spark_partition_id() == 3, fails).otherwise(F.col("id")).alias("event_id")
+    )
+    with SparkSource(frame) as source:
+        rows, error = ray.get(consumer.consume_until_failure.remote(source), timeout=TIMEOUT_S)
+    # The conversion job never succeeded, so these rows were all handed over while it ran.
+    assert rows == 30_000
+    assert "Spark failed to convert the input" in error
+    assert "the fourth partition breaks" in error
 
 
 def test_java_missing_is_a_clear_message(monkeypatch, tmp_path):
