@@ -2,7 +2,10 @@
 
 ts is the input position. Events are handed over in chunks of whole punctuation
 batches (one Ray call per chunk, not per event or per batch), with a bounded
-number of chunks in flight: back-pressure on the source.
+number of chunks in flight: back-pressure on the source. Each chunk runs on one
+executor over the shared state, so with several executors a chunk is dispatched
+only after the previous one finished: chunks never overlap, and the result stays
+that of ts order (the next chunk is read while the previous one runs).
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class ProgressController:
             arrivals = [arrival[n:]] if rest.num_rows else []
             buffered -= n
             executor = self.executors[(ts // chunk_events) % len(self.executors)]
+            if len(self.executors) > 1:
+                ray.get(list(in_flight), timeout=self.config.timeout_s)
+                in_flight.clear()
             in_flight.append(executor.process.remote(rows, ts, arrival[:n]))
             ts += n
             while len(in_flight) >= limit:

@@ -120,3 +120,15 @@ def test_unknown_options_are_usage_errors():
         Job("sl", executors=0)
     with pytest.raises(UsageError):
         Job("nope")
+
+
+def test_serial_on_several_executors_keeps_chunk_order():
+    """Chunks go to several executors; serial must still run them one after the other."""
+    from txstream.topologies._generators import WorkloadSpec, generate
+
+    events, init = generate("gs", WorkloadSpec(events=120_000, keys=50, theta=0.9, seed=3))
+    options = dict(punctuation_interval=40_000, progress=False)
+    one = Job("gs", **options).run(events, init)
+    three = Job("gs", executors=3, **options).run(events, init)
+    assert len(three.metrics["breakdown_per_executor_s"]) == 3
+    assert_same_run(three.events, three.state, one.events, one.state)
