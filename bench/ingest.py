@@ -1,4 +1,4 @@
-"""Events/s from Parquet through Spark/RayDP into txstream (SL, serial scheduler).
+"""Events/s from Parquet through Spark/RayDP into txstream (SL, every scheduler built).
 
 Spark start-up is measured and reported apart; ingestion = `spark.staging_s` (planning the
 input in Spark) + the engine run (Spark's Arrow conversion, fetching partitions in order,
@@ -9,7 +9,7 @@ JIT up and is reported apart. Peak RSS is sampled over the process tree (driver,
 Spark JVMs; the shared object store is counted once per process that maps it, so the sum
 overstates).
 
-    python bench/ingest.py [--events 1000000] [--repeat 5] [--name ingest]
+    python bench/ingest.py [--events 1000000] [--repeat 5] [--schedulers serial ...] [--name ingest]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from common import bench_ray, workload_dirs, write_results
 from txstream import Job
 from txstream.cluster.spark import ray_job_config, spark_session
+from txstream.schedulers import SCHEDULERS
 
 SPLIT_FILES = 8
 
@@ -58,16 +59,18 @@ class TreeRss:
         self._thread.join()
 
 
-def _run(events, init, label: str, attempt: int) -> dict:
-    m = Job("sl", scheduler="serial", source="spark", progress=False).run(events, init).metrics
+def _run(events, init, scheduler: str, label: str, attempt: int) -> dict:
+    job = Job("sl", scheduler=scheduler, source="spark", progress=False)
+    m = job.run(events, init).metrics
     ingest_s = m["spark"]["staging_s"] + m["seconds"]
     row = {
-        "input": label, "attempt": attempt, "events": m["events"],
+        "scheduler": scheduler, "input": label, "attempt": attempt, "events": m["events"],
         "staging_s": m["spark"]["staging_s"], "engine_s": m["seconds"],
         "ingest_eps": round(m["events"] / ingest_s, 1), "engine_eps": m["throughput_eps"],
     }  # fmt: skip
     print(
-        f"{label} #{attempt}: staging {row['staging_s']:.2f} s + engine {row['engine_s']:.2f} s"
+        f"{scheduler}, {label} #{attempt}: staging {row['staging_s']:.2f} s"
+        f" + engine {row['engine_s']:.2f} s"
         f" = {row['ingest_eps']:,.0f} events/s ingested"
     )
     return row
@@ -77,6 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5, help="runs per input after warm-up")
+    parser.add_argument("--schedulers", nargs="+", default=list(SCHEDULERS))
     parser.add_argument("--name", default="ingest", help="results file bench/results/NAME.json")
     args = parser.parse_args()
     rss = TreeRss()
@@ -93,18 +97,23 @@ def main() -> None:
         with spark_session():
             spark_startup = time.perf_counter() - begin
             print(f"Spark/RayDP start-up: {spark_startup:.1f} s")
-            warmup = _run(split, folder / "init", "warm-up", 0)
+            warmup = _run(split, folder / "init", args.schedulers[0], "warm-up", 0)
             rows = [
-                _run(path, folder / "init", label, attempt)
+                _run(path, folder / "init", scheduler, label, attempt)
                 for attempt in range(args.repeat)
+                for scheduler in args.schedulers
                 for label, path in inputs.items()
             ]
     rss.stop()
     summary = {}
-    for label in inputs:
-        eps = [r["ingest_eps"] for r in rows if r["input"] == label]
-        summary[label] = {"best_eps": max(eps), "median_eps": statistics.median(eps)}
-        print(f"{label}: best {max(eps):,.0f}, median {statistics.median(eps):,.0f} events/s")
+    for scheduler in args.schedulers:
+        for label in inputs:
+            eps = [
+                r["ingest_eps"] for r in rows if (r["scheduler"], r["input"]) == (scheduler, label)
+            ]
+            best, median = max(eps), statistics.median(eps)
+            summary[f"{scheduler}, {label}"] = {"best_eps": best, "median_eps": median}
+            print(f"{scheduler}, {label}: best {best:,.0f}, median {median:,.0f} events/s")
     print(f"peak RSS: {rss.peak_mib:,.0f} MiB (JVMs {rss.peak_java_mib:,.0f} MiB)")
     path = write_results(args.name, {
         "events": args.events, "spark_startup_s": round(spark_startup, 2),
