@@ -47,6 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--executors", type=int, default=defaults.executors, metavar="N")
     run.add_argument("--placement", choices=PLACEMENTS, default=defaults.placement)
     run.add_argument(
+        "--sockets",
+        type=int,
+        default=None,
+        help="split the usable cores into S emulated sockets (default: the host's own)",
+    )
+    run.add_argument(
         "--punctuation-interval", type=int, default=defaults.punctuation_interval, metavar="N"
     )
     run.add_argument("--udf-cost-us", type=float, default=defaults.udf_cost_us, metavar="C")
@@ -87,6 +93,7 @@ def _run(args: argparse.Namespace) -> None:
         abort=args.abort,
         executors=args.executors,
         placement=args.placement,
+        sockets=args.sockets,
         punctuation_interval=args.punctuation_interval,
         udf_cost_us=args.udf_cost_us,
         source=args.source,

@@ -24,6 +24,7 @@ class RunConfig:
     abort: str = "auto"
     executors: int = 1
     placement: str = "shared-nothing"
+    sockets: int | None = None
     punctuation_interval: int = 10240
     udf_cost_us: float = 0.0
     source: str = "spark"
@@ -39,6 +40,7 @@ class RunConfig:
             ),
             (self.executors >= 1, "--executors must be >= 1"),
             (self.placement in PLACEMENTS, f"--placement must be one of {', '.join(PLACEMENTS)}"),
+            (self.sockets is None or self.sockets >= 1, "--sockets must be >= 1"),
             (self.punctuation_interval >= 1, "--punctuation-interval must be >= 1"),
             (self.udf_cost_us >= 0, "--udf-cost-us must be >= 0"),
             (self.source in SOURCES, f"--source must be one of {', '.join(SOURCES)}"),

@@ -25,6 +25,7 @@ from txstream.actors.executor import Executor, output_schema
 from txstream.actors.progress import ProgressController
 from txstream.actors.sink import Sink
 from txstream.cluster.ray_runtime import ray_session, start_actor, stop_actors
+from txstream.cluster.topology import host_topology
 from txstream.config import RunConfig
 from txstream.errors import RuntimeFailure, TxstreamError
 from txstream.sources import ArrowSource, Source
@@ -76,6 +77,7 @@ class Job:
         metrics.json there."""
         cfg = self.config
         topology = topologies.get(cfg.topology)
+        cores = host_topology(cfg.sockets).assign(cfg.executors)
         init = read_init_state(topology, init_state)
         layout = Layout.of(
             topology.tables, topology.sizes_from({k: t.num_rows for k, t in init.items()})
@@ -84,7 +86,9 @@ class Job:
         try:
             with ExitStack() as stack:
                 source, ingest = self._open_source(events, topology, stack)
-                metrics, state = self._execute(topology, source, init, layout, out_dir, ingest)
+                metrics, state = self._execute(
+                    topology, source, init, layout, cores, out_dir, ingest
+                )
             result = Result(pq.read_table(out_dir / "events.parquet"), state, metrics)
         finally:
             if output is None:
@@ -117,7 +121,7 @@ class Job:
                          "staging_s": round(staged - started, 3)}  # fmt: skip
         return source, {"spark": spark_seconds}
 
-    def _execute(self, topology, source, init, layout, out_dir: Path, ingest: dict):
+    def _execute(self, topology, source, init, layout, cores, out_dir: Path, ingest: dict):
         cfg = self.config
         sweep_stale_segments()
         run_id = new_run_id()
@@ -133,9 +137,7 @@ class Job:
             stack.enter_context(ray_session(cfg.address))
             stack.callback(stop_actors, actors)
             sink = start_actor(Sink, str(out_dir), output_schema(topology), progress.handle)
-            executors = [
-                start_actor(Executor, cfg, state.handle, sink) for _ in range(cfg.executors)
-            ]
+            executors = [start_actor(Executor, cfg, state.handle, sink, cpu) for _, cpu in cores]
             controller = start_actor(ProgressController, cfg, source, executors)
             actors += [controller, *executors, sink]
             self._get([e.warm_up.remote(source.schema) for e in executors])
@@ -150,6 +152,10 @@ class Job:
             tables = state.tables(topology)
         self._write_state(out_dir, tables)
         metrics = {**self._metrics(summary, run_info, seconds, startup, source), **ingest}
+        metrics["executor_cores"] = [
+            {"socket": socket, "cpus": e["cpus"]}
+            for (socket, _), e in zip(cores, run_info["executors"], strict=True)
+        ]
         (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         return metrics, tables
 

@@ -7,11 +7,13 @@ each punctuation the scheduler executes that batch's operations on shared state.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 
 import numpy as np
 import pyarrow as pa
 from txstream import schedulers, topologies
+from txstream.cluster.topology import pin_process
 from txstream.config import RunConfig
 from txstream.metrics import Breakdown
 from txstream.schedulers._kernels import STATUS_NAMES
@@ -88,9 +90,21 @@ def _output_rows(
 
 
 class Executor:
-    """One executor: its own scheduler over the shared state; sends outputs to the sink."""
+    """One executor: its own scheduler over the shared state; sends outputs to the sink.
 
-    def __init__(self, config: RunConfig, state: StateHandle, sink: object | None = None):
+    With ``cpu``, every thread of the process is pinned to that core first (before any
+    kernel runs, so a numba thread pool would size itself to it).
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        state: StateHandle,
+        sink: object | None = None,
+        cpu: int | None = None,
+    ):
+        if cpu is not None:
+            pin_process(cpu)
         self.config = config
         self.topology = topologies.get(config.topology)
         self.state = SharedState.attach(state)
@@ -122,11 +136,15 @@ class Executor:
             self._wait(self._pending.popleft())
 
     def flush(self) -> dict:
-        """Wait for all writes to the sink; returns this executor's time breakdown and
-        the number of operations it executed."""
+        """Wait for all writes to the sink; returns this executor's time breakdown, the
+        number of operations it executed and the CPUs it runs on."""
         while self._pending:
             self._wait(self._pending.popleft())
-        return {"breakdown_s": self.time.as_dict(), "operations": self.operations}
+        return {
+            "breakdown_s": self.time.as_dict(),
+            "operations": self.operations,
+            "cpus": sorted(os.sched_getaffinity(0)),
+        }
 
     def _wait(self, ref: object) -> None:
         import ray

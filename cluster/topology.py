@@ -1,0 +1,86 @@
+"""The host's sockets and cores, and which core each executor is pinned to.
+
+Executors are grouped by socket (so a socket's executors can share a pool of work
+and its cache) and each gets its own core while there are cores left. `--sockets S`
+splits the usable cores into S emulated sockets, so multi-socket placement can be
+exercised on a one-socket machine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from txstream.errors import UsageError
+
+
+@dataclass(frozen=True)
+class HostTopology:
+    """Usable CPUs per socket (socket order, CPU order), and the NUMA node count."""
+
+    sockets: tuple[tuple[int, ...], ...]
+    numa_nodes: int = 1
+
+    @staticmethod
+    def detect(sysfs: str | os.PathLike = "/sys") -> HostTopology:
+        """Read sockets from `cpu*/topology/physical_package_id`, keeping only the CPUs
+        this process may run on; one socket when sysfs says nothing."""
+        usable = sorted(os.sched_getaffinity(0))
+        root = Path(sysfs) / "devices" / "system"
+        by_socket: dict[int, list[int]] = {}
+        for cpu in usable:
+            package = root / "cpu" / f"cpu{cpu}" / "topology" / "physical_package_id"
+            try:
+                socket = int(package.read_text())
+            except (OSError, ValueError):
+                socket = 0
+            by_socket.setdefault(socket, []).append(cpu)
+        nodes = len(list((root / "node").glob("node[0-9]*")))
+        return HostTopology(
+            tuple(tuple(cpus) for _, cpus in sorted(by_socket.items())), max(1, nodes)
+        )
+
+    def with_sockets(self, count: int) -> HostTopology:
+        """The same CPUs split into ``count`` emulated sockets of consecutive CPUs."""
+        cpus = [cpu for socket in self.sockets for cpu in socket]
+        if not 1 <= count <= len(cpus):
+            raise UsageError(f"--sockets must be between 1 and {len(cpus)} (usable CPUs)")
+        size, extra = divmod(len(cpus), count)
+        bounds = [i * size + min(i, extra) for i in range(count + 1)]
+        return HostTopology(
+            tuple(tuple(cpus[bounds[i] : bounds[i + 1]]) for i in range(count)), self.numa_nodes
+        )
+
+    def assign(self, executors: int) -> list[tuple[int, int]]:
+        """(socket, cpu) of each executor: executors split over sockets in proportion to
+        their CPUs, consecutive executors on one socket, CPUs reused round-robin
+        within a socket once every one has an executor."""
+        total = sum(len(s) for s in self.sockets)
+        placed = []
+        for e in range(executors):
+            position = e * total // executors  # spreads executors over all CPUs
+            socket = next(
+                i for i in range(len(self.sockets))
+                if position < sum(len(s) for s in self.sockets[: i + 1])
+            )  # fmt: skip
+            earlier = sum(1 for s, _ in placed if s == socket)
+            cpus = self.sockets[socket]
+            placed.append((socket, cpus[earlier % len(cpus)]))
+        return placed
+
+
+def host_topology(sockets: int | None = None) -> HostTopology:
+    """The detected topology, or its split into ``sockets`` emulated sockets."""
+    detected = HostTopology.detect()
+    return detected if sockets is None else detected.with_sockets(sockets)
+
+
+def pin_process(cpu: int) -> None:
+    """Pin every thread of this process to ``cpu`` (sched_setaffinity pins one thread)."""
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), {cpu})
+        except (ProcessLookupError, PermissionError):
+            continue  # the thread ended meanwhile, or may not be moved
+    os.sched_setaffinity(0, {cpu})
