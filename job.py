@@ -108,8 +108,9 @@ class Job:
             source = ArrowSource(events)
             topology.check_event_schema(source.schema)
             return source, {}
-        if not from_spark:  # a path: check its schema from the Parquet footers first
-            topology.check_event_schema(ArrowSource(events).schema)
+        if not from_spark:  # a path: check the Parquet footers before starting Spark
+            events = ArrowSource(events)
+            topology.check_event_schema(events.schema)
         begin = time.perf_counter()
         stack.enter_context(ray_session(self.config.address, job_config=spark.ray_job_config()))
         stack.enter_context(spark.spark_session())

@@ -40,20 +40,24 @@ def parquet_files(path: str | Path) -> list[Path]:
 
 
 class ArrowSource:
-    """Parquet read with pyarrow (one file or a folder in name order), or an Arrow table."""
+    """Parquet read with pyarrow (one file or a folder in name order), or an Arrow table.
+
+    For Parquet, creating it checks the files from their footers (one schema for all) and
+    counts their rows; ``files`` are the files in input order.
+    """
 
     def __init__(self, events: str | Path | pa.Table):
         if isinstance(events, pa.Table):
             self._table: pa.Table | None = events
-            self._files: list[Path] = []
+            self.files: list[Path] = []
             self.schema = events.schema
             self.num_rows = events.num_rows
             return
         self._table = None
-        self._files = parquet_files(events)
+        self.files = parquet_files(events)
         schemas = []
         rows = 0
-        for f in self._files:
+        for f in self.files:
             try:
                 meta = pq.ParquetFile(f)
             except Exception as exc:
@@ -70,5 +74,5 @@ class ArrowSource:
         if self._table is not None:
             yield from self._table.to_batches(max_chunksize=max_rows)
             return
-        for f in self._files:
+        for f in self.files:
             yield from pq.ParquetFile(f).iter_batches(batch_size=max_rows)

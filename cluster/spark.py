@@ -29,7 +29,7 @@ import pyarrow as pa
 import ray
 from ray.job_config import JobConfig
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
-from txstream.sources import ArrowSource, parquet_files
+from txstream.sources import ArrowSource
 
 if TYPE_CHECKING:  # pyspark is imported only when Spark is used
     from py4j.java_gateway import JavaObject
@@ -159,7 +159,8 @@ class SparkSource:
     """Events read by Spark, handed to the engine in input order with bounded memory.
 
     `data` is a Parquet file or folder (`txstream.sources.parquet_files`: files in name
-    order, rows in file order) or a Spark DataFrame (its own row order: partition by
+    order, rows in file order; or an `ArrowSource` of them, whose footers are then not read
+    again) or a Spark DataFrame (its own row order: partition by
     partition, as `collect()` returns it). Every row gets its input position, and Spark
     partitions are taken as they come, without a shuffle: a file is read on its own, so its
     partitions are consecutive splits of it, and a DataFrame's position is its partition
@@ -178,7 +179,7 @@ class SparkSource:
 
     def __init__(
         self,
-        data: str | os.PathLike | DataFrame,
+        data: str | os.PathLike | ArrowSource | DataFrame,
         *,
         partition_rows: int = 1 << 18,
         prefetch: int = 2,
@@ -196,8 +197,9 @@ class SparkSource:
             self._spark = SparkSession.getActiveSession()
             if self._spark is None:
                 raise UsageError("no Spark session: open one with txstream.cluster.spark_session()")
-            frame, self.num_rows = _positioned_files(self._spark, data)
-            file_bytes = sum(f.stat().st_size for f in parquet_files(data))
+            parquet = data if isinstance(data, ArrowSource) else ArrowSource(data)
+            frame, self.num_rows = _positioned_files(self._spark, parquet), parquet.num_rows
+            file_bytes = sum(f.stat().st_size for f in parquet.files)
             split_bytes = max(1, partition_rows * file_bytes // max(1, self.num_rows))
         self.schema: pa.Schema = _arrow_schema(frame)
         self.prefetch = prefetch
@@ -294,19 +296,18 @@ _CONSUMER_FIELDS = (
 )
 
 
-def _positioned_files(spark: SparkSession, data: str | os.PathLike) -> tuple[DataFrame, int]:
+def _positioned_files(spark: SparkSession, parquet: ArrowSource) -> DataFrame:
     """Union of one read per file, each row tagged `file index << 40 | row index in file`.
 
     The row index comes from Spark's `_metadata.row_index` (exact even when a file is split
     across partitions). One read per file, because `_metadata.file_name` is URL-encoded and
     so cannot be matched against the names back reliably, and because Spark packs the splits
-    of several files into one partition, largest first. The files' schemas are checked equal
-    from their footers, so Spark infers the schema (a job) once, not once per file.
+    of several files into one partition, largest first. ``parquet`` has checked the files'
+    schemas equal from their footers, so Spark infers the schema (a job) once, not per file.
     """
     from pyspark.sql import functions as F
 
-    num_rows = ArrowSource(data).num_rows  # checks that the files share one schema
-    files = parquet_files(data)
+    files = parquet.files
     schema = spark.read.parquet(str(files[0])).schema
     reads = []
     for index, file in enumerate(files):
@@ -316,13 +317,14 @@ def _positioned_files(spark: SparkSession, data: str | os.PathLike) -> tuple[Dat
             "_metadata.row_index"
         )
         reads.append(frame.withColumn(POSITION, position))
-    return reduce(lambda a, b: a.union(b), reads), num_rows
+    return reduce(lambda a, b: a.union(b), reads)
 
 
 def _positioned_frame(frame: DataFrame) -> tuple[DataFrame, int]:
     """Tag rows with `monotonically_increasing_id`: (partition index, row in partition).
 
-    That is exactly the DataFrame's own order; it is evaluated once, before the shuffle.
+    That is exactly the DataFrame's own order (partition index first), and the partitions
+    are converted as they are, so partition index order is input order.
     """
     from pyspark.sql import functions as F
 

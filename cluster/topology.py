@@ -56,14 +56,10 @@ class HostTopology:
         """(socket, cpu) of each executor: executors split over sockets in proportion to
         their CPUs, consecutive executors on one socket, CPUs reused round-robin
         within a socket once every one has an executor."""
-        total = sum(len(s) for s in self.sockets)
-        placed = []
+        socket_of_cpu = [i for i, cpus in enumerate(self.sockets) for _ in cpus]
+        placed: list[tuple[int, int]] = []
         for e in range(executors):
-            position = e * total // executors  # spreads executors over all CPUs
-            socket = next(
-                i for i in range(len(self.sockets))
-                if position < sum(len(s) for s in self.sockets[: i + 1])
-            )  # fmt: skip
+            socket = socket_of_cpu[e * len(socket_of_cpu) // executors]  # spread over all CPUs
             earlier = sum(1 for s, _ in placed if s == socket)
             cpus = self.sockets[socket]
             placed.append((socket, cpus[earlier % len(cpus)]))
