@@ -78,3 +78,71 @@ def monotonic_ns(typingctx):
         return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
 
     return types.int64(), codegen
+
+
+def _slot_pointer(context, builder, array_type, array, index):
+    arr = context.make_array(array_type)(context, builder, array)
+    return builder.gep(arr.data, [index])
+
+
+@intrinsic
+def load_acquire(typingctx, array, index):
+    """``array[index]`` as an atomic load-acquire (int64): never hoisted out of a spin
+    loop, and later reads see what the writer stored before its release."""
+
+    def codegen(context, builder, signature, args):
+        ptr = _slot_pointer(context, builder, signature.args[0], args[0], args[1])
+        return builder.load_atomic(ptr, "acquire", 8)
+
+    return types.int64(array, index), codegen
+
+
+@intrinsic
+def store_release(typingctx, array, index, value):
+    """``array[index] = value`` as an atomic store-release (int64)."""
+
+    def codegen(context, builder, signature, args):
+        ptr = _slot_pointer(context, builder, signature.args[0], args[0], args[1])
+        builder.store_atomic(args[2], ptr, "release", 8)
+        return context.get_dummy_value()
+
+    return types.void(array, index, value), codegen
+
+
+@intrinsic
+def fetch_add(typingctx, array, index, value):
+    """Atomically add ``value`` to ``array[index]`` (int64); returns the old value."""
+
+    def codegen(context, builder, signature, args):
+        ptr = _slot_pointer(context, builder, signature.args[0], args[0], args[1])
+        return builder.atomic_rmw("add", ptr, args[2], "acq_rel")
+
+    return types.int64(array, index, value), codegen
+
+
+@intrinsic
+def compare_exchange(typingctx, array, index, expected, new):
+    """Atomically set ``array[index]`` to ``new`` if it holds ``expected``; returns the
+    value it held (== expected on success)."""
+
+    def codegen(context, builder, signature, args):
+        ptr = _slot_pointer(context, builder, signature.args[0], args[0], args[1])
+        pair = builder.cmpxchg(ptr, args[2], args[3], "acq_rel", "acquire")
+        return builder.extract_value(pair, 0)
+
+    return types.int64(array, index, expected, new), codegen
+
+
+@intrinsic
+def sleep_us(typingctx, microseconds):
+    """Sleep (``usleep``): a waiter that spun long enough gives its core away, e.g.
+    to the processes feeding the executors on a host with few cores."""
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(i32, [i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "usleep")
+        builder.call(fn, [builder.trunc(args[0], i32)])
+        return context.get_dummy_value()
+
+    return types.void(microseconds), codegen

@@ -21,3 +21,7 @@ class TopologyError(TxstreamError):
 
 class RuntimeFailure(TxstreamError):
     """The engine itself failed while running (an actor died, a timeout expired)."""
+
+
+class PeerFailed(RuntimeFailure):
+    """An executor stopped because another one failed (that one's error is the cause)."""

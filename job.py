@@ -29,8 +29,10 @@ from txstream.cluster.topology import host_topology
 from txstream.config import RunConfig
 from txstream.errors import RuntimeFailure, TxstreamError
 from txstream.sources import ArrowSource, Source
+from txstream.state.chunk import sweep_segments
 from txstream.state.init import InitState, read_init_state
-from txstream.state.shared import SharedArray, new_run_id, sweep_stale_segments
+from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
+from txstream.state.sync import seats, slots
 from txstream.state.tables import SharedState
 from txstream.topologies.api import Layout
 
@@ -134,11 +136,20 @@ class Job:
             state = stack.enter_context(SharedState.create(run_id, layout, set_capacity))
             progress = SharedArray.create(run_id, "progress", (1,), "int64")
             stack.callback(progress.close)
+            team = seats(cfg.placement, [socket for socket, _ in cores])
+            sync = SharedArray.create(run_id, "sync", (slots(len(team), team[0].pools),), "int64")
+            stack.callback(sync.close)
+            stack.callback(sweep_segments, run_prefix(run_id))  # if an executor died
             state.load(topology, init)
             stack.enter_context(ray_session(cfg.address))
             stack.callback(stop_actors, actors)
             sink = start_actor(Sink, str(out_dir), output_schema(topology), progress.handle)
-            executors = [start_actor(Executor, cfg, state.handle, sink, cpu) for _, cpu in cores]
+            executors = [
+                start_actor(
+                    Executor, cfg, state.handle, seat, sync.handle, run_prefix(run_id), sink, cpu
+                )
+                for seat, (_, cpu) in zip(team, cores, strict=True)
+            ]
             controller = start_actor(ProgressController, cfg, source, executors)
             actors += [controller, *executors, sink]
             self._get([e.warm_up.remote(source.schema) for e in executors])
@@ -220,6 +231,7 @@ class Job:
             "latency_ms": summary["latency_ms"],
             "breakdown_s": total.as_dict(),
             "breakdown_per_executor_s": [e["breakdown_s"] for e in run_info["executors"]],
+            "cpu_s": {"progress_controller": run_info["cpu_s"], "sink": summary["cpu_s"]},
             "operations": sum(e["operations"] for e in run_info["executors"]),
             "startup_s": round(startup, 3),
             "config": {**self.config.as_dict(), "source_rows": source.num_rows},

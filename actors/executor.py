@@ -1,14 +1,19 @@
-"""Executor: pre-processes chunks of events, executes their batches, post-processes.
+"""Executor: one of a team that processes every chunk of events together.
 
-A plain class (tested without Ray); `txstream.runtime` wraps it in a Ray actor.
-Compute mode decomposes a whole chunk into operations (nothing is executed); at
-each punctuation the scheduler executes that batch's operations on shared state.
+A plain class (tested with threads, without Ray); the job runs it as a Ray actor.
+Dual-mode, as in TStream: in compute mode each executor pre-processes its share of
+the chunk and decomposes it into operations, nothing executed; the operations go to
+a shared-memory segment. Then, behind a barrier, the team switches to state-access
+mode and the scheduler executes the chunk's punctuation batches one by one, a
+barrier after each. Back in compute mode, each executor post-processes its share.
+All synchronisation is in shared memory (`txstream.state.sync`).
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -17,7 +22,9 @@ from txstream.cluster.topology import pin_process
 from txstream.config import RunConfig
 from txstream.metrics import Breakdown
 from txstream.schedulers._kernels import STATUS_NAMES
-from txstream.schedulers.base import Results, Scheduler
+from txstream.state.chunk import ChunkArrays, ChunkShape, segment_name
+from txstream.state.shared import ArrayHandle, SharedArray
+from txstream.state.sync import Seat, Team
 from txstream.state.tables import SharedState, StateHandle
 from txstream.topologies.api import EventBatch, Outputs, Topology, Transactions
 
@@ -37,30 +44,14 @@ def output_schema(topology: Topology) -> pa.Schema:
     return pa.schema(fields)
 
 
-def process_chunk(
-    topology: Topology,
-    scheduler: Scheduler,
-    chunk: pa.RecordBatch,
-    ts0: int,
-    punctuation_interval: int,
-    time: Breakdown,
-) -> tuple[pa.RecordBatch, int]:
-    """Run a chunk (a whole number of punctuation batches); its output rows and the
-    number of operations it executed."""
-    layout = scheduler.state.layout
-    with time.timing("useful"):
-        events = EventBatch(chunk, topology, layout.sizes)
-        topology.pre_process(events)
-    with time.timing("construct"):
-        txn = Transactions(events, layout)
-        topology.state_access(events, txn)
-        ops = txn.build()
-    results = Results.start(events.reason, len(topology.outputs))
-    for begin in range(0, events.n, punctuation_interval):
-        end = min(begin + punctuation_interval, events.n)
-        scheduler.execute(ops, begin, end, results, time)
-    with time.timing("useful"):
-        return _output_rows(topology, events, results, ts0), len(ops)
+@dataclass
+class Results:
+    """Per-event results of a share: status, abort reason, output slots."""
+
+    status: np.ndarray
+    reason: np.ndarray
+    out_values: np.ndarray
+    out_set: np.ndarray
 
 
 def _output_rows(
@@ -90,16 +81,20 @@ def _output_rows(
 
 
 class Executor:
-    """One executor: its own scheduler over the shared state; sends outputs to the sink.
+    """One member of the team of executors (see module docstring).
 
     With ``cpu``, every thread of the process is pinned to that core first (before any
-    kernel runs, so a numba thread pool would size itself to it).
+    kernel runs, so a numba thread pool would size itself to it). ``sync`` is the
+    team's sync block: a shared-memory handle, or an array when executors are threads.
     """
 
     def __init__(
         self,
         config: RunConfig,
         state: StateHandle,
+        seat: Seat,
+        sync: ArrayHandle | np.ndarray,
+        segment_prefix: str,
         sink: object | None = None,
         cpu: int | None = None,
     ):
@@ -108,36 +103,117 @@ class Executor:
         self.config = config
         self.topology = topologies.get(config.topology)
         self.state = SharedState.attach(state)
+        self._sync = SharedArray.attach(sync) if isinstance(sync, ArrayHandle) else None
+        self.team = Team(seat, self._sync.array if self._sync else sync, config.timeout_s)
         spin_ns = int(round(config.udf_cost_us * 1000))
-        self.scheduler = schedulers.get(config.scheduler)(self.topology, self.state, spin_ns)
+        self.scheduler = schedulers.get(config.scheduler)(
+            self.topology, self.state, spin_ns, self.team
+        )
+        self.segment_prefix = segment_prefix
         self.sink = sink
         self.time = Breakdown()
         self.operations = 0
         self._pending: deque = deque()
+        self._chunk: ChunkArrays | None = None
 
     def warm_up(self, schema: pa.Schema) -> None:
-        """Load every kernel (numba cache) on an empty chunk, before timing starts."""
+        """Load every kernel (numba cache) on an empty chunk, before timing starts (all
+        executors together, as for any chunk)."""
         empty = pa.RecordBatch.from_pylist([], schema=schema)
-        process_chunk(self.topology, self.scheduler, empty, 0, 1, Breakdown())
-        events = EventBatch(empty, self.topology, self.state.layout.sizes)
-        txn = Transactions(events, self.state.layout)
-        self.topology.state_access(events, txn)
-        results = Results.start(events.reason, len(self.topology.outputs))
-        self.scheduler.execute(txn.build(), 0, 0, results, Breakdown())
+        self.run_share(empty, -1, 0, 0, 0, Breakdown())
 
-    def process(self, chunk: pa.RecordBatch, ts0: int, arrival: np.ndarray) -> None:
-        """Run a chunk and hand its rows to the sink, keeping at most a few writes in flight."""
-        rows, operations = process_chunk(
-            self.topology, self.scheduler, chunk, ts0, self.config.punctuation_interval, self.time
-        )
-        self.operations += operations
-        self._pending.append(self.sink.write.remote(rows, ts0, arrival))
+    def process(self, share: pa.RecordBatch, seq: int, first: int, events: int, ts0: int,
+                arrival: np.ndarray) -> None:  # fmt: skip
+        """Run this executor's share of chunk ``seq`` (its events ``first..`` of the
+        chunk's ``events``, which start at ``ts0``) and hand its rows to the sink,
+        keeping at most a few writes in flight."""
+        rows = self.run_share(share, seq, first, events, ts0, self.time)
+        self._pending.append(self.sink.write.remote(rows, ts0 + first, arrival))
         if len(self._pending) > MAX_PENDING_WRITES:
             self._wait(self._pending.popleft())
 
+    def run_share(self, share: pa.RecordBatch, seq: int, first: int, events: int, ts0: int,
+                  time: Breakdown) -> pa.RecordBatch:  # fmt: skip
+        """Pre-process the share, execute the chunk with the team, post-process the
+        share; its output rows. A failure here releases the peers' waits."""
+        try:
+            return self._run_share(share, seq, first, events, ts0, time)
+        except BaseException:
+            self.team.fail()
+            raise
+
+    def _run_share(self, share, seq, first, events, ts0, time) -> pa.RecordBatch:
+        team, topology, layout = self.team, self.topology, self.state.layout
+        with time.timing("useful"):
+            batch = EventBatch(share, topology, layout.sizes)
+            topology.pre_process(batch)
+        with time.timing("construct"):
+            txn = Transactions(batch, layout)
+            topology.state_access(batch, txn)
+            mine = txn.build()
+        self.operations += len(mine)
+        team.reset_progress()
+        team.publish_counts(len(mine), len(mine.dep_cell), mine.args.shape[1])
+        self._barrier(time)
+        chunk = self._map_chunk(seq, events, time)
+        r = team.rank
+        chunk.copy_in(mine, first, sum(team.counts(0)[:r]), sum(team.counts(1)[:r]))
+        share = slice(first, first + batch.n)
+        chunk.start_share(share, batch.reason)
+        self._barrier(time)
+        ops = chunk.operations()
+        self.scheduler.prepare(chunk, ops, time)
+        interval = self.config.punctuation_interval
+        for begin in range(0, events, interval) or [0]:
+            self.scheduler.execute(chunk, ops, begin, min(begin + interval, events), time)
+            self._barrier(time)
+        self.scheduler.finish(chunk, ops, first, first + batch.n, time)
+        results = Results(
+            status=chunk.status[share].copy(),
+            reason=chunk.status_reason[share].copy(),
+            out_values=chunk.out_values[share].copy(),
+            out_set=chunk.out_set[share].copy(),
+        )
+        with time.timing("useful"):
+            return _output_rows(topology, batch, results, ts0 + first)
+
+    def _map_chunk(self, seq: int, events: int, time: Breakdown) -> ChunkArrays:
+        """The chunk segment laid out for this chunk; when the chunk does not fit,
+        executor 0 replaces the segment by a larger one and the others map it."""
+        team = self.team
+        shape = ChunkShape(
+            operations=sum(team.counts(0)),
+            reads=sum(team.counts(1)),
+            transactions=events,
+            arg_width=max(1, *team.counts(2)),
+            outputs=max(1, len(self.topology.outputs)),
+            pools=team.seat.pools,
+            keys=max(self.state.layout.sizes.values(), default=0),
+        )
+        if self._chunk is None or not shape.fits(self._chunk.capacity):
+            if self._chunk is not None:
+                self._chunk.close()
+            capacity = shape.grown()
+            name = segment_name(self.segment_prefix, seq)
+            if team.rank == 0:
+                self._chunk = ChunkArrays.create(name, capacity)
+                self._barrier(time)
+            else:
+                self._barrier(time)
+                self._chunk = ChunkArrays.attach(name, capacity)
+            self._barrier(time)
+            if team.rank == 0:
+                self._chunk.unlink()  # every executor has it mapped
+        self._chunk.use(shape)
+        return self._chunk
+
+    def _barrier(self, time: Breakdown) -> None:
+        with time.timing("sync"):
+            self.team.barrier()
+
     def flush(self) -> dict:
         """Wait for all writes to the sink; returns this executor's time breakdown, the
-        number of operations it executed and the CPUs it runs on."""
+        number of operations it decomposed and the CPUs it runs on."""
         while self._pending:
             self._wait(self._pending.popleft())
         return {
@@ -154,4 +230,8 @@ class Executor:
 
     def close(self) -> None:
         """Detach from shared state."""
+        if self._chunk is not None:
+            self._chunk.close()
         self.state.close()
+        if self._sync is not None:
+            self._sync.close()

@@ -1,11 +1,10 @@
-"""ProgressController: assigns ts, cuts the stream into punctuation batches, feeds executors.
+"""ProgressController: assigns ts, cuts the stream into chunks, feeds the team.
 
 ts is the input position. Events are handed over in chunks of whole punctuation
-batches (one Ray call per chunk, not per event or per batch), with a bounded
-number of chunks in flight: back-pressure on the source. Each chunk runs on one
-executor over the shared state, so with several executors a chunk is dispatched
-only after the previous one finished: chunks never overlap, and the result stays
-that of ts order (the next chunk is read while the previous one runs).
+batches (one Ray call per executor per chunk, never per event or per batch). Every
+executor gets a contiguous share of every chunk to pre-process; the team executes
+the chunk together, synchronising in shared memory. A bounded number of chunks is
+in flight: back-pressure on the source.
 """
 
 from __future__ import annotations
@@ -16,13 +15,20 @@ from collections import deque
 import numpy as np
 import pyarrow as pa
 from txstream.config import RunConfig
+from txstream.errors import PeerFailed
 from txstream.sources import Source
 
-IN_FLIGHT_PER_EXECUTOR = 2
+CHUNKS_IN_FLIGHT = 2
+
+
+def share_bounds(events: int, parties: int) -> list[tuple[int, int]]:
+    """Contiguous, near-equal shares ``(first, end)`` of a chunk, in rank order."""
+    cuts = [events * rank // parties for rank in range(parties + 1)]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
 class ProgressController:
-    """Reads the source in order and dispatches chunks round-robin to executors."""
+    """Reads the source in order and dispatches every chunk to the whole team."""
 
     def __init__(self, config: RunConfig, source: Source, executors: list):
         self.config = config
@@ -33,32 +39,35 @@ class ProgressController:
         """Stream the whole source through the executors; returns what each reports."""
         import ray
 
+        cpu_start = time.process_time()
         chunk_events = self.config.chunk_events
         pending: list[pa.RecordBatch] = []
         arrivals: list[np.ndarray] = []
         buffered = 0
         ts = 0
+        seq = 0
         in_flight: deque = deque()
-        limit = IN_FLIGHT_PER_EXECUTOR * len(self.executors)
 
         def dispatch(n: int) -> None:
-            nonlocal pending, arrivals, buffered, ts
+            nonlocal pending, arrivals, buffered, ts, seq
             table = pa.Table.from_batches(pending).combine_chunks()
             arrival = np.concatenate(arrivals)
-            chunk = table.slice(0, n).to_batches()
-            rows = chunk[0] if chunk else pa.RecordBatch.from_pylist([], schema=table.schema)
+            chunk = table.slice(0, n)
             rest = table.slice(n)
             pending = rest.to_batches() if rest.num_rows else []
             arrivals = [arrival[n:]] if rest.num_rows else []
             buffered -= n
-            executor = self.executors[(ts // chunk_events) % len(self.executors)]
-            if len(self.executors) > 1:
-                ray.get(list(in_flight), timeout=self.config.timeout_s)
-                in_flight.clear()
-            in_flight.append(executor.process.remote(rows, ts, arrival[:n]))
+            calls = []
+            for executor, (first, end) in zip(
+                self.executors, share_bounds(n, len(self.executors)), strict=True
+            ):
+                share = _record_batch(chunk.slice(first, end - first))
+                calls.append(executor.process.remote(share, seq, first, n, ts, arrival[first:end]))
+            in_flight.append(calls)
             ts += n
-            while len(in_flight) >= limit:
-                ray.get(in_flight.popleft(), timeout=self.config.timeout_s)
+            seq += 1
+            while len(in_flight) > CHUNKS_IN_FLIGHT:
+                self._wait(in_flight.popleft())
 
         for batch in self.source.iter_batches(chunk_events):
             if batch.num_rows == 0:
@@ -70,8 +79,34 @@ class ProgressController:
                 dispatch(chunk_events)
         if buffered:
             dispatch(buffered)
-        ray.get(list(in_flight), timeout=self.config.timeout_s)
+        for calls in in_flight:
+            self._wait(calls)
         executors = ray.get(
             [e.flush.remote() for e in self.executors], timeout=self.config.timeout_s
         )
-        return {"events": ts, "executors": executors}
+        cpu_s = round(time.process_time() - cpu_start, 3)
+        return {"events": ts, "executors": executors, "cpu_s": cpu_s}
+
+    def _wait(self, calls: list) -> None:
+        """Wait for one chunk's calls; if one failed, raise the root cause (not the
+        peers' `PeerFailed`, which they raise once they learn of it)."""
+        import ray
+
+        try:
+            ray.get(calls, timeout=self.config.timeout_s)
+        except ray.exceptions.RayError as first:
+            for call in calls:
+                try:
+                    ray.get(call, timeout=self.config.timeout_s)
+                except ray.exceptions.RayTaskError as exc:
+                    if not isinstance(exc.cause, PeerFailed):
+                        raise exc from None
+                except ray.exceptions.RayError as exc:
+                    raise exc from None
+            raise first
+
+
+def _record_batch(table: pa.Table) -> pa.RecordBatch:
+    """One record batch of ``table`` (a copy only if it spans several)."""
+    batches = table.combine_chunks().to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from txstream.errors import UsageError
-from txstream.schedulers.base import Results, Scheduler
+from txstream.schedulers.base import Scheduler
 from txstream.schedulers.serial import SerialScheduler
+from txstream.schedulers.tstream import TStreamScheduler
 
-SCHEDULERS: dict[str, type[Scheduler]] = {"serial": SerialScheduler}
+SCHEDULERS: dict[str, type[Scheduler]] = {"serial": SerialScheduler, "tstream": TStreamScheduler}
 """Schedulers this build can run, by `--scheduler` name."""
 
-PLANNED = ("tstream", "morphstream", "sstore", "lock", "mvlk", "nolock")
+PLANNED = ("morphstream", "sstore", "lock", "mvlk", "nolock")
 """Names SPEC.md reserves for schedulers not built yet (a clear error, not a fallback)."""
 
-__all__ = ["PLANNED", "SCHEDULERS", "Results", "Scheduler", "get"]
+__all__ = ["PLANNED", "SCHEDULERS", "Scheduler", "get"]
 
 
 def get(name: str) -> type[Scheduler]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from txstream._numba import jit
-from txstream.state._kernels import SET_FULL, apply_operation, roll_back
+from txstream.state._kernels import SET_FULL, apply_operation, read_current, roll_back
 
 COMMITTED, ABORTED, REJECTED = 0, 1, 2
 """Event status codes, in the order of `STATUS_NAMES`."""
@@ -49,6 +49,7 @@ def run_transactions(
         n_undo = 0
         failed = 0
         for o in range(txn_ptr[t], txn_ptr[t + 1]):
+            n_reads = read_current(o, values, dep_ptr, dep_cell, reads)
             ok, result, n_undo = apply_operation(
                 o,
                 values,
@@ -59,8 +60,7 @@ def run_transactions(
                 fun,
                 cond,
                 args,
-                dep_ptr,
-                dep_cell,
+                n_reads,
                 fun_addr,
                 cond_addr,
                 reads,
@@ -89,3 +89,26 @@ def run_transactions(
         else:
             status[t] = COMMITTED
     return 0
+
+
+@jit
+def collect_results(first, end, txn_ptr, ok, failed, reason, out, result, status, status_reason,
+                    out_values, out_set):  # fmt: skip
+    """Each transaction's status, abort reason (its first failed operation, as serial
+    execution stops there) and outputs, from what its operations recorded."""
+    for t in range(first, end):
+        if status[t] == REJECTED:
+            continue
+        if failed[t]:
+            status[t] = ABORTED
+            for o in range(txn_ptr[t], txn_ptr[t + 1]):
+                if ok[o] == 0:
+                    status_reason[t] = reason[o]
+                    break
+            continue
+        status[t] = COMMITTED
+        for o in range(txn_ptr[t], txn_ptr[t + 1]):
+            slot = out[o]
+            if slot >= 0:
+                out_values[t, slot] += result[o]
+                out_set[t, slot] = True

@@ -1,36 +1,20 @@
-"""The scheduler interface: execute the operations of one punctuation batch."""
+"""The scheduler interface: how a team of executors executes a chunk's operations.
+
+Every executor of the team calls the same methods in the same order (they may
+synchronise inside them): ``prepare`` once the chunk's operations are in shared
+memory, ``execute`` for each punctuation batch (a barrier follows each), ``finish``
+after the last batch. Results end up in the chunk's per-transaction arrays.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 
-import numpy as np
 from txstream.metrics import Breakdown
-from txstream.schedulers._kernels import COMMITTED, REJECTED
+from txstream.state.chunk import ChunkArrays
+from txstream.state.sync import Team
 from txstream.state.tables import SharedState
 from txstream.topologies.api import OperationBatch, Topology
-
-
-@dataclass
-class Results:
-    """Per-event results of a chunk of events, filled batch by batch by a scheduler."""
-
-    status: np.ndarray
-    reason: np.ndarray
-    out_values: np.ndarray
-    out_set: np.ndarray
-
-    @staticmethod
-    def start(rejection_reason: np.ndarray, n_outputs: int) -> Results:
-        """Rejected events are final; all others start as committed until they abort."""
-        n = len(rejection_reason)
-        return Results(
-            status=np.where(rejection_reason != 0, REJECTED, COMMITTED).astype(np.int8),
-            reason=rejection_reason.astype(np.int32),
-            out_values=np.zeros((n, max(1, n_outputs)), np.int64),
-            out_set=np.zeros((n, max(1, n_outputs)), np.bool_),
-        )
 
 
 class Scheduler(ABC):
@@ -38,15 +22,27 @@ class Scheduler(ABC):
 
     name: str
 
-    def __init__(self, topology: Topology, state: SharedState, spin_ns: int):
+    def __init__(self, topology: Topology, state: SharedState, spin_ns: int, team: Team):
         self.topology = topology
         self.state = state
         self.spin_ns = spin_ns
+        self.team = team
         self.fun_addr = topology.function_addresses
         self.cond_addr = topology.condition_addresses
 
+    def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
+        """Restructure the chunk's operations before its first batch (default: nothing)."""
+        return None
+
     @abstractmethod
     def execute(
-        self, ops: OperationBatch, begin: int, end: int, results: Results, time: Breakdown
+        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
     ) -> None:
-        """Execute transactions ``begin..end-1`` of ``ops`` (one punctuation batch)."""
+        """This executor's part of transactions ``begin..end-1`` (one punctuation batch)."""
+
+    def finish(
+        self, chunk: ChunkArrays, ops: OperationBatch, first: int, end: int, time: Breakdown
+    ) -> None:
+        """After the last batch: complete the results of transactions ``first..end-1``
+        (this executor's share) in the chunk (default: nothing left to do)."""
+        return None

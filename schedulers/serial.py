@@ -1,6 +1,7 @@
-"""serial: one executor runs the batch's transactions one by one in ts order.
+"""serial: one executor runs each batch's transactions one by one in ts order.
 
-The correctness reference every other scheduler is tested against.
+The correctness reference every other scheduler is tested against. With several
+executors, they share pre- and post-processing; executor 0 alone touches state.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import numpy as np
 from txstream.errors import RuntimeFailure
 from txstream.metrics import Breakdown
 from txstream.schedulers._kernels import run_transactions
-from txstream.schedulers.base import Results, Scheduler
+from txstream.schedulers.base import Scheduler
+from txstream.state.chunk import ChunkArrays
 from txstream.topologies.api import OperationBatch
 
 
@@ -19,9 +21,11 @@ class SerialScheduler(Scheduler):
     name = "serial"
 
     def execute(
-        self, ops: OperationBatch, begin: int, end: int, results: Results, time: Breakdown
+        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
     ) -> None:
-        """Run the batch in one kernel call."""
+        """Run the batch in one kernel call (executor 0)."""
+        if self.team.rank != 0:
+            return
         width = max(1, ops.max_txn_ops)
         st = self.state
         with time.timing("useful"):
@@ -48,10 +52,13 @@ class SerialScheduler(Scheduler):
                 np.empty(width, np.int64),
                 np.empty(width, np.int64),
                 np.empty(width, np.int64),
-                results.status,
-                results.reason,
-                results.out_values,
-                results.out_set,
+                chunk.status,
+                chunk.status_reason,
+                chunk.out_values,
+                chunk.out_set,
             )
         if error:
-            raise RuntimeFailure("a distinct-set table is full; its capacity is sized per event")
+            raise RuntimeFailure(SET_FULL_MESSAGE)
+
+
+SET_FULL_MESSAGE = "a distinct-set table is full; its capacity is sized per event"

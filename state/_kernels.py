@@ -7,7 +7,7 @@ semantics of READ / WRITE / READ_MODIFY / SET_ADD live in exactly one place.
 from __future__ import annotations
 
 import numpy as np
-from txstream._numba import call_user, element_pointer, inline, monotonic_ns
+from txstream._numba import call_user, compare_exchange, element_pointer, inline, monotonic_ns
 from txstream.state.tables import EMPTY, TOMBSTONE
 from txstream.topologies.api import READ, SET_ADD
 
@@ -24,15 +24,20 @@ def _slot(cell, member, mask):
 
 @inline
 def set_insert(set_cells, set_members, cell, member):
-    """Insert (cell, member); the new slot, -1 if already present, SET_FULL if full."""
+    """Insert (cell, member); the new slot, -1 if already present, SET_FULL if full.
+
+    A free slot is claimed by compare-and-swap: executors insert concurrently, each
+    for cells it owns (so a claimed slot of another cell is simply probed past).
+    """
     mask = len(set_cells) - 1
     slot = _slot(cell, member, mask)
     for _ in range(len(set_cells)):
         c = set_cells[slot]
         if c == EMPTY:
-            set_cells[slot] = cell
-            set_members[slot] = member
-            return slot
+            c = compare_exchange(set_cells, slot, EMPTY, cell)
+            if c == EMPTY:
+                set_members[slot] = member
+                return slot
         if c == cell and set_members[slot] == member:
             return -1
         slot = (slot + 1) & mask
@@ -59,8 +64,7 @@ def apply_operation(
     fun,
     cond,
     args,
-    dep_ptr,
-    dep_cell,
+    n_reads,
     fun_addr,
     cond_addr,
     reads,
@@ -70,17 +74,14 @@ def apply_operation(
     undo_slot,
     n_undo,
 ):
-    """Execute operation `o` on `values`, logging what it overwrote.
+    """Execute operation `o` on `values`, logging what it overwrote; its parametric
+    reads are ``reads[:n_reads]`` (the caller decides which version they see).
 
     Returns (ok, result, n_undo): ok is False when the condition failed (nothing
     written) or a distinct set is full (result = SET_FULL).
     """
     c = cell[o]
     value = values[c]
-    first = dep_ptr[o]
-    n_reads = dep_ptr[o + 1] - first
-    for d in range(n_reads):
-        reads[d] = values[dep_cell[first + d]]
     r = element_pointer(reads, 0)
     a = element_pointer(args, o * args.shape[1])
     busy_wait(spin_ns)
@@ -106,6 +107,16 @@ def apply_operation(
     undo_slot[n_undo] = -1
     values[c] = new
     return True, new, n_undo + 1
+
+
+@inline
+def read_current(o, values, dep_ptr, dep_cell, reads):
+    """Fill ``reads`` with the current values of `o`'s parametric reads; their count."""
+    first = dep_ptr[o]
+    n_reads = dep_ptr[o + 1] - first
+    for d in range(n_reads):
+        reads[d] = values[dep_cell[first + d]]
+    return n_reads
 
 
 @inline

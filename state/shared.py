@@ -16,6 +16,9 @@ from pathlib import Path
 import numpy as np
 
 PREFIX = "txstream_"
+_CREATED_HERE: set[str] = set()
+"""Segments this process created: attaching to one of them (executors run as threads
+in tests) must leave the resource tracker's registration for the owner's unlink."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +42,9 @@ class SharedArray:
     @classmethod
     def create(cls, run_id: str, what: str, shape: tuple[int, ...], dtype: str) -> SharedArray:
         """Create a zeroed segment named after the run (driver side)."""
-        name = f"{PREFIX}{os.getpid()}_{run_id}_{what}"
+        name = f"{run_prefix(run_id)}_{what}"
         nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
-        shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
+        shm = create_segment(name, nbytes)
         array = cls(shm, ArrayHandle(name, tuple(shape), dtype), owner=True)
         array.array.fill(0)
         return array
@@ -49,9 +52,7 @@ class SharedArray:
     @classmethod
     def attach(cls, handle: ArrayHandle) -> SharedArray:
         """Attach to an existing segment (actor side); never unlinks it."""
-        shm = shared_memory.SharedMemory(name=handle.name)
-        resource_tracker.unregister(shm._name, "shared_memory")  # the driver owns it
-        return cls(shm, handle, owner=False)
+        return cls(attach_segment(handle.name), handle, owner=False)
 
     def close(self) -> None:
         """Unlink the segment (owner only), then detach.
@@ -62,14 +63,42 @@ class SharedArray:
         """
         self.array = np.empty(0)
         if self.owner:
-            try:
-                self._shm.unlink()
-            except FileNotFoundError:
-                pass
+            unlink_segment(self._shm)
         try:
             self._shm.close()
         except BufferError:
             pass
+
+
+def create_segment(name: str, nbytes: int) -> shared_memory.SharedMemory:
+    """A new zeroed segment; this process unlinks it (`unlink_segment`)."""
+    shm = shared_memory.SharedMemory(name=name, create=True, size=max(1, nbytes))
+    _CREATED_HERE.add(name)
+    return shm
+
+
+def attach_segment(name: str) -> shared_memory.SharedMemory:
+    """Map an existing segment without taking it over: Python's resource tracker would
+    unlink it when this process exits, so it is told to forget it (unless this process
+    created it: executors run as threads in tests)."""
+    shm = shared_memory.SharedMemory(name=name)
+    if name not in _CREATED_HERE:
+        resource_tracker.unregister(shm._name, "shared_memory")
+    return shm
+
+
+def unlink_segment(shm: shared_memory.SharedMemory) -> None:
+    """Remove a segment's name (its memory goes with the last mapping)."""
+    _CREATED_HERE.discard(shm.name)
+    try:
+        shm.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def run_prefix(run_id: str) -> str:
+    """Start of the names of every segment of run ``run_id`` of this process."""
+    return f"{PREFIX}{os.getpid()}_{run_id}"
 
 
 def new_run_id() -> str:

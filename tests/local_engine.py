@@ -1,19 +1,28 @@
-"""Runs the engine's plain classes in this process, without Ray.
+"""Runs the engine's plain classes in this process, executors as threads, without Ray.
 
-The kernels, topologies and chunking are exactly those the Executor actor runs;
-only the transport is missing. Fast enough for hundreds of hypothesis examples.
+The executors, kernels, topologies, chunking and shared-memory synchronisation are
+exactly those of a run; only the transport (Ray calls) is missing, so hundreds of
+hypothesis examples stay fast. Kernels release the GIL: threads do run in parallel.
 """
 
 from __future__ import annotations
 
+import threading
+
+import numpy as np
 import pyarrow as pa
-from txstream import schedulers, topologies
-from txstream.actors.executor import output_schema, process_chunk
+from txstream import topologies
+from txstream.actors.executor import Executor, output_schema
+from txstream.actors.progress import share_bounds
+from txstream.config import RunConfig
 from txstream.metrics import Breakdown
 from txstream.state.init import read_init_state
-from txstream.state.shared import new_run_id
+from txstream.state.shared import new_run_id, run_prefix
+from txstream.state.sync import seats, slots
 from txstream.state.tables import SharedState
 from txstream.topologies.api import Layout
+
+TIMEOUT_S = 60.0
 
 
 def run_local(
@@ -22,23 +31,61 @@ def run_local(
     init: dict[str, pa.Table],
     *,
     scheduler: str = "serial",
+    executors: int = 1,
+    placement: str = "shared-nothing",
+    sockets: list[int] | None = None,
     punctuation_interval: int = 10240,
     batches_per_chunk: int = 3,
 ) -> tuple[pa.Table, dict[str, pa.Table]]:
-    """Outputs and final state of ``events``, chunked as the ProgressController does."""
+    """Outputs and final state of ``events``, chunked as the ProgressController does.
+
+    ``sockets`` gives each executor's socket (default: all on socket 0)."""
     topo = topologies.get(topology)
     topo.check_event_schema(events.schema)
     tables = read_init_state(topo, init)
     layout = Layout.of(topo.tables, topo.sizes_from({k: t.num_rows for k, t in tables.items()}))
+    config = RunConfig(
+        topology=topology,
+        scheduler=scheduler,
+        executors=executors,
+        placement=placement,
+        punctuation_interval=punctuation_interval,
+        timeout_s=TIMEOUT_S,
+    )
     chunk = punctuation_interval * batches_per_chunk
-    with SharedState.create(new_run_id(), layout, 2 * events.num_rows + 16) as state:
+    run_id = new_run_id()
+    team = seats(placement, sockets or [0] * executors)
+    sync = np.zeros(slots(executors, team[0].pools), np.int64)
+    with SharedState.create(run_id, layout, 2 * events.num_rows + 16) as state:
         state.load(topo, tables)
-        sched = schedulers.get(scheduler)(topo, state, 0)
-        rows = [
-            process_chunk(topo, sched, batch, ts0, punctuation_interval, Breakdown())[0]
-            for ts0, batch in _chunks(events, chunk)
-        ]
-        return pa.Table.from_batches(rows, output_schema(topo)), state.tables(topo)
+        members = [Executor(config, state.handle, seat, sync, run_prefix(run_id)) for seat in team]
+        rows: list[list[pa.RecordBatch]] = [[] for _ in members]
+        errors: list[BaseException] = []
+
+        def work(rank: int) -> None:
+            try:
+                for seq, (ts0, batch) in enumerate(_chunks(events, chunk)):
+                    first, end = share_bounds(batch.num_rows, executors)[rank]
+                    share = batch.slice(first, end - first)
+                    rows[rank].append(
+                        members[rank].run_share(share, seq, first, batch.num_rows, ts0, Breakdown())
+                    )
+            except BaseException as exc:  # reported by the caller
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(r,)) for r in range(executors)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT_S * 2)
+        for member in members:
+            member.close()
+        if errors:
+            raise errors[0]
+        assert not any(t.is_alive() for t in threads), "an executor thread hangs"
+        ordered = sorted((r for rank in rows for r in rank), key=lambda r: r["ts"][0].as_py()
+                         if r.num_rows else -1)  # fmt: skip
+        return pa.Table.from_batches(ordered, output_schema(topo)), state.tables(topo)
 
 
 def _chunks(events: pa.Table, size: int):

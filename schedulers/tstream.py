@@ -1,0 +1,138 @@
+"""tstream: operation chains evaluated in parallel by the team (TStream, ICDE'20).
+
+``prepare`` restructures the chunk into operation chains (one per state cell, ts
+order) and gives the chains of every key one owner: the executor the key hashes to
+(shared-nothing), or the executor that claims the key from a shared pool, busiest
+keys first (shared-per-socket: a pool per socket; shared-everything: one pool).
+``execute`` evaluates the owned operations of a batch; see
+`txstream.schedulers._chains` for versions and the lazy abort protocol.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from txstream.errors import RuntimeFailure
+from txstream.metrics import Breakdown
+from txstream.schedulers._chains import (
+    build_chains,
+    claim_keys,
+    hash_owners,
+    pool_keys,
+    run_chains,
+    undo_aborted_tails,
+)
+from txstream.schedulers._kernels import collect_results
+from txstream.schedulers.base import Scheduler
+from txstream.schedulers.serial import SET_FULL_MESSAGE
+from txstream.state._kernels import SET_FULL
+from txstream.state.chunk import ChunkArrays
+from txstream.state.sync import Team, pool_slot
+from txstream.state.tables import SharedState
+from txstream.topologies.api import OperationBatch, Topology
+
+N_CHAINS, N_KEYS = 0, 1
+"""Slots of ``chunk.meta``: how many chains and keys the chunk has."""
+UNCAPPED = np.iinfo(np.int64).max
+
+
+class TStreamScheduler(Scheduler):
+    """Parallel evaluation of operation chains, lazy aborts (module docstring)."""
+
+    name = "tstream"
+
+    def __init__(self, topology: Topology, state: SharedState, spin_ns: int, team: Team):
+        super().__init__(topology, state, spin_ns, team)
+        layout = state.layout
+        self._key_of_cell = np.arange(layout.cells, dtype=np.int64)
+        for (table, _), base in layout.bases.items():
+            self._key_of_cell[base : base + layout.sizes[table]] -= base
+        self._last = np.full(layout.cells, -1, np.int64)
+        self._hashed = np.empty(max(layout.sizes.values(), default=0), np.int64)
+        hash_owners(team.parties, self._hashed)
+        if team.seat.pools:
+            self._key_ops = np.zeros(len(self._hashed), np.int64)
+            self._fill = np.empty(team.seat.pools, np.int64)
+
+    def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
+        """Build the chains (executor 0) and hand every key's chains to an owner."""
+        team, seat = self.team, self.team.seat
+        if team.rank == 0:
+            with time.timing("construct"):
+                chunk.meta[N_CHAINS] = build_chains(
+                    ops.txn, ops.cell, ops.cond, ops.dep_ptr, ops.dep_cell, self.state.values,
+                    self._last, chunk.chain_prev, chunk.dep_prev, chunk.dep_initial,
+                    chunk.last_cond, chunk.tails,
+                )  # fmt: skip
+                if seat.pools:
+                    chunk.meta[N_KEYS] = pool_keys(
+                        ops.cell, self._key_of_cell, seat.pools, self._key_ops, self._fill,
+                        chunk.claims, chunk.claim_ops, chunk.pool_ptr,
+                    )  # fmt: skip
+                    team.reset_pools()
+        self._sync(time)
+        if not seat.pools:
+            return
+        begin, end = int(chunk.pool_ptr[seat.pool]), int(chunk.pool_ptr[seat.pool + 1])
+        with time.timing("explore"):
+            quota = -(-int(chunk.claim_ops[begin:end].sum()) // len(seat.pool_ranks))
+            self._claim(chunk, begin, end, quota)
+        self._sync(time)
+        if team.rank == seat.pool_ranks[0]:
+            with time.timing("explore"):
+                self._claim(chunk, begin, end, UNCAPPED)  # whatever the others left
+        self._sync(time)
+
+    def _claim(self, chunk: ChunkArrays, begin: int, end: int, quota: int) -> None:
+        claim_keys(
+            self.team.rank, begin, end, chunk.claims, chunk.claim_ops, chunk.key_owner,
+            self.team.sync, pool_slot(self.team.parties, self.team.seat.pool), quota,
+        )  # fmt: skip
+
+    def _owners(self, chunk: ChunkArrays) -> np.ndarray:
+        return chunk.key_owner if self.team.seat.pools else self._hashed
+
+    def _sync(self, time: Breakdown) -> None:
+        with time.timing("sync"):
+            self.team.barrier()
+
+    def execute(
+        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
+    ) -> None:
+        """Evaluate this executor's operations of the batch, in ts order."""
+        width = max(1, ops.max_txn_ops)
+        stats = np.zeros(2, np.int64)
+        with time.timing("useful"):
+            why = run_chains(
+                self.team.rank, self.team.parties, ops.txn_ptr[begin], ops.txn_ptr[end],
+                self._owners(chunk), self._key_of_cell, ops.txn, self.state.values,
+                self.state.set_cells, self.state.set_members, ops.kind, ops.cell, ops.fun,
+                ops.cond, ops.args, ops.dep_ptr, self.fun_addr, self.cond_addr, self.spin_ns,
+                chunk.chain_prev, chunk.dep_prev, chunk.dep_initial, chunk.last_cond,
+                chunk.before, chunk.after, chunk.result,
+                chunk.slot, chunk.ok, chunk.failed, np.empty(max(1, ops.max_reads), np.int64),
+                np.empty(width, np.int64), np.empty(width, np.int64), np.empty(width, np.int64),
+                self.team.sync, self.team.timeout_ns, stats,
+            )  # fmt: skip
+        waited, undone = float(stats[0]) / 1e9, float(stats[1]) / 1e9
+        time.useful -= waited + undone
+        time.sync += waited
+        time.abort += undone
+        if why == SET_FULL:
+            raise RuntimeFailure(SET_FULL_MESSAGE)
+        self.team.check(why)
+
+    def finish(
+        self, chunk: ChunkArrays, ops: OperationBatch, first: int, end: int, time: Breakdown
+    ) -> None:
+        """Roll back aborted transactions at the ends of owned chains; collect results."""
+        with time.timing("abort"):
+            undo_aborted_tails(
+                self.team.rank, chunk.tails, int(chunk.meta[N_CHAINS]), self._owners(chunk),
+                self._key_of_cell, ops.txn, ops.cell, self.state.values, self.state.set_cells,
+                chunk.chain_prev, chunk.before, chunk.slot, chunk.failed,
+            )  # fmt: skip
+        with time.timing("useful"):
+            collect_results(
+                first, end, ops.txn_ptr, chunk.ok, chunk.failed, ops.reason, ops.out,
+                chunk.result, chunk.status, chunk.status_reason, chunk.out_values, chunk.out_set,
+            )  # fmt: skip
