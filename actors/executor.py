@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from dataclasses import dataclass
+from time import perf_counter
 
 import numpy as np
 import pyarrow as pa
@@ -112,6 +113,8 @@ class Executor:
         self.segment_prefix = segment_prefix
         self.sink = sink
         self.time = Breakdown()
+        self.chunks: list[dict] = []
+        self.batch_seconds: list[float] = []
         self.operations = 0
         self._pending: deque = deque()
         self._chunk: ChunkArrays | None = None
@@ -121,13 +124,17 @@ class Executor:
         executors together, as for any chunk)."""
         empty = pa.RecordBatch.from_pylist([], schema=schema)
         self.run_share(empty, -1, 0, 0, 0, Breakdown())
+        self.batch_seconds.clear()
 
     def process(self, share: pa.RecordBatch, seq: int, first: int, events: int, ts0: int,
                 arrival: np.ndarray) -> None:  # fmt: skip
         """Run this executor's share of chunk ``seq`` (its events ``first..`` of the
         chunk's ``events``, which start at ``ts0``) and hand its rows to the sink,
         keeping at most a few writes in flight."""
-        rows = self.run_share(share, seq, first, events, ts0, self.time)
+        chunk_time = Breakdown()
+        rows = self.run_share(share, seq, first, events, ts0, chunk_time)
+        self.time.add(chunk_time)
+        self.chunks.append({"ts": ts0, "events": events, "breakdown_s": chunk_time.as_dict()})
         self._pending.append(self.sink.write.remote(rows, ts0 + first, arrival))
         if len(self._pending) > MAX_PENDING_WRITES:
             self._wait(self._pending.popleft())
@@ -165,8 +172,10 @@ class Executor:
         self.scheduler.prepare(chunk, ops, time)
         interval = self.config.punctuation_interval
         for begin in range(0, events, interval) or [0]:
+            start = perf_counter()
             self.scheduler.execute(chunk, ops, begin, min(begin + interval, events), time)
             self._barrier(time)
+            self.batch_seconds.append(perf_counter() - start)
         self.scheduler.finish(chunk, ops, first, first + batch.n, time)
         results = Results(
             status=chunk.status[share].copy(),
@@ -212,12 +221,15 @@ class Executor:
             self.team.barrier()
 
     def flush(self) -> dict:
-        """Wait for all writes to the sink; returns this executor's time breakdown, the
-        number of operations it decomposed and the CPUs it runs on."""
+        """Wait for all writes to the sink; returns this executor's time breakdown (in
+        all and per chunk), how long each punctuation batch's state access took (to the
+        barrier that ends it), the operations it decomposed and the CPUs it runs on."""
         while self._pending:
             self._wait(self._pending.popleft())
         return {
             "breakdown_s": self.time.as_dict(),
+            "chunks": self.chunks,
+            "batch_seconds": self.batch_seconds,
             "operations": self.operations,
             "cpus": sorted(os.sched_getaffinity(0)),
         }

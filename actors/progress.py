@@ -14,6 +14,7 @@ from collections import deque
 
 import numpy as np
 import pyarrow as pa
+from txstream.cluster.topology import yield_to_executors
 from txstream.config import RunConfig
 from txstream.errors import PeerFailed
 from txstream.sources import Source
@@ -31,6 +32,7 @@ class ProgressController:
     """Reads the source in order and dispatches every chunk to the whole team."""
 
     def __init__(self, config: RunConfig, source: Source, executors: list):
+        yield_to_executors()
         self.config = config
         self.source = source
         self.executors = executors

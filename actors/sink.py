@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from txstream.cluster.topology import yield_to_executors
 from txstream.metrics import LatencyHistogram
 from txstream.schedulers._kernels import STATUS_NAMES
 from txstream.state.shared import ArrayHandle, SharedArray
@@ -23,6 +24,7 @@ class Sink:
     them in ts order; counts statuses; publishes progress in shared memory."""
 
     def __init__(self, out_dir: str, schema: pa.Schema, progress: ArrayHandle):
+        yield_to_executors()
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         self._writer = pq.ParquetWriter(
             str(Path(out_dir) / "events.parquet"), schema, use_dictionary=DICTIONARY_COLUMNS

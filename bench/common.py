@@ -48,9 +48,10 @@ def workload_dirs(topologies: list[str], events: int, **knobs) -> Iterator[dict[
         yield dirs
 
 
-def write_results(name: str, results: dict) -> Path:
-    """bench/results/<name>.json with the machine and commit the figures belong to."""
-    RESULTS.mkdir(exist_ok=True)
+def write_results(name: str, results: dict, folder: Path = RESULTS) -> Path:
+    """<folder>/<name>.json (bench/results by default) with the machine and commit the
+    figures belong to."""
+    folder.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"],
         capture_output=True,
@@ -65,6 +66,6 @@ def write_results(name: str, results: dict) -> Path:
         "cpus": __import__("os").cpu_count(),
         **results,
     }
-    path = RESULTS / f"{name}.json"
+    path = folder / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path

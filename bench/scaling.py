@@ -7,7 +7,11 @@ divides by serial at 1 executor on the same topology and UDF cost, measured firs
 same invocation (added if not asked for), so every ratio comes from one process on one
 machine. Placement does not apply to serial, which runs shared-nothing only.
 
-    python bench/scaling.py [--events 200000] [--repeat 1] [--topologies sl gs ob tp]
+Runs without a UDF cost use --events events; runs with one use the first
+--costly-events of them (each event then costs about 10 us per operation).
+
+    python bench/scaling.py [--events 1000000] [--costly-events 300000] [--repeat 1]
+        [--topologies sl gs ob tp]
         [--schedulers serial tstream] [--executors 1 2] [--placements ...] [--udf-costs 0 10]
         [--out bench/results/scaling.json]
 """
@@ -16,9 +20,8 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from unittest import mock
 
-import common
+import pyarrow.parquet as pq
 from common import RESULTS, bench_ray, workload_dirs, write_results
 from txstream import Job
 from txstream.config import PLACEMENTS
@@ -38,7 +41,7 @@ def _configs(args) -> list[tuple[str, int, str]]:
     return [BASELINE] + [c for c in configs if c != BASELINE]
 
 
-def _measure(name, folder, scheduler, executors, placement, cost, repeat) -> dict:
+def _measure(name, events, init, scheduler, executors, placement, cost, repeat) -> dict:
     runs = [
         Job(
             name,
@@ -50,7 +53,7 @@ def _measure(name, folder, scheduler, executors, placement, cost, repeat) -> dic
             source="arrow",
             progress=False,
         )
-        .run(folder / "events.parquet", folder / "init")
+        .run(events, init)
         .metrics
         for _ in range(repeat)
     ]
@@ -122,7 +125,13 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument(
+        "--costly-events",
+        type=int,
+        default=300_000,
+        help="events for runs with a UDF cost (the first ones of the same workload)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs per figure (median)")
     parser.add_argument("--topologies", nargs="+", default=["sl", "gs", "ob", "tp"])
     parser.add_argument("--schedulers", nargs="+", default=["serial", "tstream"])
@@ -136,9 +145,12 @@ def main() -> None:
     with bench_ray(), workload_dirs(args.topologies, args.events, **knobs) as dirs:
         for name, folder in dirs.items():
             for cost in args.udf_costs:
+                n = args.costly_events if cost else args.events
+                events = pq.read_table(folder / "events.parquet").slice(0, n)
                 baseline = None  # serial at 1 executor, always the first config
                 for scheduler, executors, placement in _configs(args):
-                    row = _measure(name, folder, scheduler, executors, placement, cost, args.repeat)
+                    row = _measure(name, events, folder / "init", scheduler, executors, placement,
+                                   cost, args.repeat)  # fmt: skip
                     baseline = baseline or row["throughput_eps"]
                     row["speedup_vs_serial_1"] = round((row["throughput_eps"] or 0) / baseline, 3)
                     rows.append(row)
@@ -147,10 +159,9 @@ def main() -> None:
                         f" {row['throughput_eps'] or 0:>12,.0f} ev/s"
                         f"  {row['speedup_vs_serial_1']:5.2f}x serial-1"
                     )
-    results = {"events": args.events, "repeat": args.repeat, "workload": knobs, "rows": rows}
+    results = {"repeat": args.repeat, "workload": knobs, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    with mock.patch.object(common, "RESULTS", args.out.parent):  # write_results' folder
-        path = write_results(args.out.stem, results)
+    path = write_results(args.out.stem, results, args.out.parent)
     plot(rows, path.with_suffix(".png"))
     print("->", path, "and", path.with_suffix(".png"))
 

@@ -80,3 +80,23 @@ def pin_process(cpu: int) -> None:
         except (ProcessLookupError, PermissionError):
             continue  # the thread ended meanwhile, or may not be moved
     os.sched_setaffinity(0, {cpu})
+
+
+FEEDER_NICENESS = 10
+"""How much lower the scheduling priority of the processes feeding the executors is."""
+
+
+def yield_to_executors() -> None:
+    """Lower this process's CPU priority (every thread of it: Linux nice is per thread).
+
+    On a host with no core to spare, the ProgressController and Sink then run mostly
+    while executors wait, instead of preempting one in the middle of a batch (which
+    also stalls the executors waiting on it). They stay ahead of the executors thanks
+    to the chunks in flight.
+    """
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            current = os.getpriority(os.PRIO_PROCESS, int(task.name))
+            os.setpriority(os.PRIO_PROCESS, int(task.name), current + FEEDER_NICENESS)
+        except (ProcessLookupError, PermissionError, OSError):
+            continue

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from txstream._numba import fetch_add, inline, jit, monotonic_ns, store_release
 from txstream.state._kernels import SET_FULL, apply_operation
-from txstream.state.sync import OK, progress_slot, wait_all_progress, wait_progress
+from txstream.state.sync import OK, progress_slot, wait_progress
 from txstream.state.tables import TOMBSTONE
 
 
@@ -149,8 +149,21 @@ def _undo_run(o, txn, cell, values, set_cells, chain_prev, before, slot):
         o = chain_prev[o]
 
 
+@inline
+def _wait_resolved(t, txn_ptr, cond, cell, key_owner, key_of_cell, sync, deadline, stats):
+    """Wait until every conditional operation of transaction `t` was evaluated (by
+    whichever executors own them): then ``failed[t]`` is final."""
+    for o in range(txn_ptr[t], txn_ptr[t + 1]):
+        if cond[o] > 0:
+            owner = key_owner[key_of_cell[cell[o]]]
+            why = wait_progress(sync, owner, o + 1, deadline, stats)
+            if why != OK:
+                return why
+    return OK
+
+
 @jit
-def run_chains(me, parties, begin, end, key_owner, key_of_cell, txn, values, set_cells,
+def run_chains(me, begin, end, key_owner, key_of_cell, txn, txn_ptr, values, set_cells,
                set_members, kind, cell, fun, cond, args, dep_ptr, fun_addr, cond_addr, spin_ns,
                chain_prev, dep_prev, dep_initial, last_cond, before, after, result, slot,
                ok, failed, reads, undo_cell, undo_value, undo_slot, sync, timeout_ns,
@@ -169,7 +182,9 @@ def run_chains(me, parties, begin, end, key_owner, key_of_cell, txn, values, set
         t = txn[o]
         p = chain_prev[o]
         if p >= 0 and txn[p] != t and last_cond[txn[p]] >= 0:
-            why = wait_all_progress(sync, parties, last_cond[txn[p]] + 1, deadline, stats)
+            why = _wait_resolved(
+                txn[p], txn_ptr, cond, cell, key_owner, key_of_cell, sync, deadline, stats
+            )
             if why != OK:
                 return why
             if failed[txn[p]]:
@@ -188,7 +203,9 @@ def run_chains(me, parties, begin, end, key_owner, key_of_cell, txn, values, set
                 tq = txn[q]
                 if tq == t or last_cond[tq] < 0:
                     break
-                why = wait_all_progress(sync, parties, last_cond[tq] + 1, deadline, stats)
+                why = _wait_resolved(
+                    tq, txn_ptr, cond, cell, key_owner, key_of_cell, sync, deadline, stats
+                )
                 if why != OK:
                     return why
                 if failed[tq] == 0:

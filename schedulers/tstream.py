@@ -103,8 +103,8 @@ class TStreamScheduler(Scheduler):
         stats = np.zeros(2, np.int64)
         with time.timing("useful"):
             why = run_chains(
-                self.team.rank, self.team.parties, ops.txn_ptr[begin], ops.txn_ptr[end],
-                self._owners(chunk), self._key_of_cell, ops.txn, self.state.values,
+                self.team.rank, ops.txn_ptr[begin], ops.txn_ptr[end], self._owners(chunk),
+                self._key_of_cell, ops.txn, ops.txn_ptr, self.state.values,
                 self.state.set_cells, self.state.set_members, ops.kind, ops.cell, ops.fun,
                 ops.cond, ops.args, ops.dep_ptr, self.fun_addr, self.cond_addr, self.spin_ns,
                 chunk.chain_prev, chunk.dep_prev, chunk.dep_initial, chunk.last_cond,

@@ -105,16 +105,6 @@ def wait_progress(sync, executor, target, deadline, waited):
     return why
 
 
-@inline
-def wait_all_progress(sync, parties, target, deadline, waited):
-    """Wait until every executor has done all its operations below ``target``."""
-    for e in range(parties):
-        why = wait_progress(sync, e, target, deadline, waited)
-        if why != OK:
-            return why
-    return OK
-
-
 @jit
 def report_failure(sync):
     """Tell the peers to stop waiting: this executor failed."""
