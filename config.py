@@ -9,7 +9,7 @@ from txstream.topologies import BUNDLED, is_valid_name
 
 PLACEMENTS = ("shared-nothing", "shared-per-socket", "shared-everything")
 SOURCES = ("spark", "arrow")
-CHUNK_EVENTS = 65536
+CHUNK_EVENTS = 131072
 """Events per hand-off to an executor: amortises a Ray call (~1-3 ms) over many events."""
 
 

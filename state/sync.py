@@ -28,9 +28,12 @@ ARRIVE, EPOCH, FAILED = 0, 1, 2
 FIXED_SLOTS = 3
 PER_EXECUTOR = 4  # progress, then three published counts
 OK, TIMED_OUT, PEER_FAILED = 0, 1, 2
-SPINS_BEFORE_SLEEP = 2000
-"""Rounds of busy waiting (a few microseconds) before a waiter starts sleeping."""
+SPIN_NS = 50_000
+"""How long a waiter busy-waits before it starts sleeping: most waits for a peer end
+within microseconds, and a sleep costs ~60 us however short it is asked to be."""
 SLEEP_US = 20
+CHECK_EVERY = 63
+"""Spin rounds between reads of the clock and the failure word (a mask)."""
 
 
 def slots(executors: int, pools: int) -> int:
@@ -57,15 +60,18 @@ def pool_slot(executors, pool):
 
 
 @inline
-def _pause(spins, deadline, sync):
-    """One round of waiting; OK to keep waiting, else why to stop."""
-    if spins > SPINS_BEFORE_SLEEP:
+def _pause(spins, start, deadline, sync):
+    """One round of waiting that began at ``start``; OK to keep waiting, else why to
+    stop. Busy for SPIN_NS, then sleeping in short steps."""
+    if (spins & CHECK_EVERY) != CHECK_EVERY:
+        return OK
+    if load_acquire(sync, STRIDE * FAILED) != 0:
+        return PEER_FAILED
+    now = monotonic_ns()
+    if now > deadline:
+        return TIMED_OUT
+    if now - start > SPIN_NS:
         sleep_us(SLEEP_US)
-    if spins > SPINS_BEFORE_SLEEP or (spins & 255) == 255:
-        if load_acquire(sync, STRIDE * FAILED) != 0:
-            return PEER_FAILED
-        if monotonic_ns() > deadline:
-            return TIMED_OUT
     return OK
 
 
@@ -77,11 +83,12 @@ def barrier_wait(sync, parties, timeout_ns):
         store_release(sync, STRIDE * ARRIVE, 0)
         fetch_add(sync, STRIDE * EPOCH, 1)
         return OK
-    deadline = monotonic_ns() + timeout_ns
+    start = monotonic_ns()
+    deadline = start + timeout_ns
     spins = 0
     while load_acquire(sync, STRIDE * EPOCH) == epoch:
         spins += 1
-        why = _pause(spins, deadline, sync)
+        why = _pause(spins, start, deadline, sync)
         if why != OK:
             return why
     return OK
@@ -98,7 +105,7 @@ def wait_progress(sync, executor, target, deadline, waited):
     why = OK
     while load_acquire(sync, progress_slot(executor)) < target:
         spins += 1
-        why = _pause(spins, deadline, sync)
+        why = _pause(spins, start, deadline, sync)
         if why != OK:
             break
     waited[0] += monotonic_ns() - start
