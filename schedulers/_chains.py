@@ -123,6 +123,14 @@ def _sort_descending(keys, ops, begin, end):
 
 
 @jit
+def fill_owners(first, end, cell, key_of_cell, key_owner, owner):
+    """The owner of operations first..end-1: the owner of their cell's key (read once
+    here, then in ts order by the kernels below)."""
+    for o in range(first, end):
+        owner[o] = key_owner[key_of_cell[cell[o]]]
+
+
+@jit
 def claim_keys(me, begin, end, claims, claim_ops, key_owner, sync, counter, quota):
     """Work stealing from a pool: take the next unclaimed key (busiest first) with all
     its chains until ``quota`` operations are taken or the pool is empty."""
@@ -150,20 +158,19 @@ def _undo_run(o, txn, cell, values, set_cells, chain_prev, before, slot):
 
 
 @inline
-def _wait_resolved(t, txn_ptr, cond, cell, key_owner, key_of_cell, sync, deadline, stats):
+def _wait_resolved(t, txn_ptr, cond, owner, sync, deadline, stats):
     """Wait until every conditional operation of transaction `t` was evaluated (by
     whichever executors own them): then ``failed[t]`` is final."""
     for o in range(txn_ptr[t], txn_ptr[t + 1]):
         if cond[o] > 0:
-            owner = key_owner[key_of_cell[cell[o]]]
-            why = wait_progress(sync, owner, o + 1, deadline, stats)
+            why = wait_progress(sync, owner[o], o + 1, deadline, stats)
             if why != OK:
                 return why
     return OK
 
 
 @jit
-def run_chains(me, begin, end, key_owner, key_of_cell, txn, txn_ptr, values, set_cells,
+def run_chains(me, begin, end, owner, txn, txn_ptr, values, set_cells,
                set_members, kind, cell, fun, cond, args, dep_ptr, fun_addr, cond_addr, spin_ns,
                chain_prev, dep_prev, dep_initial, last_cond, before, after, result, slot,
                ok, failed, reads, undo_cell, undo_value, undo_slot, sync, timeout_ns,
@@ -175,16 +182,14 @@ def run_chains(me, begin, end, key_owner, key_of_cell, txn, txn_ptr, values, set
     """
     deadline = monotonic_ns() + timeout_ns
     for o in range(begin, end):
-        c = cell[o]
-        if key_owner[key_of_cell[c]] != me:
+        if owner[o] != me:
             continue
+        c = cell[o]
         store_release(sync, progress_slot(me), o)
         t = txn[o]
         p = chain_prev[o]
         if p >= 0 and txn[p] != t and last_cond[txn[p]] >= 0:
-            why = _wait_resolved(
-                txn[p], txn_ptr, cond, cell, key_owner, key_of_cell, sync, deadline, stats
-            )
+            why = _wait_resolved(txn[p], txn_ptr, cond, owner, sync, deadline, stats)
             if why != OK:
                 return why
             if failed[txn[p]]:
@@ -196,16 +201,13 @@ def run_chains(me, begin, end, key_owner, key_of_cell, txn, txn_ptr, values, set
         for k in range(first_read, first_read + n_reads):
             q = dep_prev[k]
             while q >= 0:
-                owner = key_owner[key_of_cell[cell[q]]]
-                why = wait_progress(sync, owner, q + 1, deadline, stats)
+                why = wait_progress(sync, owner[q], q + 1, deadline, stats)
                 if why != OK:
                     return why
                 tq = txn[q]
                 if tq == t or last_cond[tq] < 0:
                     break
-                why = _wait_resolved(
-                    tq, txn_ptr, cond, cell, key_owner, key_of_cell, sync, deadline, stats
-                )
+                why = _wait_resolved(tq, txn_ptr, cond, owner, sync, deadline, stats)
                 if why != OK:
                     return why
                 if failed[tq] == 0:
@@ -231,11 +233,11 @@ def run_chains(me, begin, end, key_owner, key_of_cell, txn, txn_ptr, values, set
 
 
 @jit
-def undo_aborted_tails(me, tails, n_chains, key_owner, key_of_cell, txn, cell, values, set_cells,
+def undo_aborted_tails(me, tails, n_chains, owner, txn, cell, values, set_cells,
                        chain_prev, before, slot, failed):  # fmt: skip
     """At the end of a chunk: roll back the last run of every owned chain whose
     transaction aborted (earlier runs were rolled back by their successors)."""
     for i in range(n_chains):
         o = tails[i]
-        if key_owner[key_of_cell[cell[o]]] == me and failed[txn[o]]:
+        if owner[o] == me and failed[txn[o]]:
             _undo_run(o, txn, cell, values, set_cells, chain_prev, before, slot)

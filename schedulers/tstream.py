@@ -16,6 +16,7 @@ from txstream.metrics import Breakdown
 from txstream.schedulers._chains import (
     build_chains,
     claim_keys,
+    fill_owners,
     hash_owners,
     pool_keys,
     run_chains,
@@ -63,7 +64,10 @@ class TStreamScheduler(Scheduler):
                     self._last, chunk.chain_prev, chunk.dep_prev, chunk.dep_initial,
                     chunk.last_cond, chunk.tails,
                 )  # fmt: skip
-                if seat.pools:
+                if not seat.pools:
+                    fill_owners(0, len(ops), ops.cell, self._key_of_cell, self._hashed,
+                                chunk.owner)  # fmt: skip
+                else:
                     chunk.meta[N_KEYS] = pool_keys(
                         ops.cell, self._key_of_cell, seat.pools, self._key_ops, self._fill,
                         chunk.claims, chunk.claim_ops, chunk.pool_ptr,
@@ -81,15 +85,16 @@ class TStreamScheduler(Scheduler):
             with time.timing("explore"):
                 self._claim(chunk, begin, end, UNCAPPED)  # whatever the others left
         self._sync(time)
+        with time.timing("explore"):
+            first, stop = (len(ops) * r // team.parties for r in (team.rank, team.rank + 1))
+            fill_owners(first, stop, ops.cell, self._key_of_cell, chunk.key_owner, chunk.owner)
+        self._sync(time)
 
     def _claim(self, chunk: ChunkArrays, begin: int, end: int, quota: int) -> None:
         claim_keys(
             self.team.rank, begin, end, chunk.claims, chunk.claim_ops, chunk.key_owner,
             self.team.sync, pool_slot(self.team.parties, self.team.seat.pool), quota,
         )  # fmt: skip
-
-    def _owners(self, chunk: ChunkArrays) -> np.ndarray:
-        return chunk.key_owner if self.team.seat.pools else self._hashed
 
     def _sync(self, time: Breakdown) -> None:
         with time.timing("sync"):
@@ -103,8 +108,8 @@ class TStreamScheduler(Scheduler):
         stats = np.zeros(2, np.int64)
         with time.timing("useful"):
             why = run_chains(
-                self.team.rank, ops.txn_ptr[begin], ops.txn_ptr[end], self._owners(chunk),
-                self._key_of_cell, ops.txn, ops.txn_ptr, self.state.values,
+                self.team.rank, ops.txn_ptr[begin], ops.txn_ptr[end], chunk.owner, ops.txn,
+                ops.txn_ptr, self.state.values,
                 self.state.set_cells, self.state.set_members, ops.kind, ops.cell, ops.fun,
                 ops.cond, ops.args, ops.dep_ptr, self.fun_addr, self.cond_addr, self.spin_ns,
                 chunk.chain_prev, chunk.dep_prev, chunk.dep_initial, chunk.last_cond,
@@ -127,8 +132,8 @@ class TStreamScheduler(Scheduler):
         """Roll back aborted transactions at the ends of owned chains; collect results."""
         with time.timing("abort"):
             undo_aborted_tails(
-                self.team.rank, chunk.tails, int(chunk.meta[N_CHAINS]), self._owners(chunk),
-                self._key_of_cell, ops.txn, ops.cell, self.state.values, self.state.set_cells,
+                self.team.rank, chunk.tails, int(chunk.meta[N_CHAINS]), chunk.owner, ops.txn,
+                ops.cell, self.state.values, self.state.set_cells,
                 chunk.chain_prev, chunk.before, chunk.slot, chunk.failed,
             )  # fmt: skip
         with time.timing("useful"):

@@ -55,7 +55,8 @@ class ChunkShape:
     def arrays(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """(name, dtype, shape) of every array in the segment, in layout order."""
         n, r, t = self.operations, self.reads, self.transactions
-        per_op = ["txn", "cell", "chain_prev", "before", "after", "result", "slot", "tails"]
+        per_op = ["txn", "cell", "owner", "chain_prev", "before", "after", "result", "slot"]
+        per_op += ["tails"]
         per_op += ["claims", "claim_ops"]
         return [
             *[(name, "int64", (n,)) for name in per_op],

@@ -51,3 +51,23 @@ def txstream_segments(pid: int | None = None) -> list[str]:
     """Shared-memory segments that runs driven by process ``pid`` (default: this
     one) left behind. Other processes' runs may be going on at the same time."""
     return sorted(p.name for p in Path("/dev/shm").glob(f"txstream_{pid or os.getpid()}_*"))
+
+
+def actor_processes(cls: str, wait_s: float = 10.0) -> list[int]:
+    """Pids of live Ray worker processes hosting a ``cls`` actor, after giving killed
+    ones ``wait_s`` to exit (Ray titles them ``ray::<class>[.<method>]``)."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                title = cmdline.read_bytes().split(b"\0")[0].decode(errors="replace")
+            except OSError:
+                continue
+            if title == f"ray::{cls}" or title.startswith(f"ray::{cls}."):
+                pids.append(int(cmdline.parent.name))
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.2)

@@ -36,11 +36,11 @@ def _first_difference(got, want) -> str:
 @pytest.mark.parametrize("topology", BUNDLED)
 @pytest.mark.parametrize("placement", PLACEMENTS)
 @pytest.mark.parametrize("executors", TEAMS)
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("interval", INTERVALS)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_tstream_equals_serial(topology, placement, executors, data):
+def test_tstream_equals_serial(topology, placement, executors, interval, data):
     events, init = data.draw(workloads(topology))
-    interval = data.draw(st.sampled_from(INTERVALS), label="punctuation_interval")
     per_chunk = data.draw(st.integers(1, 3), label="batches_per_chunk")
     sockets = data.draw(
         st.lists(st.integers(0, 1), min_size=executors, max_size=executors), label="sockets"
@@ -50,5 +50,21 @@ def test_tstream_equals_serial(topology, placement, executors, data):
     got = run_local(
         topology, events, init, scheduler="tstream", executors=executors, placement=placement,
         sockets=sockets, punctuation_interval=interval, batches_per_chunk=per_chunk,
+    )  # fmt: skip
+    _same(got, want)
+
+
+@pytest.mark.parametrize("topology", BUNDLED)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_tstream_equals_serial_on_long_streams(topology, data):
+    """Many chunks and batches: chains, versions and rollbacks across their boundaries."""
+    events, init = data.draw(workloads(topology, max_events=600))
+    executors = data.draw(st.integers(2, 3), label="executors")
+    placement = data.draw(st.sampled_from(PLACEMENTS), label="placement")
+    want = run_local(topology, events, init, punctuation_interval=64, batches_per_chunk=2)
+    got = run_local(
+        topology, events, init, scheduler="tstream", executors=executors, placement=placement,
+        sockets=[0, 1, 1][:executors], punctuation_interval=64, batches_per_chunk=2,
     )  # fmt: skip
     _same(got, want)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from compare import assert_same_run
-from conftest import txstream_segments
+from conftest import actor_processes, txstream_segments
 from test_job import _sl_tables
 from txstream import Job
 from txstream.config import PLACEMENTS
@@ -42,4 +42,7 @@ def test_failure_in_one_executor_stops_the_team_and_cleans_up(failing_rank):
         Job("failing_topology:build", scheduler="tstream", executors=2, progress=False,
             timeout_s=60).run(events, init)  # fmt: skip
     assert not txstream_segments()
+    assert not actor_processes("Executor")
+    assert not actor_processes("ProgressController")
+    assert not actor_processes("Sink")
     assert Job("sl", scheduler="tstream", executors=2, progress=False).run(events, init)
