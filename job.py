@@ -202,7 +202,7 @@ class Job:
             disable=not self.config.progress,
             desc=self.config.topology,
         ) as bar:
-            while not ray.wait([done], timeout=0.02)[0]:
+            while not ray.wait([done], timeout=0.1)[0]:
                 bar.update(int(progress.array[0]) - bar.n)
                 if time.monotonic() > deadline and int(progress.array[0]) == bar.n:
                     raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")

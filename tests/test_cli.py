@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import txstream_segments
+from conftest import actor_processes, txstream_segments
 from txstream.cli import main
 
 OUTPUT_COLUMNS = {
@@ -197,13 +197,16 @@ def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "txstream.cli", "run", "sl", "--input",
          str(data / "events.parquet"), "--init-state", str(data / "init"), "--output",
-         str(tmp_path / "out"), "--udf-cost-us", "20", "--no-progress", "--source", "arrow"],
+         str(tmp_path / "out"), "--udf-cost-us", "50", "--no-progress", "--source", "arrow"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        # as from a terminal: a shell without job control (CI, `cmd &`) hands its
+        # background commands SIGINT ignored, and Python keeps it ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not txstream_segments(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)  # the run has created its state: it is past start-up checks
-    time.sleep(8)
+    deadline = time.monotonic() + 120  # the run itself takes over a minute
+    while not actor_processes("Executor", wait_s=0) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the run's actors are up: it is past start-up
+    time.sleep(3)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
