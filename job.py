@@ -188,7 +188,8 @@ class Job:
             raise RuntimeFailure(f"an actor died: {exc}") from exc
 
     def _wait_with_progress(self, done: Any, progress: SharedArray, total: int | None) -> None:
-        """Wait for the run, with a progress bar on stderr once it takes over 2 s."""
+        """Wait for the run, with a progress bar on stderr once it takes over 2 s; fail
+        when no event got through for the run's timeout."""
         import ray
         from tqdm import tqdm
 
@@ -203,8 +204,10 @@ class Job:
             desc=self.config.topology,
         ) as bar:
             while not ray.wait([done], timeout=0.1)[0]:
-                bar.update(int(progress.array[0]) - bar.n)
-                if time.monotonic() > deadline and int(progress.array[0]) == bar.n:
+                if int(progress.array[0]) > bar.n:
+                    bar.update(int(progress.array[0]) - bar.n)
+                    deadline = time.monotonic() + self.config.timeout_s
+                elif time.monotonic() > deadline:
                     raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")
             bar.update(int(progress.array[0]) - bar.n)
 

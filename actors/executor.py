@@ -161,20 +161,20 @@ class Executor:
         self.operations += len(mine)
         team.reset_progress()
         team.publish_counts(len(mine), len(mine.dep_cell), mine.args.shape[1])
-        self._barrier(time)
+        self.team.barrier(time)
         chunk = self._map_chunk(seq, events, time)
         r = team.rank
         chunk.copy_in(mine, first, sum(team.counts(0)[:r]), sum(team.counts(1)[:r]))
         share = slice(first, first + batch.n)
         chunk.start_share(share, batch.reason)
-        self._barrier(time)
+        self.team.barrier(time)
         ops = chunk.operations()
         self.scheduler.prepare(chunk, ops, time)
         interval = self.config.punctuation_interval
         for begin in range(0, events, interval) or [0]:
             start = perf_counter()
             self.scheduler.execute(chunk, ops, begin, min(begin + interval, events), time)
-            self._barrier(time)
+            self.team.barrier(time)
             self.batch_seconds.append(perf_counter() - start)
         self.scheduler.finish(chunk, ops, first, first + batch.n, time)
         results = Results(
@@ -206,19 +206,15 @@ class Executor:
             name = segment_name(self.segment_prefix, seq)
             if team.rank == 0:
                 self._chunk = ChunkArrays.create(name, capacity)
-                self._barrier(time)
+                self.team.barrier(time)
             else:
-                self._barrier(time)
+                self.team.barrier(time)
                 self._chunk = ChunkArrays.attach(name, capacity)
-            self._barrier(time)
+            self.team.barrier(time)
             if team.rank == 0:
                 self._chunk.unlink()  # every executor has it mapped
         self._chunk.use(shape)
         return self._chunk
-
-    def _barrier(self, time: Breakdown) -> None:
-        with time.timing("sync"):
-            self.team.barrier()
 
     def flush(self) -> dict:
         """Wait for all writes to the sink; returns this executor's time breakdown (in

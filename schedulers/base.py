@@ -16,6 +16,8 @@ from txstream.state.sync import Team
 from txstream.state.tables import SharedState
 from txstream.topologies.api import OperationBatch, Topology
 
+SET_FULL_MESSAGE = "a distinct-set table is full; its capacity is sized per event"
+
 
 class Scheduler(ABC):
     """Executes batches of operations on the shared state, serial-equivalently."""

@@ -10,7 +10,7 @@ import numpy as np
 from txstream.errors import RuntimeFailure
 from txstream.metrics import Breakdown
 from txstream.schedulers._kernels import run_transactions
-from txstream.schedulers.base import Scheduler
+from txstream.schedulers.base import SET_FULL_MESSAGE, Scheduler
 from txstream.state.chunk import ChunkArrays
 from txstream.topologies.api import OperationBatch
 
@@ -59,6 +59,3 @@ class SerialScheduler(Scheduler):
             )
         if error:
             raise RuntimeFailure(SET_FULL_MESSAGE)
-
-
-SET_FULL_MESSAGE = "a distinct-set table is full; its capacity is sized per event"

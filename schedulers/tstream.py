@@ -23,8 +23,7 @@ from txstream.schedulers._chains import (
     undo_aborted_tails,
 )
 from txstream.schedulers._kernels import collect_results
-from txstream.schedulers.base import Scheduler
-from txstream.schedulers.serial import SET_FULL_MESSAGE
+from txstream.schedulers.base import SET_FULL_MESSAGE, Scheduler
 from txstream.state._kernels import SET_FULL
 from txstream.state.chunk import ChunkArrays
 from txstream.state.sync import Team, pool_slot
@@ -73,32 +72,28 @@ class TStreamScheduler(Scheduler):
                         chunk.claims, chunk.claim_ops, chunk.pool_ptr,
                     )  # fmt: skip
                     team.reset_pools()
-        self._sync(time)
+        self.team.barrier(time)
         if not seat.pools:
             return
         begin, end = int(chunk.pool_ptr[seat.pool]), int(chunk.pool_ptr[seat.pool + 1])
         with time.timing("explore"):
             quota = -(-int(chunk.claim_ops[begin:end].sum()) // len(seat.pool_ranks))
             self._claim(chunk, begin, end, quota)
-        self._sync(time)
+        self.team.barrier(time)
         if team.rank == seat.pool_ranks[0]:
             with time.timing("explore"):
                 self._claim(chunk, begin, end, UNCAPPED)  # whatever the others left
-        self._sync(time)
+        self.team.barrier(time)
         with time.timing("explore"):
             first, stop = (len(ops) * r // team.parties for r in (team.rank, team.rank + 1))
             fill_owners(first, stop, ops.cell, self._key_of_cell, chunk.key_owner, chunk.owner)
-        self._sync(time)
+        self.team.barrier(time)
 
     def _claim(self, chunk: ChunkArrays, begin: int, end: int, quota: int) -> None:
         claim_keys(
             self.team.rank, begin, end, chunk.claims, chunk.claim_ops, chunk.key_owner,
             self.team.sync, pool_slot(self.team.parties, self.team.seat.pool), quota,
         )  # fmt: skip
-
-    def _sync(self, time: Breakdown) -> None:
-        with time.timing("sync"):
-            self.team.barrier()
 
     def execute(
         self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown

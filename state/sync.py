@@ -21,6 +21,7 @@ from txstream._numba import (
     sleep_us,
     store_release,
 )
+from txstream.metrics import Breakdown
 
 STRIDE = 8
 """int64 words per slot: one 64-byte cache line, so executors never share a line."""
@@ -162,9 +163,12 @@ class Team:
         self.sync = sync
         self.timeout_ns = int(timeout_s * 1e9)
 
-    def barrier(self) -> None:
-        """Wait for every executor; raises if one failed or the timeout passed."""
-        self.check(barrier_wait(self.sync, self.parties, self.timeout_ns))
+    def barrier(self, time: Breakdown) -> None:
+        """Wait for every executor (charged to ``time`` as sync); raises if one failed
+        or the timeout passed."""
+        with time.timing("sync"):
+            why = barrier_wait(self.sync, self.parties, self.timeout_ns)
+        self.check(why)
 
     def check(self, why: int) -> None:
         """Raise for a wait that did not end normally."""
