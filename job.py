@@ -1,9 +1,10 @@
 """The public entry point: configure a `Job`, `run()` it on events, get a `Result`.
 
 `run()` validates everything it can before starting anything (schema errors cost no
-Ray start-up), then runs the actor graph ProgressController -> Executors -> Sink
-over shared-memory state, and always stops the actors, unlinks the shared memory
-and shuts down the Ray it started - on success, on error and on Ctrl-C.
+Ray start-up), then runs the actor graph ProgressController -> Executors -> Sink (and
+the Coordinator, for schedulers that need one) over shared-memory state, and always
+stops the actors, unlinks the shared memory and shuts down the Ray it started - on
+success, on error and on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from txstream import topologies
+from txstream import schedulers, topologies
+from txstream.actors.coordinator import Coordinator
 from txstream.actors.executor import Executor, output_schema
 from txstream.actors.progress import ProgressController
 from txstream.actors.sink import Sink
@@ -32,7 +34,7 @@ from txstream.sources import ArrowSource, Source
 from txstream.state.chunk import sweep_segments
 from txstream.state.init import InitState, read_init_state
 from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
-from txstream.state.sync import seats, slots
+from txstream.state.sync import ask_to_stop, seats, slots
 from txstream.state.tables import SharedState
 from txstream.topologies.api import Layout
 
@@ -152,12 +154,21 @@ class Job:
             ]
             controller = start_actor(ProgressController, cfg, source, executors)
             actors += [controller, *executors, sink]
+            serving = None
+            if schedulers.get(cfg.scheduler).coordinated:
+                coordinator = start_actor(
+                    Coordinator, cfg, sync.handle, run_prefix(run_id), layout.cells
+                )
+                actors.append(coordinator)
+                serving = coordinator.serve.remote()
             self._get([e.warm_up.remote(source.schema) for e in executors])
             startup = time.perf_counter() - begin
             start = time.perf_counter()
             done = controller.run.remote()
             self._wait_with_progress(done, progress, source.num_rows)
             run_info = self._get(done)
+            ask_to_stop(sync.array)
+            run_info["coordinator"] = self._get(serving) if serving else None
             summary = self._get(sink.finish.remote())
             seconds = time.perf_counter() - start
             self._get([e.close.remote() for e in executors])
@@ -236,6 +247,7 @@ class Job:
             "breakdown_per_executor_s": [e["breakdown_s"] for e in run_info["executors"]],
             "batches": _batch_metrics(run_info["executors"]),
             "cpu_s": {"progress_controller": run_info["cpu_s"], "sink": summary["cpu_s"]},
+            "coordinator": run_info["coordinator"],
             "operations": sum(e["operations"] for e in run_info["executors"]),
             "startup_s": round(startup, 3),
             "config": {**self.config.as_dict(), "source_rows": source.num_rows},

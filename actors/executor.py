@@ -25,7 +25,7 @@ from txstream.metrics import Breakdown
 from txstream.schedulers._kernels import STATUS_NAMES
 from txstream.state.chunk import ChunkArrays, ChunkShape, segment_name
 from txstream.state.shared import ArrayHandle, SharedArray
-from txstream.state.sync import Seat, Team
+from txstream.state.sync import MAP_SEGMENT, Seat, Team
 from txstream.state.tables import SharedState, StateHandle
 from txstream.topologies.api import EventBatch, Outputs, Topology, Transactions
 
@@ -87,6 +87,7 @@ class Executor:
     With ``cpu``, every thread of the process is pinned to that core first (before any
     kernel runs, so a numba thread pool would size itself to it). ``sync`` is the
     team's sync block: a shared-memory handle, or an array when executors are threads.
+    A coordinated scheduler needs the run's `Coordinator` serving that block.
     """
 
     def __init__(
@@ -206,13 +207,14 @@ class Executor:
             name = segment_name(self.segment_prefix, seq)
             if team.rank == 0:
                 self._chunk = ChunkArrays.create(name, capacity)
-                self.team.barrier(time)
-            else:
-                self.team.barrier(time)
+            if self.scheduler.coordinated:
+                team.ask_coordinator(MAP_SEGMENT, [seq, *capacity.words()], time, "sync")
+            self.team.barrier(time)
+            if team.rank != 0:
                 self._chunk = ChunkArrays.attach(name, capacity)
             self.team.barrier(time)
             if team.rank == 0:
-                self._chunk.unlink()  # every executor has it mapped
+                self._chunk.unlink()  # every executor (and the Coordinator) has it mapped
         self._chunk.use(shape)
         return self._chunk
 

@@ -11,13 +11,22 @@ Versions: every operation records the value it saw (`before`) and left (`after`)
 A parametric read "as of" an operation takes the `after` of the last operation
 before it on the cell read, skipping aborted transactions - a multi-versioned read.
 
-Lazy aborts: an operation is applied at once, even if its transaction fails
-elsewhere. The failure is recorded (`failed[t]`); nothing is rolled back until the
-next transaction on that chain needs the cell (or the chunk ends): it waits until
-the previous transaction is resolved - all its conditional operations evaluated -
-and, if it aborted, restores the cell from the run's `before`. So no transaction
-ever sees an aborted transaction's writes, and none fails because of one. A
-transaction without conditions cannot abort: nobody waits for its resolution.
+Lazy aborts, driven by the Coordinator (`txstream.actors.coordinator`). A batch is
+first *explored*: every operation is applied at once on the versions before it,
+whatever their transactions' fate, and failures are recorded (`failed[t]`); only an
+operation without condition whose transaction is already known to have failed is
+skipped, so that it taints nothing. At the
+punctuation the Coordinator collects the batch's failed transactions and marks the
+transactions whose inputs an aborted write may have touched, transitively
+(`find_affected`). A failed transaction that is not affected failed on exact inputs:
+it is aborted for good. The executors roll the affected operations back (newest
+first) and *redo* them exactly: before an operation, a chain waits until the previous
+affected transaction is resolved - all its conditional operations evaluated - and
+rolls its run back if it aborted; parametric reads skip aborted versions. An aborted
+run left at the end of a chain is rolled back by the chain's next operation (next
+batch) or at the end of the chunk. So no transaction sees an aborted transaction's
+writes, and none fails because of one. A transaction without conditions cannot
+abort: nobody waits for its resolution.
 """
 
 from __future__ import annotations
@@ -170,29 +179,40 @@ def _wait_resolved(t, txn_ptr, cond, owner, sync, deadline, stats):
 
 
 @jit
-def run_chains(me, begin, end, owner, txn, txn_ptr, values, set_cells,
+def run_chains(me, redo, first_op, begin, end, owner, txn, txn_ptr, values, set_cells,
                set_members, kind, cell, fun, cond, args, dep_ptr, fun_addr, cond_addr, spin_ns,
                chain_prev, dep_prev, dep_initial, last_cond, before, after, result, slot,
-               ok, failed, reads, undo_cell, undo_value, undo_slot, sync, timeout_ns,
+               ok, failed, affected, reads, undo_cell, undo_value, undo_slot, sync, timeout_ns,
                stats):  # fmt: skip
-    """Evaluate this executor's operations among begin..end-1 in ts order.
+    """Explore (``redo`` 0) or redo (1: only affected transactions) this executor's
+    operations among begin..end-1 in ts order; the batch starts at ``first_op``.
 
     Returns OK, a `txstream.state.sync` error code, or SET_FULL. Adds the ns spent
-    waiting for other executors to ``stats[0]`` and rolling back to ``stats[1]``.
+    waiting for other executors to ``stats[0]``, rolling back to ``stats[1]``, and the
+    operations that failed to ``stats[2]``.
     """
     deadline = monotonic_ns() + timeout_ns
     for o in range(begin, end):
         if owner[o] != me:
             continue
+        t = txn[o]
+        if redo and not affected[t]:
+            continue
         c = cell[o]
         store_release(sync, progress_slot(me), o)
-        t = txn[o]
         p = chain_prev[o]
         if p >= 0 and txn[p] != t and last_cond[txn[p]] >= 0:
-            why = _wait_resolved(txn[p], txn_ptr, cond, owner, sync, deadline, stats)
-            if why != OK:
-                return why
-            if failed[txn[p]]:
+            tp = txn[p]
+            undo = False
+            if p < first_op:  # an earlier batch: resolved; explore rolls it back
+                undo = not redo and failed[tp] != 0
+            elif redo:
+                if affected[tp]:
+                    why = _wait_resolved(tp, txn_ptr, cond, owner, sync, deadline, stats)
+                    if why != OK:
+                        return why
+                undo = failed[tp] != 0
+            if undo:
                 start = monotonic_ns()
                 _undo_run(p, txn, cell, values, set_cells, chain_prev, before, slot)
                 stats[1] += monotonic_ns() - start
@@ -201,21 +221,31 @@ def run_chains(me, begin, end, owner, txn, txn_ptr, values, set_cells,
         for k in range(first_read, first_read + n_reads):
             q = dep_prev[k]
             while q >= 0:
-                why = wait_progress(sync, owner[q], q + 1, deadline, stats)
-                if why != OK:
-                    return why
                 tq = txn[q]
+                pending = q >= first_op and (not redo or affected[tq])
+                if pending:
+                    why = wait_progress(sync, owner[q], q + 1, deadline, stats)
+                    if why != OK:
+                        return why
                 if tq == t or last_cond[tq] < 0:
                     break
-                why = _wait_resolved(tq, txn_ptr, cond, owner, sync, deadline, stats)
-                if why != OK:
-                    return why
+                if pending:
+                    if not redo:
+                        break  # explore reads the version as it is
+                    why = _wait_resolved(tq, txn_ptr, cond, owner, sync, deadline, stats)
+                    if why != OK:
+                        return why
                 if failed[tq] == 0:
                     break
                 while q >= 0 and txn[q] == tq:
                     q = chain_prev[q]
             reads[k - first_read] = after[q] if q >= 0 else dep_initial[k]
         before[o] = values[c]
+        if not redo and cond[o] == 0 and failed[t]:
+            after[o] = before[o]  # its transaction failed already: no write to taint
+            slot[o] = -1
+            ok[o] = 1
+            continue
         passed, value, n_undo = apply_operation(
             o, values, set_cells, set_members, kind, cell, fun, cond, args, n_reads, fun_addr,
             cond_addr, reads, spin_ns, undo_cell, undo_value, undo_slot, 0,
@@ -228,8 +258,51 @@ def run_chains(me, begin, end, owner, txn, txn_ptr, values, set_cells,
         ok[o] = passed
         if not passed:
             failed[t] = 1
+            stats[2] += 1
     store_release(sync, progress_slot(me), end)
     return OK
+
+
+@jit
+def find_affected(begin, end, txn_ptr, cell, dep_ptr, dep_cell, before, after, slot, failed,
+                  dirty, affected):  # fmt: skip
+    """The Coordinator's pass over explored transactions begin..end-1, in ts order:
+    mark ``affected`` every transaction that read or updated a version an aborted write
+    may have touched, and forget its failure (it is redone). A failed transaction that
+    is not affected aborts for good; the cells it changed are dirty for the rest of the
+    batch, as are all cells an affected transaction touches. ``dirty`` (per cell, all
+    0) is scratch, left all 0. Returns the number of affected transactions."""
+    count = 0
+    for t in range(begin, end):
+        hit = False
+        for o in range(txn_ptr[t], txn_ptr[t + 1]):
+            if dirty[cell[o]]:
+                hit = True
+            for k in range(dep_ptr[o], dep_ptr[o + 1]):
+                if dirty[dep_cell[k]]:
+                    hit = True
+        if hit:
+            affected[t] = 1
+            failed[t] = 0
+            count += 1
+        for o in range(txn_ptr[t], txn_ptr[t + 1]):
+            if hit or (failed[t] and (after[o] != before[o] or slot[o] >= 0)):
+                dirty[cell[o]] = 1
+    for o in range(txn_ptr[begin], txn_ptr[end]):
+        dirty[cell[o]] = 0
+    return count
+
+
+@jit
+def roll_back_affected(me, begin, end, owner, txn, cell, values, set_cells, before, slot,
+                       affected):  # fmt: skip
+    """Before the redo: undo this executor's operations of affected transactions among
+    begin..end-1, newest first (each cell ends as its first affected operation found it)."""
+    for o in range(end - 1, begin - 1, -1):
+        if owner[o] == me and affected[txn[o]]:
+            values[cell[o]] = before[o]
+            if slot[o] >= 0:
+                set_cells[slot[o]] = TOMBSTONE
 
 
 @jit

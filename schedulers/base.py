@@ -23,6 +23,8 @@ class Scheduler(ABC):
     """Executes batches of operations on the shared state, serial-equivalently."""
 
     name: str
+    coordinated: bool = False
+    """Whether it needs the run's Coordinator (abort handling across the team)."""
 
     def __init__(self, topology: Topology, state: SharedState, spin_ns: int, team: Team):
         self.topology = topology

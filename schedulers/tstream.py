@@ -4,8 +4,9 @@
 order) and gives the chains of every key one owner: the executor the key hashes to
 (shared-nothing), or the executor that claims the key from a shared pool, busiest
 keys first (shared-per-socket: a pool per socket; shared-everything: one pool).
-``execute`` evaluates the owned operations of a batch; see
-`txstream.schedulers._chains` for versions and the lazy abort protocol.
+``execute`` evaluates the owned operations of a batch, with the run's Coordinator
+resolving aborts; see `txstream.schedulers._chains` for versions and the lazy abort
+protocol.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from txstream.schedulers._chains import (
     fill_owners,
     hash_owners,
     pool_keys,
+    roll_back_affected,
     run_chains,
     undo_aborted_tails,
 )
@@ -26,7 +28,7 @@ from txstream.schedulers._kernels import collect_results
 from txstream.schedulers.base import SET_FULL_MESSAGE, Scheduler
 from txstream.state._kernels import SET_FULL
 from txstream.state.chunk import ChunkArrays
-from txstream.state.sync import Team, pool_slot
+from txstream.state.sync import RESOLVE_BATCH, Team, pool_slot
 from txstream.state.tables import SharedState
 from txstream.topologies.api import OperationBatch, Topology
 
@@ -39,6 +41,7 @@ class TStreamScheduler(Scheduler):
     """Parallel evaluation of operation chains, lazy aborts (module docstring)."""
 
     name = "tstream"
+    coordinated = True
 
     def __init__(self, topology: Topology, state: SharedState, spin_ns: int, team: Team):
         super().__init__(topology, state, spin_ns, team)
@@ -98,28 +101,51 @@ class TStreamScheduler(Scheduler):
     def execute(
         self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
     ) -> None:
-        """Evaluate this executor's operations of the batch, in ts order."""
+        """Explore this executor's operations of the batch in ts order; if any failed,
+        the Coordinator resolves the batch and the affected transactions are redone."""
+        first_op, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
+        failed = self._run(chunk, ops, False, first_op, stop, time, "useful")
+        self.team.add_failures(failed)
+        self.team.barrier(time)
+        if not self.team.failures_since_last_check():
+            return
+        request = [*chunk.shape.words(), begin, end]
+        if not self.team.ask_coordinator(RESOLVE_BATCH, request, time, "abort"):
+            return
+        with time.timing("abort"):
+            roll_back_affected(
+                self.team.rank, first_op, stop, chunk.owner, ops.txn, ops.cell,
+                self.state.values, self.state.set_cells, chunk.before, chunk.slot,
+                chunk.affected,
+            )  # fmt: skip
+        self._run(chunk, ops, True, first_op, stop, time, "abort")
+
+    def _run(self, chunk: ChunkArrays, ops: OperationBatch, redo: bool, first_op: int,
+             stop: int, time: Breakdown, activity: str) -> int:  # fmt: skip
+        """One pass of `run_chains` over operations first_op..stop-1, its time charged to
+        ``activity`` (waits to sync, roll-backs to abort); how many operations failed."""
         width = max(1, ops.max_txn_ops)
-        stats = np.zeros(2, np.int64)
-        with time.timing("useful"):
+        stats = np.zeros(3, np.int64)
+        with time.timing(activity):
             why = run_chains(
-                self.team.rank, ops.txn_ptr[begin], ops.txn_ptr[end], chunk.owner, ops.txn,
+                self.team.rank, redo, first_op, first_op, stop, chunk.owner, ops.txn,
                 ops.txn_ptr, self.state.values,
                 self.state.set_cells, self.state.set_members, ops.kind, ops.cell, ops.fun,
                 ops.cond, ops.args, ops.dep_ptr, self.fun_addr, self.cond_addr, self.spin_ns,
                 chunk.chain_prev, chunk.dep_prev, chunk.dep_initial, chunk.last_cond,
-                chunk.before, chunk.after, chunk.result,
-                chunk.slot, chunk.ok, chunk.failed, np.empty(max(1, ops.max_reads), np.int64),
+                chunk.before, chunk.after, chunk.result, chunk.slot, chunk.ok, chunk.failed,
+                chunk.affected, np.empty(max(1, ops.max_reads), np.int64),
                 np.empty(width, np.int64), np.empty(width, np.int64), np.empty(width, np.int64),
                 self.team.sync, self.team.timeout_ns, stats,
             )  # fmt: skip
         waited, undone = float(stats[0]) / 1e9, float(stats[1]) / 1e9
-        time.useful -= waited + undone
+        setattr(time, activity, getattr(time, activity) - waited - undone)
         time.sync += waited
         time.abort += undone
         if why == SET_FULL:
             raise RuntimeFailure(SET_FULL_MESSAGE)
         self.team.check(why)
+        return int(stats[2])
 
     def finish(
         self, chunk: ChunkArrays, ops: OperationBatch, first: int, end: int, time: Breakdown

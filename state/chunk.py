@@ -52,6 +52,18 @@ class ChunkShape:
     pools: int
     keys: int
 
+    WORDS = 7
+    """How many ints `words` gives."""
+
+    def words(self) -> list[int]:
+        """The shape as ints (to pass it through shared memory)."""
+        return [getattr(self, f.name) for f in fields(self)]
+
+    @classmethod
+    def from_words(cls, words: list[int]) -> ChunkShape:
+        """The shape whose `words` begin ``words``."""
+        return cls(*words[: cls.WORDS])
+
     def arrays(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """(name, dtype, shape) of every array in the segment, in layout order."""
         n, r, t = self.operations, self.reads, self.transactions
@@ -76,6 +88,7 @@ class ChunkShape:
             ("kind", "int8", (n,)),
             ("ok", "int8", (n,)),
             ("failed", "int8", (t,)),
+            ("affected", "int8", (t,)),
             ("status", "int8", (t,)),
             ("out_set", "bool", (t, self.outputs)),
         ]
@@ -119,6 +132,7 @@ class ChunkArrays:
     def __init__(self, shm: shared_memory.SharedMemory, capacity: ChunkShape):
         self._shm = shm
         self.capacity = capacity
+        self.shape = capacity
         self.arrays: dict[str, np.ndarray] = {}
 
     @classmethod
@@ -137,6 +151,7 @@ class ChunkArrays:
 
     def use(self, shape: ChunkShape) -> None:
         """Lay out the next chunk (it must fit)."""
+        self.shape = shape
         self.arrays = shape.views(self._shm.buf, self.capacity)
         self.__dict__.update(self.arrays)
 
@@ -146,6 +161,7 @@ class ChunkArrays:
         self.status[share] = np.where(rejection_reason != 0, REJECTED, COMMITTED)
         self.status_reason[share] = rejection_reason
         self.failed[share] = 0
+        self.affected[share] = 0
         self.out_values[share] = 0
         self.out_set[share] = False
 

@@ -1,5 +1,6 @@
 """Synchronisation between executors in shared memory: a barrier, progress counters,
-published counts and work-pool counters, each on its own cache line.
+published counts, work-pool counters and the request/reply words of the Coordinator,
+each on its own cache line.
 
 Executors never make a Ray call to synchronise: they spin on these words (atomic
 load-acquire / store-release), then sleep in short steps so that a long wait leaves
@@ -9,6 +10,8 @@ peer reports a failure or the run's timeout passes.
 
 from __future__ import annotations
 
+import ctypes
+import platform
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +29,13 @@ from txstream.metrics import Breakdown
 STRIDE = 8
 """int64 words per slot: one 64-byte cache line, so executors never share a line."""
 ARRIVE, EPOCH, FAILED = 0, 1, 2
-FIXED_SLOTS = 3
+REQUEST, REPLY, STOP, FAILURES, ANSWER, ARGS = 3, 4, 5, 6, 7, 8
+"""Coordinator slots: requests posted and answered (counters), the driver's stop word,
+operations that failed so far (counter), the last answer, and a request's arguments."""
+MAP_SEGMENT, RESOLVE_BATCH = 1, 2
+"""Requests to the Coordinator: map a new chunk segment; resolve an explored batch."""
+ARG_WORDS = 2 * STRIDE
+FIXED_SLOTS = 10
 PER_EXECUTOR = 4  # progress, then three published counts
 OK, TIMED_OUT, PEER_FAILED = 0, 1, 2
 SPIN_NS = 50_000
@@ -58,6 +67,12 @@ def count_slot(executor, which):
 def pool_slot(executors, pool):
     """Word counting the chains claimed from work pool ``pool``."""
     return STRIDE * (FIXED_SLOTS + PER_EXECUTOR * executors + pool)
+
+
+@inline
+def word(slot):
+    """Index of the first word of fixed slot ``slot``."""
+    return STRIDE * slot
 
 
 @inline
@@ -96,21 +111,78 @@ def barrier_wait(sync, parties, timeout_ns):
 
 
 @inline
-def wait_progress(sync, executor, target, deadline, waited):
-    """Wait until ``executor`` has done all its operations below ``target``; the
-    nanoseconds spent waiting are added to ``waited[0]`` (no clock read if none)."""
-    if load_acquire(sync, progress_slot(executor)) >= target:
+def wait_at_least(sync, index, target, deadline, waited):
+    """Wait until word ``index`` reaches ``target``; the nanoseconds spent waiting are
+    added to ``waited[0]`` (no clock read if none)."""
+    if load_acquire(sync, index) >= target:
         return OK
     start = monotonic_ns()
     spins = 0
     why = OK
-    while load_acquire(sync, progress_slot(executor)) < target:
+    while load_acquire(sync, index) < target:
         spins += 1
         why = _pause(spins, start, deadline, sync)
         if why != OK:
             break
     waited[0] += monotonic_ns() - start
     return why
+
+
+@inline
+def wait_progress(sync, executor, target, deadline, waited):
+    """Wait until ``executor`` has done all its operations below ``target``."""
+    return wait_at_least(sync, progress_slot(executor), target, deadline, waited)
+
+
+@jit
+def wait_reply(sync, asked, timeout_ns, waited):
+    """Executors: wait until the Coordinator answered request number ``asked``."""
+    deadline = monotonic_ns() + timeout_ns
+    return wait_at_least(sync, word(REPLY), asked, deadline, waited)
+
+
+def wait_request(sync: np.ndarray, answered: int) -> int:
+    """Coordinator: wait until a request after number ``answered`` is posted, the driver
+    asks it to stop (then the request count stays ``answered``) or an executor fails.
+    It sleeps on a futex, so it takes no core from the executors while there is nothing
+    to resolve. No timeout: a run may go on for long without an abort; the driver stops
+    the Coordinator at the end, or kills it when the run fails."""
+    while load(sync, word(REQUEST)) <= answered and not load(sync, word(STOP)):
+        if load(sync, word(FAILED)):
+            return PEER_FAILED
+        _futex(sync, word(REQUEST), FUTEX_WAIT, answered, _WAKE_CHECK)
+    return OK
+
+
+def wake_coordinator(sync: np.ndarray) -> None:
+    """Wake the Coordinator's `wait_request` after a request or a stop was posted."""
+    _futex(sync, word(REQUEST), FUTEX_WAKE, 1, None)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}[platform.machine()]
+FUTEX_WAIT, FUTEX_WAKE = 0, 1
+"""Shared (not private) futex operations: the word lives in shared memory."""
+_WAKE_CHECK = _Timespec(0, 100_000_000)
+"""The sleeping Coordinator looks at the failure word every 100 ms."""
+
+
+def _futex(sync: np.ndarray, index: int, op: int, value: int, timeout: _Timespec | None) -> None:
+    """futex(2) on the low 32 bits of word ``index`` (little-endian)."""
+    address = ctypes.c_void_p(sync.ctypes.data + index * sync.itemsize)
+    expected = ctypes.c_int32(value & 0xFFFFFFFF if value < 1 << 31 else value - (1 << 32))
+    timeout_ref = ctypes.byref(timeout) if timeout is not None else None
+    _LIBC.syscall(_SYS_FUTEX, address, op, expected, timeout_ref, None, 0)
+
+
+@jit
+def add_to(sync, index, value):
+    """Atomically add ``value`` to word ``index``; returns its new value."""
+    return fetch_add(sync, index, value) + value
 
 
 @jit
@@ -123,6 +195,21 @@ def report_failure(sync):
 def publish(sync, slot, value):
     """Store a word for the peers (visible to them after the next barrier)."""
     store_release(sync, slot, value)
+
+
+@jit
+def load(sync, index):
+    """Word ``index`` as the last store to it left it (load-acquire)."""
+    return load_acquire(sync, index)
+
+
+def raise_for_wait(why: int, timeout_ns: int) -> None:
+    """Raise for a wait that ended with ``why`` (not OK)."""
+    from txstream.errors import PeerFailed, RuntimeFailure
+
+    if why == PEER_FAILED:
+        raise PeerFailed("another member of the team failed")
+    raise RuntimeFailure(f"the team waited on each other over {timeout_ns / 1e9} s")
 
 
 @dataclass(frozen=True)
@@ -162,6 +249,8 @@ class Team:
         self.parties = seat.parties
         self.sync = sync
         self.timeout_ns = int(timeout_s * 1e9)
+        self._asked = 0
+        self._failures_seen = 0
 
     def barrier(self, time: Breakdown) -> None:
         """Wait for every executor (charged to ``time`` as sync); raises if one failed
@@ -172,12 +261,8 @@ class Team:
 
     def check(self, why: int) -> None:
         """Raise for a wait that did not end normally."""
-        from txstream.errors import PeerFailed, RuntimeFailure
-
-        if why == PEER_FAILED:
-            raise PeerFailed("another executor failed")
-        if why == TIMED_OUT:
-            raise RuntimeFailure(f"executors waited on each other over {self.timeout_ns / 1e9} s")
+        if why != OK:
+            raise_for_wait(why, self.timeout_ns)
 
     def publish_counts(self, *counts: int) -> None:
         """Publish this executor's counts; read them all after the next barrier."""
@@ -200,3 +285,52 @@ class Team:
     def fail(self) -> None:
         """Make every peer's wait end with PEER_FAILED."""
         report_failure(self.sync)
+
+    def ask_coordinator(self, kind: int, args: list[int], time: Breakdown, activity: str) -> int:
+        """Every executor, together: executor 0 posts a request to the Coordinator, all
+        wait for its answer (charged to ``activity``), which is returned."""
+        self._asked += 1
+        if self.rank == 0:
+            base = word(ARGS)
+            self.sync[base] = kind
+            self.sync[base + 1 : base + 1 + len(args)] = args
+            publish(self.sync, word(REQUEST), self._asked)
+            wake_coordinator(self.sync)
+        waited = np.zeros(1, np.int64)
+        self.check(wait_reply(self.sync, self._asked, self.timeout_ns, waited))
+        setattr(time, activity, getattr(time, activity) + waited[0] / 1e9)
+        return int(self.sync[word(ANSWER)])
+
+    def add_failures(self, count: int) -> None:
+        """Count operations of this executor that failed (read after the next barrier)."""
+        if count:
+            add_to(self.sync, word(FAILURES), count)
+
+    def failures_since_last_check(self) -> int:
+        """After a barrier: operations the team counted as failed since the last check."""
+        total = int(self.sync[word(FAILURES)])
+        new, self._failures_seen = total - self._failures_seen, total
+        return new
+
+
+def request(sync: np.ndarray) -> tuple[int, list[int]]:
+    """Coordinator: the posted request's kind and arguments."""
+    base = word(ARGS)
+    return int(sync[base]), [int(v) for v in sync[base + 1 : base + ARG_WORDS]]
+
+
+def answer(sync: np.ndarray, number: int, value: int) -> None:
+    """Coordinator: answer request ``number`` with ``value``."""
+    sync[word(ANSWER)] = value
+    publish(sync, word(REPLY), number)
+
+
+def posted(sync: np.ndarray) -> int:
+    """Coordinator: how many requests were posted so far."""
+    return int(load(sync, word(REQUEST)))
+
+
+def ask_to_stop(sync: np.ndarray) -> None:
+    """Driver: the run is over, the Coordinator may return."""
+    publish(sync, word(STOP), 1)
+    wake_coordinator(sync)

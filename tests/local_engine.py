@@ -1,8 +1,9 @@
 """Runs the engine's plain classes in this process, executors as threads, without Ray.
 
-The executors, kernels, topologies, chunking and shared-memory synchronisation are
-exactly those of a run; only the transport (Ray calls) is missing, so hundreds of
-hypothesis examples stay fast. Kernels release the GIL: threads do run in parallel.
+The executors, the Coordinator, kernels, topologies, chunking and shared-memory
+synchronisation are exactly those of a run; only the transport (Ray calls) is
+missing, so hundreds of hypothesis examples stay fast. Kernels release the GIL:
+threads do run in parallel.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ import threading
 import numpy as np
 import pyarrow as pa
 from txstream import topologies
+from txstream.actors.coordinator import Coordinator
 from txstream.actors.executor import Executor, output_schema
 from txstream.actors.progress import share_bounds
 from txstream.config import RunConfig
+from txstream.errors import PeerFailed
 from txstream.metrics import Breakdown
 from txstream.state.init import read_init_state
 from txstream.state.shared import new_run_id, run_prefix
-from txstream.state.sync import seats, slots
+from txstream.state.sync import ask_to_stop, seats, slots
 from txstream.state.tables import SharedState
 from txstream.topologies.api import Layout
 
@@ -61,6 +64,10 @@ def run_local(
         members = [Executor(config, state.handle, seat, sync, run_prefix(run_id)) for seat in team]
         rows: list[list[pa.RecordBatch]] = [[] for _ in members]
         errors: list[BaseException] = []
+        helpers = []
+        if members[0].scheduler.coordinated:
+            coordinator = Coordinator(config, sync, run_prefix(run_id), layout.cells)
+            helpers.append(threading.Thread(target=_serve, args=(coordinator, errors)))
 
         def work(rank: int) -> None:
             try:
@@ -74,18 +81,29 @@ def run_local(
                 errors.append(exc)
 
         threads = [threading.Thread(target=work, args=(r,)) for r in range(executors)]
-        for t in threads:
+        for t in helpers + threads:
             t.start()
         for t in threads:
             t.join(TIMEOUT_S * 2)
+        ask_to_stop(sync)
+        for t in helpers:
+            t.join(TIMEOUT_S * 2)
+            threads.append(t)
         for member in members:
             member.close()
-        if errors:
-            raise errors[0]
+        if errors:  # the root cause, not a peer that stopped because of it
+            raise next((e for e in errors if not isinstance(e, PeerFailed)), errors[0])
         assert not any(t.is_alive() for t in threads), "an executor thread hangs"
         ordered = sorted((r for rank in rows for r in rank), key=lambda r: r["ts"][0].as_py()
                          if r.num_rows else -1)  # fmt: skip
         return pa.Table.from_batches(ordered, output_schema(topo)), state.tables(topo)
+
+
+def _serve(coordinator: Coordinator, errors: list[BaseException]) -> None:
+    try:
+        coordinator.serve()
+    except BaseException as exc:  # reported by the caller
+        errors.append(exc)
 
 
 def _chunks(events: pa.Table, size: int):

@@ -30,6 +30,10 @@ def test_tstream_on_two_executors_equals_serial(hot_gs, placement):
     assert_same_run(run.events, run.state, serial.events, serial.state)
     assert run.events.equals(serial.events)  # reasons too, not only their presence
     assert len(run.metrics["breakdown_per_executor_s"]) == 2
+    coordinator = run.metrics["coordinator"]  # it resolved the batches that had aborts
+    assert coordinator["failed"] > 0 and run.metrics["aborted"] > 0
+    assert 0 < coordinator["batches"] <= run.metrics["batches"]["count"]
+    assert serial.metrics["coordinator"] is None  # serial aborts on its own
     assert not txstream_segments()
 
 
@@ -45,4 +49,5 @@ def test_failure_in_one_executor_stops_the_team_and_cleans_up(failing_rank):
     assert not actor_processes("Executor")
     assert not actor_processes("ProgressController")
     assert not actor_processes("Sink")
+    assert not actor_processes("Coordinator")
     assert Job("sl", scheduler="tstream", executors=2, progress=False).run(events, init)
