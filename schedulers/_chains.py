@@ -179,20 +179,20 @@ def _wait_resolved(t, txn_ptr, cond, owner, sync, deadline, stats):
 
 
 @jit
-def run_chains(me, redo, first_op, begin, end, owner, txn, txn_ptr, values, set_cells,
+def run_chains(me, redo, first_op, end, owner, txn, txn_ptr, values, set_cells,
                set_members, kind, cell, fun, cond, args, dep_ptr, fun_addr, cond_addr, spin_ns,
                chain_prev, dep_prev, dep_initial, last_cond, before, after, result, slot,
                ok, failed, affected, reads, undo_cell, undo_value, undo_slot, sync, timeout_ns,
                stats):  # fmt: skip
     """Explore (``redo`` 0) or redo (1: only affected transactions) this executor's
-    operations among begin..end-1 in ts order; the batch starts at ``first_op``.
+    operations of the batch first_op..end-1, in ts order.
 
     Returns OK, a `txstream.state.sync` error code, or SET_FULL. Adds the ns spent
     waiting for other executors to ``stats[0]``, rolling back to ``stats[1]``, and the
     operations that failed to ``stats[2]``.
     """
     deadline = monotonic_ns() + timeout_ns
-    for o in range(begin, end):
+    for o in range(first_op, end):
         if owner[o] != me:
             continue
         t = txn[o]
@@ -263,6 +263,20 @@ def run_chains(me, redo, first_op, begin, end, owner, txn, txn_ptr, values, set_
     return OK
 
 
+@inline
+def _changed(o, before, after, slot):
+    """Whether operation ``o`` changed its cell or added a set member."""
+    return after[o] != before[o] or slot[o] >= 0
+
+
+@inline
+def _changed_any(t, txn_ptr, before, after, slot):
+    for o in range(txn_ptr[t], txn_ptr[t + 1]):
+        if _changed(o, before, after, slot):
+            return True
+    return False
+
+
 @jit
 def find_affected(begin, end, txn_ptr, cell, dep_ptr, dep_cell, before, after, slot, failed,
                   dirty, affected):  # fmt: skip
@@ -272,8 +286,13 @@ def find_affected(begin, end, txn_ptr, cell, dep_ptr, dep_cell, before, after, s
     is not affected aborts for good; the cells it changed are dirty for the rest of the
     batch, as are all cells an affected transaction touches. ``dirty`` (per cell, all
     0) is scratch, left all 0. Returns the number of affected transactions."""
-    count = 0
+    first = end  # nothing is dirty before the first failed transaction that changed something
     for t in range(begin, end):
+        if failed[t] and _changed_any(t, txn_ptr, before, after, slot):
+            first = t
+            break
+    count = 0
+    for t in range(first, end):
         hit = False
         for o in range(txn_ptr[t], txn_ptr[t + 1]):
             if dirty[cell[o]]:
@@ -286,9 +305,9 @@ def find_affected(begin, end, txn_ptr, cell, dep_ptr, dep_cell, before, after, s
             failed[t] = 0
             count += 1
         for o in range(txn_ptr[t], txn_ptr[t + 1]):
-            if hit or (failed[t] and (after[o] != before[o] or slot[o] >= 0)):
+            if hit or (failed[t] and _changed(o, before, after, slot)):
                 dirty[cell[o]] = 1
-    for o in range(txn_ptr[begin], txn_ptr[end]):
+    for o in range(txn_ptr[first], txn_ptr[end]):
         dirty[cell[o]] = 0
     return count
 

@@ -128,7 +128,7 @@ class TStreamScheduler(Scheduler):
         stats = np.zeros(3, np.int64)
         with time.timing(activity):
             why = run_chains(
-                self.team.rank, redo, first_op, first_op, stop, chunk.owner, ops.txn,
+                self.team.rank, redo, first_op, stop, chunk.owner, ops.txn,
                 ops.txn_ptr, self.state.values,
                 self.state.set_cells, self.state.set_members, ops.kind, ops.cell, ops.fun,
                 ops.cond, ops.args, ops.dep_ptr, self.fun_addr, self.cond_addr, self.spin_ns,

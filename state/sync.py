@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import platform
 from dataclasses import dataclass
+from time import monotonic_ns as clock_ns
 
 import numpy as np
 from txstream._numba import (
@@ -134,13 +135,6 @@ def wait_progress(sync, executor, target, deadline, waited):
     return wait_at_least(sync, progress_slot(executor), target, deadline, waited)
 
 
-@jit
-def wait_reply(sync, asked, timeout_ns, waited):
-    """Executors: wait until the Coordinator answered request number ``asked``."""
-    deadline = monotonic_ns() + timeout_ns
-    return wait_at_least(sync, word(REPLY), asked, deadline, waited)
-
-
 def wait_request(sync: np.ndarray, answered: int) -> int:
     """Coordinator: wait until a request after number ``answered`` is posted, the driver
     asks it to stop (then the request count stays ``answered``) or an executor fails.
@@ -159,6 +153,19 @@ def wake_coordinator(sync: np.ndarray) -> None:
     _futex(sync, word(REQUEST), FUTEX_WAKE, 1, None)
 
 
+def wait_reply(sync: np.ndarray, asked: int, timeout_ns: int) -> int:
+    """Executors: wait until the Coordinator answered request number ``asked``. They
+    sleep on a futex rather than spin: the Coordinator needs one of their cores."""
+    deadline = clock_ns() + timeout_ns
+    while (replied := load(sync, word(REPLY))) < asked:
+        if load(sync, word(FAILED)):
+            return PEER_FAILED
+        if clock_ns() > deadline:
+            return TIMED_OUT
+        _futex(sync, word(REPLY), FUTEX_WAIT, replied, _WAKE_CHECK)
+    return OK
+
+
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
@@ -168,7 +175,7 @@ _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}[platform.machine()]
 FUTEX_WAIT, FUTEX_WAKE = 0, 1
 """Shared (not private) futex operations: the word lives in shared memory."""
 _WAKE_CHECK = _Timespec(0, 100_000_000)
-"""The sleeping Coordinator looks at the failure word every 100 ms."""
+"""A sleeper on a futex looks at the failure word (and its deadline) every 100 ms."""
 
 
 def _futex(sync: np.ndarray, index: int, op: int, value: int, timeout: _Timespec | None) -> None:
@@ -296,9 +303,8 @@ class Team:
             self.sync[base + 1 : base + 1 + len(args)] = args
             publish(self.sync, word(REQUEST), self._asked)
             wake_coordinator(self.sync)
-        waited = np.zeros(1, np.int64)
-        self.check(wait_reply(self.sync, self._asked, self.timeout_ns, waited))
-        setattr(time, activity, getattr(time, activity) + waited[0] / 1e9)
+        with time.timing(activity):
+            self.check(wait_reply(self.sync, self._asked, self.timeout_ns))
         return int(self.sync[word(ANSWER)])
 
     def add_failures(self, count: int) -> None:
@@ -320,9 +326,10 @@ def request(sync: np.ndarray) -> tuple[int, list[int]]:
 
 
 def answer(sync: np.ndarray, number: int, value: int) -> None:
-    """Coordinator: answer request ``number`` with ``value``."""
+    """Coordinator: answer request ``number`` with ``value`` and wake the executors."""
     sync[word(ANSWER)] = value
     publish(sync, word(REPLY), number)
+    _futex(sync, word(REPLY), FUTEX_WAKE, 1 << 30, None)
 
 
 def posted(sync: np.ndarray) -> int:
