@@ -29,7 +29,7 @@ from txstream.actors.sink import Sink
 from txstream.cluster.ray_runtime import ray_session, start_actor, stop_actors
 from txstream.cluster.topology import host_topology
 from txstream.config import RunConfig
-from txstream.errors import RuntimeFailure, TxstreamError
+from txstream.errors import PeerFailed, RuntimeFailure, TxstreamError
 from txstream.sources import ArrowSource, Source
 from txstream.state.chunk import sweep_segments
 from txstream.state.init import InitState, read_init_state
@@ -165,7 +165,7 @@ class Job:
             startup = time.perf_counter() - begin
             start = time.perf_counter()
             done = controller.run.remote()
-            self._wait_with_progress(done, progress, source.num_rows)
+            self._wait_with_progress(done, progress, source.num_rows, serving)
             run_info = self._get(done)
             ask_to_stop(sync.array)
             run_info["coordinator"] = self._get(serving) if serving else None
@@ -198,9 +198,12 @@ class Job:
         except ray.exceptions.RayError as exc:
             raise RuntimeFailure(f"an actor died: {exc}") from exc
 
-    def _wait_with_progress(self, done: Any, progress: SharedArray, total: int | None) -> None:
+    def _wait_with_progress(
+        self, done: Any, progress: SharedArray, total: int | None, serving: Any | None
+    ) -> None:
         """Wait for the run, with a progress bar on stderr once it takes over 2 s; fail
-        when no event got through for the run's timeout."""
+        when no event got through for the run's timeout, or at once when the
+        Coordinator (``serving``) fails or dies."""
         import ray
         from tqdm import tqdm
 
@@ -215,12 +218,24 @@ class Job:
             desc=self.config.topology,
         ) as bar:
             while not ray.wait([done], timeout=0.1)[0]:
+                if serving is not None and ray.wait([serving], timeout=0)[0]:
+                    self._coordinator_ended(serving)
+                    serving = None
                 if int(progress.array[0]) > bar.n:
                     bar.update(int(progress.array[0]) - bar.n)
                     deadline = time.monotonic() + self.config.timeout_s
                 elif time.monotonic() > deadline:
                     raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")
             bar.update(int(progress.array[0]) - bar.n)
+
+    def _coordinator_ended(self, serving: Any) -> None:
+        """The Coordinator's call ended before the run: raise its error, unless it only
+        stopped because an executor failed (the run's own result tells why)."""
+        try:
+            self._get(serving)
+        except PeerFailed:
+            return
+        raise RuntimeFailure("the Coordinator stopped before the end of the run")
 
     @staticmethod
     def _write_state(out_dir: Path, tables: dict[str, pa.Table]) -> None:

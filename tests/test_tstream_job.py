@@ -51,3 +51,38 @@ def test_failure_in_one_executor_stops_the_team_and_cleans_up(failing_rank):
     assert not actor_processes("Sink")
     assert not actor_processes("Coordinator")
     assert Job("sl", scheduler="tstream", executors=2, progress=False).run(events, init)
+
+
+def test_a_dead_coordinator_fails_the_run_at_once_and_cleans_up():
+    import os
+    import signal
+    import threading
+    import time
+
+    events, init = generate("sl", WorkloadSpec(events=200_000, seed=2))
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            Job("sl", scheduler="tstream", executors=2, udf_cost_us=50, progress=False,
+                timeout_s=600).run(events, init)  # fmt: skip
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    deadline = time.monotonic() + 120
+    while not actor_processes("Coordinator", wait_s=0) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # the run is under way (it takes over 5 s)
+    killed_at = time.monotonic()
+    for pid in actor_processes("Coordinator", wait_s=0):
+        os.kill(pid, signal.SIGKILL)
+    runner.join(120)
+    assert isinstance(outcome[0], RuntimeFailure), outcome
+    assert "died" in str(outcome[0])
+    assert time.monotonic() - killed_at < 60  # not the run's 600 s timeout
+    assert not txstream_segments()
+    assert not actor_processes("Executor")
+    assert not actor_processes("Coordinator")
