@@ -13,9 +13,11 @@ before it on the cell read, skipping aborted transactions - a multi-versioned re
 
 Lazy aborts, driven by the Coordinator (`txstream.actors.coordinator`). A batch is
 first *explored*: every operation is applied at once on the versions before it,
-whatever their transactions' fate, and failures are recorded (`failed[t]`); only an
-operation without condition whose transaction is already known to have failed is
-skipped, so that it taints nothing. At the
+whatever their transactions' fate, and failures are recorded (`failed[t]`). Only an
+operation whose transaction is known to have failed is skipped, so that it taints
+nothing: one without condition once any operation of its transaction failed, one with
+a condition once an earlier statement failed on this executor (the abort reason is
+the first failed statement's, so that one must be evaluated). At the
 punctuation the Coordinator collects the batch's failed transactions and marks the
 transactions whose inputs an aborted write may have touched, transitively
 (`find_affected`). A failed transaction that is not affected failed on exact inputs:
@@ -192,6 +194,7 @@ def run_chains(me, redo, first_op, end, owner, txn, txn_ptr, values, set_cells,
     operations that failed to ``stats[2]``.
     """
     deadline = monotonic_ns() + timeout_ns
+    failed_here = -1  # the last transaction one of this executor's operations failed
     for o in range(first_op, end):
         if owner[o] != me:
             continue
@@ -241,7 +244,7 @@ def run_chains(me, redo, first_op, end, owner, txn, txn_ptr, values, set_cells,
                     q = chain_prev[q]
             reads[k - first_read] = after[q] if q >= 0 else dep_initial[k]
         before[o] = values[c]
-        if not redo and cond[o] == 0 and failed[t]:
+        if not redo and (failed_here == t or (cond[o] == 0 and failed[t])):
             after[o] = before[o]  # its transaction failed already: no write to taint
             slot[o] = -1
             ok[o] = 1
@@ -258,6 +261,7 @@ def run_chains(me, redo, first_op, end, owner, txn, txn_ptr, values, set_cells,
         ok[o] = passed
         if not passed:
             failed[t] = 1
+            failed_here = t
             stats[2] += 1
     store_release(sync, progress_slot(me), end)
     return OK
