@@ -112,27 +112,21 @@ def barrier_wait(sync, parties, timeout_ns):
 
 
 @inline
-def wait_at_least(sync, index, target, deadline, waited):
-    """Wait until word ``index`` reaches ``target``; the nanoseconds spent waiting are
-    added to ``waited[0]`` (no clock read if none)."""
-    if load_acquire(sync, index) >= target:
+def wait_progress(sync, executor, target, deadline, waited):
+    """Wait until ``executor`` has done all its operations below ``target``; the
+    nanoseconds spent waiting are added to ``waited[0]`` (no clock read if none)."""
+    if load_acquire(sync, progress_slot(executor)) >= target:
         return OK
     start = monotonic_ns()
     spins = 0
     why = OK
-    while load_acquire(sync, index) < target:
+    while load_acquire(sync, progress_slot(executor)) < target:
         spins += 1
         why = _pause(spins, start, deadline, sync)
         if why != OK:
             break
     waited[0] += monotonic_ns() - start
     return why
-
-
-@inline
-def wait_progress(sync, executor, target, deadline, waited):
-    """Wait until ``executor`` has done all its operations below ``target``."""
-    return wait_at_least(sync, progress_slot(executor), target, deadline, waited)
 
 
 def wait_request(sync: np.ndarray, answered: int) -> int:
@@ -181,7 +175,7 @@ _WAKE_CHECK = _Timespec(0, 100_000_000)
 def _futex(sync: np.ndarray, index: int, op: int, value: int, timeout: _Timespec | None) -> None:
     """futex(2) on the low 32 bits of word ``index`` (little-endian)."""
     address = ctypes.c_void_p(sync.ctypes.data + index * sync.itemsize)
-    expected = ctypes.c_int32(value & 0xFFFFFFFF if value < 1 << 31 else value - (1 << 32))
+    expected = ctypes.c_int32(value)  # truncated to the low 32 bits, as the kernel compares
     timeout_ref = ctypes.byref(timeout) if timeout is not None else None
     _LIBC.syscall(_SYS_FUTEX, address, op, expected, timeout_ref, None, 0)
 
