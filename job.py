@@ -161,7 +161,7 @@ class Job:
                 )
                 actors.append(coordinator)
                 serving = coordinator.serve.remote()
-            self._get([e.warm_up.remote(source.schema) for e in executors])
+            self._get_watching([e.warm_up.remote(source.schema) for e in executors], serving)
             startup = time.perf_counter() - begin
             start = time.perf_counter()
             done = controller.run.remote()
@@ -227,6 +227,22 @@ class Job:
                 elif time.monotonic() > deadline:
                     raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")
             bar.update(int(progress.array[0]) - bar.n)
+
+    def _get_watching(self, refs: list, serving: Any | None) -> Any:
+        """`_get` of ``refs``, failing at once if the Coordinator (``serving``) ends first
+        (e.g. during warm-up, while executors wait for it to map their segment)."""
+        import ray
+
+        deadline = time.monotonic() + self.config.timeout_s
+        while serving is not None and len(
+            ray.wait(refs, num_returns=len(refs), timeout=0.1)[0]
+        ) < len(refs):
+            if ray.wait([serving], timeout=0)[0]:
+                self._coordinator_ended(serving)
+                break
+            if time.monotonic() > deadline:
+                break  # `_get` below reports the timeout
+        return self._get(refs)
 
     def _coordinator_ended(self, serving: Any) -> None:
         """The Coordinator's call ended before the run: raise its error, unless it only

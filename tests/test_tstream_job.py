@@ -75,7 +75,7 @@ def test_a_dead_coordinator_fails_the_run_at_once_and_cleans_up():
     deadline = time.monotonic() + 120
     while not actor_processes("Coordinator", wait_s=0) and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(2)  # the run is under way (it takes over 5 s)
+    time.sleep(2)  # the run (or the warm-up) is under way
     killed_at = time.monotonic()
     for pid in actor_processes("Coordinator", wait_s=0):
         os.kill(pid, signal.SIGKILL)
