@@ -9,6 +9,11 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).parent
+RUN_TAG = f"TXSTREAM_TEST_RUN={os.getpid()}"
+"""Set in this process's environment and so inherited by every process it starts (Ray's
+daemons and workers, CLI subprocesses and their Rays): tells this test run's processes
+from those of other test runs on the same machine."""
+os.environ["TXSTREAM_TEST_RUN"] = str(os.getpid())
 
 
 @pytest.fixture(scope="session")
@@ -66,8 +71,18 @@ def actor_processes(cls: str, wait_s: float = 10.0) -> list[int]:
                 title = cmdline.read_bytes().split(b"\0")[0].decode(errors="replace")
             except OSError:
                 continue
-            if title == f"ray::{cls}" or title.startswith(f"ray::{cls}."):
+            if (title == f"ray::{cls}" or title.startswith(f"ray::{cls}.")) and _ours(
+                cmdline.parent
+            ):
                 pids.append(int(cmdline.parent.name))
         if not pids or time.monotonic() > deadline:
             return pids
         time.sleep(0.2)
+
+
+def _ours(proc: Path) -> bool:
+    """Whether a process was started (directly or not) by this test run."""
+    try:
+        return RUN_TAG.encode() in (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
