@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from txstream.config import PLACEMENTS, SOURCES, RunConfig
@@ -59,6 +61,42 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--source", choices=SOURCES, default=defaults.source)
     run.add_argument("--address", default=None, metavar="RAY_ADDRESS")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--overwrite", action="store_true", help="replace a non-empty output (at commit)"
+    )
+    run.add_argument(
+        "--punctuation-ms",
+        type=float,
+        default=defaults.punctuation_ms,
+        metavar="MS",
+        help="cut a punctuation batch once its oldest event has waited MS ms",
+    )
+    run.add_argument(
+        "--latency-target-ms",
+        type=float,
+        default=defaults.latency_target_ms,
+        metavar="MS",
+        help="size the work in flight so that outputs follow inputs within MS ms",
+    )
+    run.add_argument(
+        "--follow",
+        action="store_true",
+        help="watch the --input folder: push each new complete Parquet file in name order "
+        "until Ctrl-C or a _STOP file; outputs are committed as part files",
+    )
+    run.add_argument(
+        "--name", default=None, help="name the session: `txstream query/status` reach it"
+    )
+
+    query = verbs.add_parser("query", help="print a table of a running named session")
+    query.add_argument("table")
+    query.add_argument("--address", required=True, metavar="RAY_ADDRESS")
+    query.add_argument("--name", required=True, help="the session's --name")
+    query.add_argument("--keys", default=None, metavar="K,...", help="keys (default: all)")
+
+    status = verbs.add_parser("status", help="print a running named session's progress")
+    status.add_argument("--address", required=True, metavar="RAY_ADDRESS")
+    status.add_argument("--name", required=True, help="the session's --name")
     return parser
 
 
@@ -98,9 +136,15 @@ def _run(args: argparse.Namespace) -> None:
         udf_cost_us=args.udf_cost_us,
         source=args.source,
         address=args.address,
+        punctuation_ms=args.punctuation_ms,
+        latency_target_ms=args.latency_target_ms,
+        overwrite=args.overwrite,
         progress=not args.no_progress,
     )
-    m = job.run(args.input, args.init_state, output=args.output).metrics
+    if args.follow:
+        m = _follow(job, args).metrics
+    else:
+        m = job.run(args.input, args.init_state, output=args.output, name=args.name).metrics
     print(
         f"{args.topology} {args.scheduler}: {m['events']:,} events "
         f"({m['committed']:,} committed, {m['aborted']:,} aborted, {m['rejected']:,} rejected) "
@@ -109,11 +153,63 @@ def _run(args: argparse.Namespace) -> None:
     )
 
 
+def _follow(job, args: argparse.Namespace):
+    """``run --follow``: the first Ctrl-C ends the session cleanly (outputs and final state
+    committed); a second one interrupts."""
+    stop = threading.Event()
+
+    def on_interrupt(signum, frame) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        print("txstream: stopping (Ctrl-C again to interrupt)", file=sys.stderr)
+        stop.set()
+
+    def on_files(files, watermark: int) -> None:
+        print(f"{len(files)} file(s) pushed, watermark {watermark:,}", file=sys.stderr)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        return job.follow(args.input, args.init_state, args.output, stop, args.name, on_files)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _remote_session(args: argparse.Namespace):
+    """The named session's ProgressController on the Ray cluster at ``--address``."""
+    from txstream.session import attach
+
+    return attach(args.address, args.name)
+
+
+def _query(args: argparse.Namespace) -> None:
+    import ray
+
+    keys = None
+    if args.keys is not None:
+        try:
+            keys = [int(k) for k in args.keys.split(",") if k.strip()]
+        except ValueError as exc:
+            raise UsageError(f"--keys must be integers separated by commas: {args.keys}") from exc
+    watermark, rows = ray.get(_remote_session(args).query.remote(args.table, keys), timeout=60)
+    print(f"watermark {watermark}")
+    print(",".join(rows.column_names))
+    for row in zip(*(rows.column(c).to_pylist() for c in rows.column_names), strict=True):
+        print(",".join(str(v) for v in row))
+
+
+def _status(args: argparse.Namespace) -> None:
+    import ray
+
+    status = ray.get(_remote_session(args).status.remote(), timeout=60)
+    for key, value in status.items():
+        print(f"{key}: {value}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `txstream` command; returns the exit code."""
     args = _parser().parse_args(argv)
     try:
-        {"generate": _generate, "run": _run}[args.verb](args)
+        {"generate": _generate, "run": _run, "query": _query, "status": _status}[args.verb](args)
     except (SchemaError, UsageError) as exc:
         print(f"txstream: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -9,8 +9,10 @@ from txstream.topologies import BUNDLED, is_valid_name
 
 PLACEMENTS = ("shared-nothing", "shared-per-socket", "shared-everything")
 SOURCES = ("spark", "arrow")
-CHUNK_EVENTS = 131072
-"""Events per hand-off to an executor: amortises a Ray call (~1-3 ms) over many events."""
+LATENCY_TARGET_MS = 500.0
+"""Default push-to-output latency target (bench/latency: see README, Sessions)."""
+PUNCTUATION_MS = 50.0
+"""Default time after which a punctuation batch is cut however few events it has."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,9 @@ class RunConfig:
     udf_cost_us: float = 0.0
     source: str = "spark"
     address: str | None = None
+    punctuation_ms: float | None = PUNCTUATION_MS
+    latency_target_ms: float = LATENCY_TARGET_MS
+    overwrite: bool = False
     timeout_s: float = 600.0
     progress: bool = True
 
@@ -48,6 +53,11 @@ class RunConfig:
             (self.granularity in ("auto", "fine", "coarse"), "--granularity: auto|fine|coarse"),
             (self.abort in ("auto", "eager", "lazy"), "--abort must be auto|eager|lazy"),
             (self.timeout_s > 0, "timeout must be > 0"),
+            (
+                self.punctuation_ms is None or self.punctuation_ms > 0,
+                "--punctuation-ms must be > 0",
+            ),
+            (self.latency_target_ms > 0, "--latency-target-ms must be > 0"),
         ]
         for ok, message in checks:
             if not ok:
@@ -55,12 +65,6 @@ class RunConfig:
         from txstream.schedulers import get as get_scheduler
 
         get_scheduler(self.scheduler)
-
-    @property
-    def chunk_events(self) -> int:
-        """Events per chunk: a whole number of punctuation batches near CHUNK_EVENTS."""
-        p = self.punctuation_interval
-        return p * max(1, CHUNK_EVENTS // p)
 
     def as_dict(self) -> dict:
         """The configuration as JSON-ready values."""

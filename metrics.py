@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -66,3 +67,48 @@ class LatencyHistogram:
         rank = int(np.ceil(q / 100 * total))
         i = int(np.searchsorted(np.cumsum(self.counts), max(rank, 1)))
         return round(float(self.EDGES[min(i, len(self.EDGES) - 1)]) * 1e3, 4)
+
+
+def run_metrics(summary: dict, run_info: dict, seconds: float) -> dict[str, Any]:
+    """The engine's part of metrics.json: event counts from the Sink's ``summary``, the time
+    breakdown and per-batch figures from the executors' reports in ``run_info``, over a run
+    of ``seconds``."""
+    total = Breakdown()
+    for executor in run_info["executors"]:
+        total.add(Breakdown(**executor["breakdown_s"]))
+    events = summary["events"]
+    return {
+        "events": events,
+        "committed": summary["committed"],
+        "aborted": summary["aborted"],
+        "rejected": summary["rejected"],
+        "seconds": round(seconds, 6),
+        "throughput_eps": round(events / seconds, 1) if seconds > 0 else None,
+        "latency_ms": summary["latency_ms"],
+        "breakdown_s": total.as_dict(),
+        "breakdown_per_executor_s": [e["breakdown_s"] for e in run_info["executors"]],
+        "batches": batch_metrics(run_info["executors"]),
+        "chunks": run_info["chunks"],
+        "punctuations": run_info["punctuations"],
+        "cpu_s": {"progress_controller": run_info["cpu_s"], "sink": summary["cpu_s"]},
+        "operations": sum(e["operations"] for e in run_info["executors"]),
+    }
+
+
+def batch_metrics(executors: list[dict]) -> dict[str, Any]:
+    """Per punctuation batch: how long the team's state access took (percentiles; the
+    batches end at a barrier, so every executor saw the same durations), and the time
+    breakdown of every chunk of batches, summed over executors."""
+    seconds = np.asarray(executors[0]["batch_seconds"])
+    chunks = []
+    for parts in zip(*(e["chunks"] for e in executors), strict=True):
+        total = Breakdown()
+        for part in parts:
+            total.add(Breakdown(**part["breakdown_s"]))
+        chunks.append({"ts": parts[0]["ts"], "events": parts[0]["events"],
+                       "breakdown_s": total.as_dict()})  # fmt: skip
+    state_access = dict.fromkeys(("p50", "p99", "max"))
+    if len(seconds):
+        p50, p99, top = np.percentile(seconds, [50, 99, 100]) * 1e3
+        state_access = {"p50": round(p50, 4), "p99": round(p99, 4), "max": round(top, 4)}
+    return {"count": len(seconds), "state_access_ms": state_access, "chunks": chunks}

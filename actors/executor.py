@@ -25,6 +25,7 @@ from txstream.metrics import Breakdown
 from txstream.schedulers._kernels import STATUS_NAMES
 from txstream.state.chunk import ChunkArrays, ChunkShape, segment_name
 from txstream.state.shared import ArrayHandle, SharedArray
+from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.state.sync import MAP_SEGMENT, Seat, Team
 from txstream.state.tables import SharedState, StateHandle
 from txstream.topologies.api import EventBatch, Outputs, Topology, Transactions
@@ -87,7 +88,8 @@ class Executor:
     With ``cpu``, every thread of the process is pinned to that core first (before any
     kernel runs, so a numba thread pool would size itself to it). ``sync`` is the
     team's sync block: a shared-memory handle, or an array when executors are threads.
-    A coordinated scheduler needs the run's `Coordinator` serving that block.
+    A coordinated scheduler needs the run's `Coordinator` serving that block. Executor 0
+    copies the state into the ``snapshots`` ring at the end of every chunk (queries read it).
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class Executor:
         seat: Seat,
         sync: ArrayHandle | np.ndarray,
         segment_prefix: str,
+        snapshots: SnapshotHandle | SnapshotRing,
         sink: object | None = None,
         cpu: int | None = None,
     ):
@@ -112,6 +115,9 @@ class Executor:
             self.topology, self.state, spin_ns, self.team
         )
         self.segment_prefix = segment_prefix
+        self.snapshots = (
+            SnapshotRing.attach(snapshots) if isinstance(snapshots, SnapshotHandle) else snapshots
+        )
         self.sink = sink
         self.time = Breakdown()
         self.chunks: list[dict] = []
@@ -124,33 +130,37 @@ class Executor:
         """Load every kernel (numba cache) on an empty chunk, before timing starts (all
         executors together, as for any chunk)."""
         empty = pa.RecordBatch.from_pylist([], schema=schema)
-        self.run_share(empty, -1, 0, 0, 0, Breakdown())
+        self.run_share(empty, -1, 0, 0, np.zeros(1, np.int64), Breakdown())
         self.batch_seconds.clear()
 
-    def process(self, share: pa.RecordBatch, seq: int, first: int, events: int, ts0: int,
-                arrival: np.ndarray) -> None:  # fmt: skip
+    def process(self, share: pa.RecordBatch, seq: int, first: int, ts0: int,
+                batch_ends: np.ndarray, arrival: np.ndarray) -> None:  # fmt: skip
         """Run this executor's share of chunk ``seq`` (its events ``first..`` of the
-        chunk's ``events``, which start at ``ts0``) and hand its rows to the sink,
-        keeping at most a few writes in flight."""
+        chunk, which starts at ``ts0`` and whose punctuation batches end at
+        ``batch_ends``) and hand its rows to the sink, keeping at most a few writes in
+        flight."""
         chunk_time = Breakdown()
-        rows = self.run_share(share, seq, first, events, ts0, chunk_time)
+        events = int(batch_ends[-1])
+        rows = self.run_share(share, seq, first, ts0, batch_ends, chunk_time)
         self.time.add(chunk_time)
         self.chunks.append({"ts": ts0, "events": events, "breakdown_s": chunk_time.as_dict()})
         self._pending.append(self.sink.write.remote(rows, ts0 + first, arrival))
         if len(self._pending) > MAX_PENDING_WRITES:
             self._wait(self._pending.popleft())
 
-    def run_share(self, share: pa.RecordBatch, seq: int, first: int, events: int, ts0: int,
-                  time: Breakdown) -> pa.RecordBatch:  # fmt: skip
-        """Pre-process the share, execute the chunk with the team, post-process the
-        share; its output rows. A failure here releases the peers' waits."""
+    def run_share(self, share: pa.RecordBatch, seq: int, first: int, ts0: int,
+                  batch_ends: np.ndarray, time: Breakdown) -> pa.RecordBatch:  # fmt: skip
+        """Pre-process the share, execute the chunk's punctuation batches with the team,
+        post-process the share; its output rows. A failure here releases the peers'
+        waits."""
         try:
-            return self._run_share(share, seq, first, events, ts0, time)
+            return self._run_share(share, seq, first, ts0, batch_ends, time)
         except BaseException:
             self.team.fail()
             raise
 
-    def _run_share(self, share, seq, first, events, ts0, time) -> pa.RecordBatch:
+    def _run_share(self, share, seq, first, ts0, batch_ends, time) -> pa.RecordBatch:
+        events = int(batch_ends[-1]) if len(batch_ends) else 0
         team, topology, layout = self.team, self.topology, self.state.layout
         with time.timing("useful"):
             batch = EventBatch(share, topology, layout.sizes)
@@ -171,13 +181,17 @@ class Executor:
         self.team.barrier(time)
         ops = chunk.operations()
         self.scheduler.prepare(chunk, ops, time)
-        interval = self.config.punctuation_interval
-        for begin in range(0, events, interval) or [0]:
+        begin = 0
+        for end in batch_ends:
             start = perf_counter()
-            self.scheduler.execute(chunk, ops, begin, min(begin + interval, events), time)
+            self.scheduler.execute(chunk, ops, begin, int(end), time)
             self.team.barrier(time)
             self.batch_seconds.append(perf_counter() - start)
+            begin = int(end)
         self.scheduler.finish(chunk, ops, first, first + batch.n, time)
+        self.team.barrier(time)  # the whole chunk is done: the state is as of ts0 + events
+        if team.rank == 0 and seq >= 0:
+            self.snapshots.publish(self.state.values, ts0 + events, seq + 1)
         results = Results(
             status=chunk.status[share].copy(),
             reason=chunk.status_reason[share].copy(),
@@ -243,5 +257,6 @@ class Executor:
         if self._chunk is not None:
             self._chunk.close()
         self.state.close()
+        self.snapshots.close()
         if self._sync is not None:
             self._sync.close()

@@ -1,25 +1,44 @@
-"""ProgressController: assigns ts, cuts the stream into chunks, feeds the team.
+"""ProgressController: the session's front door. Assigns ts, cuts punctuations, feeds the team.
 
-ts is the input position. Events are handed over in chunks of whole punctuation
-batches (one Ray call per executor per chunk, never per event or per batch). Every
-executor gets a contiguous share of every chunk to pre-process; the team executes
-the chunk together, synchronising in shared memory. A bounded number of chunks is
-in flight: back-pressure on the source.
+Input arrives as it is pushed (Arrow tables, or sources it reads itself: Parquet files,
+Spark partitions), in push order. ts is the position in the concatenation of everything
+pushed. Punctuation batches are cut by count and by time and handed to the team in
+chunks of whole batches, sized for the latency target (`txstream.actors.punctuation`):
+one Ray call per executor per chunk, never per event or per batch, and a bounded number
+of chunks in flight. Every executor gets a contiguous share of every chunk to pre-process;
+the team executes the chunk together, synchronising in shared memory.
+
+It runs as a Ray actor with three concurrency groups: ``input`` (push, flush, close: one
+thread, so calls keep the order they were made in), ``run`` (the dispatch loop, one long
+call for the whole session) and the default group (status and queries from outside
+readers, when the session is named).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import ray
+from txstream.actors.punctuation import Chunk, ChunkSizer, Punctuator
 from txstream.cluster.topology import yield_to_executors
 from txstream.config import RunConfig
 from txstream.errors import PeerFailed
-from txstream.sources import Source
+from txstream.sources import Source, conform_events
+from txstream.state.shared import ArrayHandle, SharedArray
+from txstream.state.snapshots import SnapshotHandle, SnapshotRing
+from txstream.topologies.api import Layout
 
 CHUNKS_IN_FLIGHT = 2
+"""Chunks handed to the team and not finished yet: one being executed, one ready."""
+READ_AHEAD = 2
+"""Chunks' worth of events a source is read ahead of the team (bounded memory)."""
+CONCURRENCY = {"input": 1, "run": 1}
+"""Ray concurrency groups (see module docstring)."""
 
 
 def share_bounds(events: int, parties: int) -> list[tuple[int, int]]:
@@ -28,84 +47,264 @@ def share_bounds(events: int, parties: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
-class ProgressController:
-    """Reads the source in order and dispatches every chunk to the whole team."""
+@dataclass
+class _InFlight:
+    seq: int
+    ts0: int
+    size: int
+    dispatched: float
+    calls: list
 
-    def __init__(self, config: RunConfig, source: Source, executors: list):
+
+class ProgressController:
+    """Takes pushed input in order and dispatches it to the whole team (module docstring).
+
+    ``schema`` is the topology's canonical event schema (every pushed batch is conformed
+    to it); ``watermark``, ``snapshots``, ``layout`` and ``tables`` (value columns by
+    table) serve outside readers.
+    """
+
+    def __init__(self, config: RunConfig, schema: pa.Schema, executors: list, sink: object,
+                 watermark: ArrayHandle, snapshots: SnapshotHandle, layout: Layout,
+                 tables: dict[str, list[str]]):  # fmt: skip
         yield_to_executors()
         self.config = config
-        self.source = source
+        self.schema = schema
         self.executors = executors
+        self.sink = sink
+        self._handles = (watermark, snapshots)
+        self.layout = layout
+        self.tables = tables
+        self._readers: tuple[SharedArray, SnapshotRing] | None = None
+        self._cond = threading.Condition()
+        self._queue: deque = deque()  # ("table", RecordBatch list, arrival) | ("source", Source)
+        self._flush_through = 0
+        self._closing = False
+        self._dispatching = True
+        self._received = 0
+        self._failure: BaseException | None = None
+        punctuation_s = None if config.punctuation_ms is None else config.punctuation_ms / 1e3
+        self._punctuator = Punctuator(config.punctuation_interval, punctuation_s)
+        self._sizer = ChunkSizer(config.latency_target_ms / 1e3)
+        self._in_flight: deque[_InFlight] = deque()
+        self._seq = 0
+        self._chunk_sizes: list[int] = []
+        self._started = time.time()
 
+    # ---------------------------------------------------------------- input (in order)
+    @ray.method(concurrency_group="input")
+    def push(self, events: pa.Table, arrival: float) -> None:
+        """Events pushed at ``arrival``; they follow everything pushed before."""
+        batches = conform_events(events, self.schema).to_batches()
+        with self._cond:
+            self._queue.append(("table", batches, arrival))
+            self._received += events.num_rows
+            self._cond.notify_all()
+
+    @ray.method(concurrency_group="input")
+    def push_source(self, source: Source) -> None:
+        """A source to read in full (Parquet files, Spark partitions) after what was
+        pushed before; its events arrive as they are read."""
+        with self._cond:
+            self._queue.append(("source", source))
+            self._received += source.num_rows or 0
+            self._cond.notify_all()
+
+    @ray.method(concurrency_group="input")
+    def flush(self, through: int) -> None:
+        """Punctuate and commit the outputs once the first ``through`` events arrived."""
+        with self._cond:
+            self._flush_through = max(self._flush_through, through)
+            self._cond.notify_all()
+
+    @ray.method(concurrency_group="input")
+    def close(self) -> None:
+        """No more input: process what is pending, then `run` returns."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
+    # ---------------------------------------------------------------- the dispatch loop
+    @ray.method(concurrency_group="run")
     def run(self) -> dict:
-        """Stream the whole source through the executors; returns what each reports."""
-        import ray
-
+        """Dispatch every pushed event until `close`; returns what each executor reports.
+        Raises the root cause if an executor fails."""
         cpu_start = time.process_time()
-        chunk_events = self.config.chunk_events
-        pending: list[pa.RecordBatch] = []
-        arrivals: list[np.ndarray] = []
-        buffered = 0
-        ts = 0
-        seq = 0
-        in_flight: deque = deque()
-
-        def dispatch(n: int) -> None:
-            nonlocal pending, arrivals, buffered, ts, seq
-            table = pa.Table.from_batches(pending).combine_chunks()
-            arrival = np.concatenate(arrivals)
-            chunk = table.slice(0, n)
-            rest = table.slice(n)
-            pending = rest.to_batches() if rest.num_rows else []
-            arrivals = [arrival[n:]] if rest.num_rows else []
-            buffered -= n
-            calls = []
-            for executor, (first, end) in zip(
-                self.executors, share_bounds(n, len(self.executors)), strict=True
-            ):
-                share = _record_batch(chunk.slice(first, end - first))
-                calls.append(executor.process.remote(share, seq, first, n, ts, arrival[first:end]))
-            in_flight.append(calls)
-            ts += n
-            seq += 1
-            while len(in_flight) > CHUNKS_IN_FLIGHT:
-                self._wait(in_flight.popleft())
-
-        for batch in self.source.iter_batches(chunk_events):
-            if batch.num_rows == 0:
-                continue
-            pending.append(batch)
-            arrivals.append(np.full(batch.num_rows, time.time()))
-            buffered += batch.num_rows
-            while buffered >= chunk_events:
-                dispatch(chunk_events)
-        if buffered:
-            dispatch(buffered)
-        for calls in in_flight:
-            self._wait(calls)
-        executors = ray.get(
-            [e.flush.remote() for e in self.executors], timeout=self.config.timeout_s
-        )
-        cpu_s = round(time.process_time() - cpu_start, 3)
-        return {"events": ts, "executors": executors, "cpu_s": cpu_s}
-
-    def _wait(self, calls: list) -> None:
-        """Wait for one chunk's calls; if one failed, raise the root cause (not the
-        peers' `PeerFailed`, which they raise once they learn of it)."""
-        import ray
-
+        reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
+        reaper.start()
         try:
-            ray.get(calls, timeout=self.config.timeout_s)
-        except ray.exceptions.RayError as first:
-            for call in calls:
-                try:
-                    ray.get(call, timeout=self.config.timeout_s)
-                except ray.exceptions.RayTaskError as exc:
-                    if not isinstance(exc.cause, PeerFailed):
-                        raise exc from None
-                except ray.exceptions.RayError as exc:
+            self._dispatch_until_closed()
+            with self._cond:
+                while self._in_flight and self._failure is None:
+                    self._cond.wait()
+        finally:
+            with self._cond:
+                self._dispatching = False
+                self._cond.notify_all()
+            reaper.join()
+        if self._failure is not None:
+            raise self._failure
+        executors = ray.get([e.flush.remote() for e in self.executors],
+                            timeout=self.config.timeout_s)  # fmt: skip
+        sizes = np.asarray(self._chunk_sizes or [0])
+        p = self._punctuator
+        return {
+            "events": p.ts,
+            "executors": executors,
+            "cpu_s": round(time.process_time() - cpu_start, 3),
+            "chunks": {
+                "count": len(self._chunk_sizes),
+                "events_p50": int(np.median(sizes)),
+                "events_max": int(sizes.max()),
+            },  # fmt: skip
+            "punctuations": {"by_count": p.count_cuts, "by_time": p.time_cuts},
+        }
+
+    def _dispatch_until_closed(self) -> None:
+        p = self._punctuator
+        source = None
+        flushed = 0
+        while True:
+            with self._cond:
+                while True:
+                    if self._failure is not None:
+                        return
+                    self._take_tables()
+                    if source is None and self._queue:
+                        source = self._queue.popleft()[1].iter_batches(self._sizer.largest)
+                    now = time.time()
+                    arrived = p.ts + p.pending
+                    flush = self._flush_through if self._flush_through > flushed else 0
+                    flush = flush if arrived >= flush else 0
+                    ending = self._closing and source is None and not self._queue
+                    room = len(self._in_flight) < CHUNKS_IN_FLIGHT
+                    readable = source is not None and p.pending < READ_AHEAD * self._sizer.largest
+                    deadline = p.deadline()
+                    due = deadline is not None and now >= deadline
+                    if flush or ending or due or readable or (room and p.closed):
+                        break
+                    self._cond.wait(None if deadline is None else max(deadline - now, 1e-3))
+            if readable:
+                batch = next(source, None)
+                if batch is None:
+                    source = None
+                else:
+                    arrival = time.time()
+                    for piece in conform_events(batch, self.schema).to_batches():
+                        p.add(piece, arrival)
+            p.cut_if_due(time.time())
+            if flush or ending:
+                p.punctuate()
+            if flush:
+                ray.get(self.sink.commit_at.remote(flush), timeout=self.config.timeout_s)
+                flushed = flush
+            while len(self._in_flight) < CHUNKS_IN_FLIGHT:
+                chunk = p.take(self._sizer.limit(p.pending))
+                if chunk is None:
+                    break
+                self._dispatch(chunk)
+            if ending and p.pending == 0:
+                return
+
+    def _take_tables(self) -> None:
+        """Move pushed tables at the head of the queue to the punctuator (a source ahead
+        of them is read first)."""
+        while self._queue and self._queue[0][0] == "table":
+            _, batches, arrival = self._queue.popleft()
+            for batch in batches:
+                self._punctuator.add(batch, arrival)
+
+    def _dispatch(self, chunk: Chunk) -> None:
+        calls = []
+        for executor, (first, end) in zip(
+            self.executors, share_bounds(chunk.size, len(self.executors)), strict=True
+        ):
+            share = _record_batch(chunk.events.slice(first, end - first))
+            arrival = chunk.arrival[first:end]
+            calls.append(
+                executor.process.remote(
+                    share, self._seq, first, chunk.ts0, chunk.batch_ends, arrival
+                )
+            )
+        with self._cond:
+            self._in_flight.append(_InFlight(self._seq, chunk.ts0, chunk.size, time.time(), calls))
+            self._cond.notify_all()
+        self._chunk_sizes.append(chunk.size)
+        self._seq += 1
+
+    def _reap(self) -> None:
+        """Wait for the chunks in flight in order; measure the team's service rate; keep
+        the first failure (its root cause, not a peer's PeerFailed)."""
+        previous_end = 0.0
+        while True:
+            with self._cond:
+                while not self._in_flight and self._dispatching:
+                    self._cond.wait()
+                if not self._in_flight:
+                    return
+                oldest = self._in_flight[0]
+            try:
+                _wait_for_chunk(oldest.calls, self.config.timeout_s)
+            except BaseException as exc:
+                with self._cond:
+                    self._failure = exc
+                    self._in_flight.clear()
+                    self._cond.notify_all()
+                return
+            done = time.time()
+            self._sizer.observe(oldest.size, done - max(oldest.dispatched, previous_end))
+            previous_end = done
+            with self._cond:
+                self._in_flight.popleft()
+                self._cond.notify_all()
+
+    # ---------------------------------------------------------------- outside readers
+    def status(self) -> dict:
+        """Watermark, events received, throughput and latency so far."""
+        watermark, _ = self._attach()
+        sink = ray.get(self.sink.stats.remote(), timeout=self.config.timeout_s)
+        up = time.time() - self._started
+        w = int(watermark.array[0])
+        return {
+            "watermark": w,
+            "received": self._received,
+            "pending": self._received - w,
+            "uptime_s": round(up, 3),
+            "throughput_eps": round(self._sizer.rate, 1) if self._sizer.rate else None,
+            "latency_ms": sink["latency_ms"],
+            "committed": sink["committed"],
+            "aborted": sink["aborted"],
+            "rejected": sink["rejected"],
+        }
+
+    def query(self, table: str, keys: list[int] | None) -> tuple[int, pa.Table]:
+        """A table's rows as of the watermark (see `SnapshotRing.query`)."""
+        watermark, ring = self._attach()
+        return ring.query(self.layout, self.tables, table, keys,
+                          lambda: int(watermark.array[0]), self.config.timeout_s)  # fmt: skip
+
+    def _attach(self) -> tuple[SharedArray, SnapshotRing]:
+        if self._readers is None:
+            watermark, snapshots = self._handles
+            self._readers = (SharedArray.attach(watermark), SnapshotRing.attach(snapshots))
+        return self._readers
+
+
+def _wait_for_chunk(calls: list, timeout_s: float) -> None:
+    """Wait for one chunk's calls; if one failed, raise the root cause (not the peers'
+    `PeerFailed`, which they raise once they learn of it)."""
+    try:
+        ray.get(calls, timeout=timeout_s)
+    except ray.exceptions.RayError as first:
+        for call in calls:
+            try:
+                ray.get(call, timeout=timeout_s)
+            except ray.exceptions.RayTaskError as exc:
+                if not isinstance(exc.cause, PeerFailed):
                     raise exc from None
-            raise first
+            except ray.exceptions.RayError as exc:
+                raise exc from None
+        raise first
 
 
 def _record_batch(table: pa.Table) -> pa.RecordBatch:

@@ -1,7 +1,16 @@
-"""Sink: writes output rows to events.parquet in ts order and measures latency."""
+"""Sink: writes output rows in ts order as committed part files, measures latency.
+
+Executors hand it their shares of every chunk, in any order; it writes them in ts order
+and publishes the *watermark* (how many events have their outputs written) in shared
+memory, where the session and outside readers see it without a call. Rows go into a part
+file under the output's ``_temporary/``; a part is closed and committed at the commit
+points it is given (a flush, a checkpoint, the end) and, in a session, once it has been
+open for ``PART_SECONDS``, so that committed outputs follow the stream closely.
+"""
 
 from __future__ import annotations
 
+import bisect
 import time
 from pathlib import Path
 
@@ -11,57 +20,127 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from txstream.cluster.topology import yield_to_executors
 from txstream.metrics import LatencyHistogram
+from txstream.output import OutputDir
 from txstream.schedulers._kernels import STATUS_NAMES
 from txstream.state.shared import ArrayHandle, SharedArray
 
 DICTIONARY_COLUMNS = ["status", "reason"]
 """Few distinct values: dictionary-encoded. Dictionary attempts on unique int64 columns
 (ts, event_id) only to fall back cost 60% of the sink's time (measured)."""
+PART_SECONDS = 1.0
+"""In a session, a part is committed at the first write after it was open this long."""
 
 
 class Sink:
-    """Receives chunks of output rows (from any executor, in any order) and writes
-    them in ts order; counts statuses; publishes progress in shared memory."""
+    """Receives shares of output rows (from any executor, in any order) and writes them
+    in ts order into part files (see module docstring)."""
 
-    def __init__(self, out_dir: str, schema: pa.Schema, progress: ArrayHandle):
+    def __init__(self, output: OutputDir, schema: pa.Schema, watermark: ArrayHandle,
+                 start_ts: int = 0):  # fmt: skip
         yield_to_executors()
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        self._writer = pq.ParquetWriter(
-            str(Path(out_dir) / "events.parquet"), schema, use_dictionary=DICTIONARY_COLUMNS
-        )
-        self._progress = SharedArray.attach(progress)
+        self.output = output
+        self.schema = schema
+        self._watermark = SharedArray.attach(watermark)
         self._waiting: dict[int, tuple[pa.RecordBatch, np.ndarray]] = {}
-        self._next_ts = 0
+        self._next_ts = start_ts
+        self._commit_points: list[int] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._part_start = start_ts
+        self._part_opened = 0.0
+        self._parts = 0
+        self._committed = start_ts
         self.latency = LatencyHistogram()
         self.counts = dict.fromkeys(STATUS_NAMES, 0)
         self._cpu_s = 0.0
+        self._publish()
 
     def write(self, rows: pa.RecordBatch, ts0: int, arrival: np.ndarray) -> None:
-        """Accept a chunk that starts at ``ts0``; write every chunk that is now in order."""
+        """Accept a share that starts at ``ts0``; write every share that is now in order."""
         start = time.process_time()
         self._waiting[ts0] = (rows, arrival)
         while self._next_ts in self._waiting:
             rows, arrival = self._waiting.pop(self._next_ts)
-            self._writer.write_batch(rows)
-            self.latency.add(time.time() - arrival)
-            for value in pc.value_counts(rows.column("status")).to_pylist():
-                self.counts[value["values"]] += value["counts"]
-            self._next_ts += rows.num_rows
-            self._progress.array[0] = self._next_ts
+            self._write(rows, arrival)
         self._cpu_s += time.process_time() - start
 
-    def finish(self) -> dict:
-        """Close events.parquet; status counts and latency percentiles."""
-        if self._waiting:
-            raise RuntimeError(f"sink: chunks after ts {self._next_ts} never became contiguous")
+    def commit_at(self, ts: int) -> None:
+        """Commit a part that ends exactly at ``ts`` (registered before any row at or after
+        ``ts`` is dispatched; committed at once if every row before it is written)."""
+        if ts < self._next_ts:
+            raise ValueError(
+                f"sink: commit point {ts} is behind the rows written ({self._next_ts})"
+            )
+        bisect.insort(self._commit_points, ts)
+        self._commit_due()
+
+    def _write(self, rows: pa.RecordBatch, arrival: np.ndarray) -> None:
+        while rows.num_rows:
+            # never across a commit point: a part ends exactly there
+            room = self._commit_points[0] - self._next_ts if self._commit_points else rows.num_rows
+            piece, rows = rows.slice(0, room), rows.slice(room)
+            part_arrival, arrival = arrival[:room], arrival[room:]
+            if self._writer is None:
+                self._open()
+            self._writer.write_batch(piece)
+            self.latency.add(time.time() - part_arrival)
+            for value in pc.value_counts(piece.column("status")).to_pylist():
+                self.counts[value["values"]] += value["counts"]
+            self._next_ts += piece.num_rows
+            self._commit_due()
+        if self.output.progressive and time.monotonic() - self._part_opened >= PART_SECONDS:
+            self._commit()
+        self._publish()
+
+    def _commit_due(self) -> None:
+        while self._commit_points and self._commit_points[0] == self._next_ts:
+            self._commit_points.pop(0)
+            self._commit()
+
+    def _open(self) -> None:
+        self._part_start = self._next_ts
+        self._part_opened = time.monotonic()
+        self._writer = pq.ParquetWriter(
+            str(self._in_progress()), self.schema, use_dictionary=DICTIONARY_COLUMNS
+        )
+
+    def _commit(self) -> None:
+        """Close the open part and commit it (nothing to do if no row went into it)."""
+        if self._writer is None:
+            return
         self._writer.close()
-        self._progress.close()
+        self._writer = None
+        self.output.stage_part(self._in_progress(), self._part_start)
+        self._parts += 1
+        self._committed = self._next_ts
+        self._publish()
+
+    def _in_progress(self) -> Path:
+        return self.output.temporary / f"part-{self._part_start}.inprogress"
+
+    def _publish(self) -> None:
+        """The watermark (outputs written up to it) and the end of what is committed."""
+        self._watermark.array[:] = (self._next_ts, self._committed)
+
+    def stats(self) -> dict:
+        """What the sink has seen so far: watermark, status counts, latency percentiles."""
         return {
-            "cpu_s": round(self._cpu_s, 3),
             "events": self._next_ts,
             **self.counts,
+            "parts": self._parts,
+            "cpu_s": round(self._cpu_s, 3),
             "latency_ms": {
                 "p50": self.latency.percentile_ms(50),
                 "p99": self.latency.percentile_ms(99),
             },
         }
+
+    def finish(self) -> dict:
+        """Commit the last part (an empty one if the run had no event, so that a one-shot
+        output always has its events file); the sink's `stats`."""
+        if self._waiting:
+            raise RuntimeError(f"sink: shares after ts {self._next_ts} never became contiguous")
+        if self._writer is None and not self.output.parts():
+            self._open()
+        self._commit()
+        self._watermark.close()
+        return self.stats()

@@ -40,12 +40,23 @@ def ray_session(address: str | None = None, job_config: object | None = None) ->
         ray.shutdown()
 
 
-def start_actor(cls: type, *args: object, name: str | None = None, **kwargs: object) -> object:
-    """Start ``cls`` (a plain class) as a Ray actor. txstream's actors reserve no Ray
-    CPU: executors pin themselves to cores, the others mostly wait."""
+def start_actor(
+    cls: type,
+    *args: object,
+    name: str | None = None,
+    namespace: str | None = None,
+    concurrency_groups: dict[str, int] | None = None,
+    **kwargs: object,
+) -> object:
+    """Start ``cls`` (a plain class) as a Ray actor, named if ``name`` (in ``namespace``),
+    with ``concurrency_groups`` if it serves calls on several threads. txstream's actors
+    reserve no Ray CPU: executors pin themselves to cores, the others mostly wait."""
     import ray
 
-    return ray.remote(num_cpus=0, max_restarts=0)(cls).options(name=name).remote(*args, **kwargs)
+    groups = {"concurrency_groups": concurrency_groups} if concurrency_groups else {}
+    actor = ray.remote(num_cpus=0, max_restarts=0, **groups)(cls)
+    options = {"name": name, "namespace": namespace} if name else {}
+    return actor.options(**options).remote(*args, **kwargs)
 
 
 def stop_actors(actors: list) -> None:

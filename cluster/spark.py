@@ -141,6 +141,11 @@ def _active_session() -> SparkSession | None:
     return SparkSession.getActiveSession()
 
 
+def spark_running() -> bool:
+    """Whether this process has an active Spark session."""
+    return _active_session() is not None
+
+
 def is_spark_dataframe(data: object) -> bool:
     """Whether ``data`` is a Spark DataFrame (without importing pyspark otherwise)."""
     return type(data).__module__.startswith("pyspark.sql")

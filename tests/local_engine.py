@@ -9,6 +9,7 @@ threads do run in parallel.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,7 @@ from txstream.errors import PeerFailed
 from txstream.metrics import Breakdown
 from txstream.state.init import read_init_state
 from txstream.state.shared import new_run_id, run_prefix
+from txstream.state.snapshots import SnapshotRing
 from txstream.state.sync import ask_to_stop, seats, slots
 from txstream.state.tables import SharedState
 from txstream.topologies.api import Layout
@@ -59,9 +61,15 @@ def run_local(
     run_id = new_run_id()
     team = seats(placement, sockets or [0] * executors)
     sync = np.zeros(slots(executors, team[0].pools), np.int64)
-    with SharedState.create(run_id, layout, 2 * events.num_rows + 16) as state:
+    with (
+        SharedState.create(run_id, layout, 2 * events.num_rows + 16) as state,
+        _snapshot_ring(run_id, layout.cells) as snapshots,
+    ):
         state.load(topo, tables)
-        members = [Executor(config, state.handle, seat, sync, run_prefix(run_id)) for seat in team]
+        members = [
+            Executor(config, state.handle, seat, sync, run_prefix(run_id), snapshots)
+            for seat in team
+        ]
         rows: list[list[pa.RecordBatch]] = [[] for _ in members]
         errors: list[BaseException] = []
         helpers = []
@@ -74,8 +82,12 @@ def run_local(
                 for seq, (ts0, batch) in enumerate(_chunks(events, chunk)):
                     first, end = share_bounds(batch.num_rows, executors)[rank]
                     share = batch.slice(first, end - first)
+                    ends = np.append(
+                        np.arange(punctuation_interval, batch.num_rows, punctuation_interval),
+                        batch.num_rows,
+                    )
                     rows[rank].append(
-                        members[rank].run_share(share, seq, first, batch.num_rows, ts0, Breakdown())
+                        members[rank].run_share(share, seq, first, ts0, ends, Breakdown())
                     )
             except BaseException as exc:  # reported by the caller
                 errors.append(exc)
@@ -97,6 +109,15 @@ def run_local(
         ordered = sorted((r for rank in rows for r in rank), key=lambda r: r["ts"][0].as_py()
                          if r.num_rows else -1)  # fmt: skip
         return pa.Table.from_batches(ordered, output_schema(topo)), state.tables(topo)
+
+
+@contextmanager
+def _snapshot_ring(run_id: str, cells: int):
+    ring = SnapshotRing.create(run_id, cells)
+    try:
+        yield ring
+    finally:
+        ring.close()
 
 
 def _serve(coordinator: Coordinator, errors: list[BaseException]) -> None:

@@ -650,6 +650,12 @@ class Topology:
                 sizes[t.name] = init_sizes[t.size_of]
         return sizes
 
+    @property
+    def event_schema(self) -> pa.Schema:
+        """The event columns with their canonical Arrow types (what the engine reads)."""
+        types = {INT: pa.int64(), STRING: pa.string(), INT_LIST: pa.list_(pa.int64())}
+        return pa.schema([(name, types[typ]) for name, typ in self.event_columns.items()])
+
     def check_event_schema(self, schema: pa.Schema) -> None:
         """Raise :class:`SchemaError` unless every declared event column has a usable type."""
         for name, typ in self.event_columns.items():
