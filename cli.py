@@ -87,6 +87,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--name", default=None, help="name the session: `txstream query/status` reach it"
     )
+    run.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        metavar="D",
+        help="write checkpoints to D: the run survives failures, and the same command run "
+        "again after a crash resumes from the last checkpoint",
+    )
+    run.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="B",
+        help="punctuation batches between checkpoints (default 100; needs --checkpoint-dir)",
+    )
 
     query = verbs.add_parser("query", help="print a table of a running named session")
     query.add_argument("table")
@@ -139,6 +153,8 @@ def _run(args: argparse.Namespace) -> None:
         punctuation_ms=args.punctuation_ms,
         latency_target_ms=args.latency_target_ms,
         overwrite=args.overwrite,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=args.checkpoint_every,
         progress=not args.no_progress,
     )
     if args.follow:

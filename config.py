@@ -11,6 +11,8 @@ PLACEMENTS = ("shared-nothing", "shared-per-socket", "shared-everything")
 SOURCES = ("spark", "arrow")
 LATENCY_TARGET_MS = 500.0
 """Default push-to-output latency target (bench/latency: see README, Sessions)."""
+CHECKPOINT_EVERY = 100
+"""Default punctuation batches between checkpoints (bench/recovery: see README)."""
 PUNCTUATION_MS = 50.0
 """Default time after which a punctuation batch is cut however few events it has."""
 
@@ -34,6 +36,9 @@ class RunConfig:
     punctuation_ms: float | None = PUNCTUATION_MS
     latency_target_ms: float = LATENCY_TARGET_MS
     overwrite: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    """Punctuation batches between checkpoints (None: CHECKPOINT_EVERY); needs a folder."""
     timeout_s: float = 600.0
     progress: bool = True
 
@@ -58,6 +63,14 @@ class RunConfig:
                 "--punctuation-ms must be > 0",
             ),
             (self.latency_target_ms > 0, "--latency-target-ms must be > 0"),
+            (
+                self.checkpoint_every is None or self.checkpoint_every >= 1,
+                "--checkpoint-every must be >= 1",
+            ),  # fmt: skip
+            (
+                self.checkpoint_every is None or self.checkpoint_dir is not None,
+                "--checkpoint-every needs --checkpoint-dir",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -65,6 +78,11 @@ class RunConfig:
         from txstream.schedulers import get as get_scheduler
 
         get_scheduler(self.scheduler)
+
+    @property
+    def checkpoint_interval(self) -> int:
+        """Punctuation batches between checkpoints."""
+        return self.checkpoint_every or CHECKPOINT_EVERY
 
     def as_dict(self) -> dict:
         """The configuration as JSON-ready values."""

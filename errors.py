@@ -25,3 +25,8 @@ class RuntimeFailure(TxstreamError):
 
 class PeerFailed(RuntimeFailure):
     """An executor stopped because another one failed (that one's error is the cause)."""
+
+
+class ActorDied(RuntimeFailure):
+    """An actor's process died (killed, out of memory): a session with checkpoints
+    recovers from it; any other failure would happen again on replay."""

@@ -27,10 +27,10 @@ log = logging.getLogger(__name__)
 class FolderWatch:
     """The complete Parquet files of a folder not seen before, in name order."""
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, seen: list[str] = ()):
         self.folder = Path(folder)
-        self._last: str | None = None
-        self._seen: set[str] = set()
+        self._seen: set[str] = set(seen)
+        self._last: str | None = max(seen, default=None)
 
     def new_files(self) -> list[Path]:
         """Files that appeared complete since the last call, in name order."""
@@ -70,11 +70,13 @@ def follow(
     folder: str | Path,
     stop: threading.Event,
     on_files: Callable[[list[Path], int], None] | None = None,
+    seen: list[str] = (),
 ) -> int:
     """Push every complete file of ``folder`` as it appears, flushing after each round,
     until ``_STOP`` or ``stop``; the number of files pushed. ``on_files(files,
-    watermark)`` is told about each round."""
-    watch = FolderWatch(folder)
+    watermark)`` is told about each round; files named in ``seen`` were pushed before
+    (a resumed session)."""
+    watch = FolderWatch(folder, seen)
     pushed = 0
     while True:
         files = watch.new_files()

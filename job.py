@@ -21,7 +21,7 @@ from txstream.cluster.ray_runtime import ray_session
 from txstream.config import RunConfig
 from txstream.result import Result
 from txstream.session import Session, plan
-from txstream.sources import ArrowSource, Source
+from txstream.sources import ArrowSource, SkippedSource, Source
 from txstream.state.init import InitState
 
 __all__ = ["Job", "Result"]
@@ -59,40 +59,45 @@ class Job:
         on Ray), or any Source. With ``output``, writes events.parquet, state/,
         metrics.json and _SUCCESS there, committed together at the end. With ``name``,
         outside readers can query it while it runs (see `start`)."""
-        session_plan = plan(self.config, init_state, output, name=name, progressive=False)
+        events = self._checked(events)
+        session_plan = plan(self.config, init_state, output, name=name, progressive=False,
+                            source=None if _is_spark(events) else events)  # fmt: skip
         try:
             with ExitStack() as stack:
                 source, ingest, job_config = self._open_source(events, stack)
                 session_plan.expected_events = source.num_rows
                 with Session(session_plan, job_config) as session:
                     session.extra_metrics = ingest
+                    if session.resumed_from:  # a checkpoint covers the events before it
+                        source = SkippedSource(source, session.resumed_from)
                     session.push(source)
                     return session.close()
         finally:
             session_plan.discard_unused()
 
+    def _checked(self, events: Any) -> Any:
+        """``events`` as a source whose schema is checked, before anything starts (a Spark
+        DataFrame stays as it is: Spark checks it)."""
+        topology = topologies.get(self.config.topology)
+        if _is_spark(events):
+            return events
+        source = events if hasattr(events, "iter_batches") else ArrowSource(events)
+        topology.check_event_schema(source.schema)
+        return source
+
     def _open_source(self, events: Any, stack: ExitStack) -> tuple[Source, dict, Any]:
-        """The event source, its schema checked; for Spark, started on a Ray with the JVM
+        """The event source (see `_checked`); for Spark, started on a Ray with the JVM
         flags and staged in input order (its seconds are returned, reported apart)."""
         from txstream.cluster import spark
 
-        topology = topologies.get(self.config.topology)
-        if hasattr(events, "iter_batches"):
-            topology.check_event_schema(events.schema)
+        reads_files = isinstance(events, ArrowSource) and events.files
+        if not _is_spark(events) and not (reads_files and self.config.source == "spark"):
             return events, {}, None
-        from_spark = spark.is_spark_dataframe(events)
-        if not from_spark and (isinstance(events, pa.Table) or self.config.source == "arrow"):
-            source = ArrowSource(events)
-            topology.check_event_schema(source.schema)
-            return source, {}, None
-        if not from_spark:  # a path: check the Parquet footers before starting Spark
-            events = ArrowSource(events)
-            topology.check_event_schema(events.schema)
         begin = time.perf_counter()
         job_config = self._start_spark(stack)
         started = time.perf_counter()
         source = stack.enter_context(spark.SparkSource(events))
-        topology.check_event_schema(source.schema)
+        topologies.get(self.config.topology).check_event_schema(source.schema)
         staged = time.perf_counter()
         spark_seconds = {"startup_s": round(started - begin, 3),
                          "staging_s": round(staged - started, 3)}  # fmt: skip
@@ -127,7 +132,24 @@ class Job:
             with ExitStack() as stack:
                 job_config = self._start_spark(stack) if self.config.source == "spark" else None
                 with Session(session_plan, job_config) as session:
-                    follow(session.push, session.flush, folder, stop, on_files)
+
+                    def push(path: Path, skip: int = 0) -> None:
+                        source = session.source(path)
+                        session.push(SkippedSource(source, skip) if skip else source)
+
+                    start = session.resumed_from
+                    done = [f for f in session.resumed_files if f["end"] <= start]
+                    for f in session.resumed_files:  # the input after the checkpoint
+                        if f["end"] > start:
+                            push(Path(f["path"]), max(0, start - f["start"]))
+                    seen = [Path(f["path"]).name for f in [*done, *session.resumed_files]]
+                    follow(push, session.flush, folder, stop, on_files, seen)
                     return session.close()
         finally:
             session_plan.discard_unused()
+
+
+def _is_spark(events: Any) -> bool:
+    from txstream.cluster.spark import is_spark_dataframe
+
+    return is_spark_dataframe(events)

@@ -37,6 +37,8 @@ STATE = "state"
 METRICS = "metrics.json"
 OURS = frozenset({TEMPORARY, LOGS})
 """Entries of an output directory that are txstream's bookkeeping, never a result."""
+RUN = "_RUN"
+"""File in ``_temporary`` naming the run that writes it (checkpoints refer to it)."""
 _CLEARED = "_CLEARED"
 """Marker in ``_temporary``: this run already removed the previous output (--overwrite)."""
 
@@ -122,10 +124,24 @@ class OutputDir:
         return sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
 
     def drop_parts_from(self, ts: int) -> None:
-        """Remove the parts whose first row is at or after ``ts`` (a recovery replays them)."""
+        """Remove the parts whose first row is at or after ``ts``, and parts being written
+        (a recovery replays them)."""
         for part in self.parts():
             if part_first_ts(part.name) >= ts:
                 part.unlink()
+        for written in self.temporary.glob("*.inprogress"):
+            written.unlink()
+
+    def mark_run(self, token: str) -> None:
+        """Tag ``_temporary`` with the run writing it (a resumed run must be that one)."""
+        (self.temporary / RUN).write_text(token)
+
+    def run_token(self) -> str | None:
+        """The tag of the run whose uncommitted output this is, if any."""
+        try:
+            return (self.temporary / RUN).read_text()
+        except OSError:
+            return None
 
     def commit(self, state: dict[str, object], metrics_json: str) -> None:
         """Final commit: events (one file, or the session's parts already in place),

@@ -1,4 +1,4 @@
-"""Sessions: a stream that stays up (SPEC §6).
+"""Sessions: a stream that stays up (SPEC §6, §7).
 
 A `Session` owns a run's resources for as long as the user wants: a Ray (its own or the
 caller's), the state and the team's synchronisation in shared memory, and the actors -
@@ -8,26 +8,35 @@ read the state as of a chunk boundary the watermark has reached; ``close()`` com
 outputs and frees everything. `Job.run` is a session too: start, push everything, close.
 
 Everything that can be checked is checked before anything starts (`plan`): the topology,
-the init state, the cores, the output directory. Whatever fails later - an actor, the
-user's Ctrl-C - the session stops every actor it started, unlinks its shared memory,
-removes what it wrote to temporary places and shuts down the Ray it started; the failure
-surfaces on the next call, with its cause.
+the init state, the cores, the output directory, a checkpoint to resume from. Whatever
+fails later - an actor, the user's Ctrl-C - the session stops every actor it started,
+unlinks its shared memory, removes what it wrote to temporary places and shuts down the
+Ray it started; the failure surfaces on the next call, with its cause.
+
+With a checkpoint folder, the session survives the death of any of its actors: it starts
+a new team from the last checkpoint and pushes the input after it again
+(`txstream.recovery`); and a session started again on the folder of a killed one
+continues where its last checkpoint left off.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import secrets
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 from txstream import schedulers, topologies
@@ -35,14 +44,24 @@ from txstream.actors.coordinator import Coordinator
 from txstream.actors.executor import Executor, output_schema
 from txstream.actors.progress import CONCURRENCY, ProgressController
 from txstream.actors.sink import Sink
-from txstream.cluster.ray_runtime import ray_session, start_actor, stop_actors
+from txstream.cluster.ray_runtime import ray_session, start_actor, stop_actors, wait_all
 from txstream.cluster.topology import host_topology
 from txstream.config import RunConfig
-from txstream.errors import PeerFailed, RuntimeFailure, TxstreamError, UsageError
+from txstream.errors import ActorDied, PeerFailed, RuntimeFailure, TxstreamError, UsageError
 from txstream.metrics import run_metrics
-from txstream.output import EVENTS, OutputDir, part_first_ts
+from txstream.output import OutputDir, part_first_ts
+from txstream.recovery import (
+    FORMAT,
+    CheckpointWriter,
+    InputLog,
+    Pushed,
+    input_identity,
+    resume_point,
+)
 from txstream.result import Result
+from txstream.schedulers._kernels import STATUS_NAMES
 from txstream.sources import ArrowSource, Source
+from txstream.state.checkpoints import Checkpoint, CheckpointBuffer, CheckpointStore
 from txstream.state.chunk import sweep_segments
 from txstream.state.init import InitState, read_init_state
 from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
@@ -60,6 +79,10 @@ NAMESPACE = "txstream"
 """Ray namespace of named sessions, where `txstream query/status` look for them."""
 WRITTEN, COMMITTED = 0, 1
 """Words of the watermark array: outputs written (the watermark), and committed."""
+MAX_RECOVERIES = 3
+"""Recoveries from one checkpoint without getting past it, before the session gives up."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,18 +99,32 @@ class SessionPlan:
     """The output is a private temporary folder (no output asked for): removed at the end."""
     name: str | None
     expected_events: int | None = None
+    input: dict[str, Any] | None = None
+    """What identifies a one-shot run's input (checkpoints of another input are refused)."""
+    store: CheckpointStore | None = None
+    resume: Checkpoint | None = None
+    """The checkpoint of an interrupted run this session continues from."""
 
     @property
     def tables(self) -> dict[str, list[str]]:
         """The value columns of every table, by table name."""
         return {t.name: list(t.columns) for t in self.topology.tables}
 
+    @property
+    def set_capacity(self) -> int:
+        """Slots of the distinct sets (twice the events, when known)."""
+        if not any(t.distinct for t in self.topology.tables):
+            return 16
+        wanted = 2 * (self.expected_events or DEFAULT_SET_CAPACITY)
+        return 1 << max(4, int(wanted - 1).bit_length())
+
     def discard_unused(self) -> None:
         """Remove what was prepared and not committed: the private output folder, or the
-        ``_temporary`` of an output that was never committed (idempotent)."""
+        ``_temporary`` of an output that was never committed (idempotent). An output
+        that checkpoints can resume is kept."""
         if self.own_output:
             shutil.rmtree(self.output.path, ignore_errors=True)
-        else:
+        elif self.store is None or self.store.complete:
             self.output.abandon()
 
 
@@ -98,10 +135,12 @@ def plan(
     *,
     name: str | None = None,
     progressive: bool = True,
+    source: Any = None,
 ) -> SessionPlan:
     """Check everything a session needs before starting anything; UsageError,
     SchemaError or TopologyError otherwise. ``progressive``: outputs are committed as
-    part files while the session runs (a one-shot run commits once, at the end)."""
+    part files while the session runs (a one-shot run commits once, at the end).
+    ``source``: a one-shot run's input (it identifies the run for checkpoints)."""
     topology = topologies.get(config.topology)
     cores = host_topology(config.sockets).assign(config.executors)
     init = read_init_state(topology, init_state)
@@ -110,16 +149,45 @@ def plan(
     )
     if name is not None and not name:
         raise UsageError("a session name must not be empty")
+    store = CheckpointStore(config.checkpoint_dir) if config.checkpoint_dir else None
+    identity = input_identity(source) if source is not None else None
+    resume = None
+    if store is not None:
+        resume = resume_point(
+            store, {"topology": config.topology, "sizes": layout.sizes, "input": identity}
+        )
     own = output is None
+    if resume is not None:
+        _check_resumable(resume, output, progressive)
     path = Path(tempfile.mkdtemp(prefix="txstream_")) if own else Path(output)
     out = OutputDir(path, overwrite=config.overwrite or own, progressive=progressive)
     try:
-        out.prepare()
+        out.prepare(resume=resume is not None)
     except BaseException:
         if own:
             shutil.rmtree(path, ignore_errors=True)
         raise
-    return SessionPlan(config, topology, init, layout, cores, out, own, name)
+    expected = getattr(source, "num_rows", None)
+    return SessionPlan(config, topology, init, layout, cores, out, own, name, expected,
+                       identity, store, resume)  # fmt: skip
+
+
+def _check_resumable(checkpoint: Checkpoint, output: str | Path | None, progressive: bool) -> None:
+    """An interrupted run is resumed only into its own uncommitted output."""
+    meta, where = checkpoint.meta, f"checkpoint {checkpoint.path}"
+    if output is None or meta.get("output") is None:
+        raise UsageError(
+            f"{where} belongs to a run without an output directory, whose outputs cannot be "
+            "resumed; remove it to start afresh"
+        )
+    out = OutputDir(Path(output), progressive=progressive)
+    if meta["output"] != str(Path(output).resolve()) or out.run_token() != meta["output_run"]:
+        raise UsageError(
+            f"{where} belongs to the output {meta['output']}, not to {output}, or that output "
+            "was committed or removed since; remove the checkpoints to start afresh"
+        )
+    if meta.get("progressive") != progressive:
+        raise UsageError(f"{where} is of a {'session' if meta.get('progressive') else 'run'}")
 
 
 class Session:
@@ -134,18 +202,36 @@ class Session:
         self.topology = plan.topology
         self._stack = ExitStack()
         self._actors: list = []
-        self._pushed = 0
+        self._pids: list[int] = []
+        self.resumed_from = plan.resume.ts if plan.resume else 0
+        """The ts this session continues from (0: it started afresh)."""
+        self._pushed = self.resumed_from
         self._table_pushes: list[tuple[int, int]] = []  # (end ts, bytes) of pushed tables
         self._sources: list[Any] = []
+        self._inputs = InputLog(keep=plan.store is not None)
         self._failure: BaseException | None = None
         self._result: Result | None = None
+        self._closing = False
         self._serving = None
-        self.last_batch_id = -1
-        """The last Spark micro-batch pushed (`txstream.streaming`)."""
+        self._writer: CheckpointWriter | None = None
+        self._token: str | None = None
+        self._launches = 0
+        self.recoveries: list[dict[str, Any]] = []
+        resumed = plan.resume.meta if plan.resume else {}
+        self.last_batch_id = resumed.get("last_batch_id")
+        """The last Spark micro-batch pushed (`txstream.streaming`), None if none."""
+        if self.last_batch_id is None:
+            self.last_batch_id = -1
+        self.resumed_files = resumed.get("files", [])
+        """Single files pushed before the resumed checkpoint (`txstream.follow`)."""
         self.extra_metrics: dict[str, Any] = {}
         """Metrics the caller adds (e.g. Spark's start-up), written with the session's."""
         try:
-            self._start(job_config)
+            begin = time.perf_counter()
+            self._allocate(job_config)
+            self._launch(self.resumed_from)
+            self.startup_s = time.perf_counter() - begin
+            self._started = time.perf_counter()
         except BaseException:
             self._teardown(failed=True)
             raise
@@ -157,29 +243,70 @@ class Session:
         return cls(plan(config, init_state, output, name=name))
 
     # ---------------------------------------------------------------- start-up
-    def _start(self, job_config: object | None) -> None:
+    def _allocate(self, job_config: object | None) -> None:
+        """What lives as long as the session: shared memory, Ray, the checkpoint writer."""
         cfg, plan, stack = self.config, self.plan, self._stack
-        topology, layout = self.topology, plan.layout
-        begin = time.perf_counter()
         sweep_stale_segments()
         run_id = new_run_id()
-        has_sets = any(t.distinct for t in topology.tables)
-        capacity = 2 * (plan.expected_events or DEFAULT_SET_CAPACITY) if has_sets else 16
-        self._state = stack.enter_context(SharedState.create(run_id, layout, capacity))
-        self._state.load(topology, plan.init)
+        self._prefix = run_prefix(run_id)
+        self._state = stack.enter_context(
+            SharedState.create(run_id, plan.layout, plan.set_capacity)
+        )
+        if plan.resume is not None:
+            self._restore(plan.resume)
+        else:
+            self._state.load(self.topology, plan.init)
         self._watermark = SharedArray.create(run_id, "watermark", (2,), "int64")
         stack.callback(self._watermark.close)
-        team = seats(cfg.placement, [socket for socket, _ in plan.cores])
-        self._sync = SharedArray.create(run_id, "sync", (slots(len(team), team[0].pools),), "int64")
+        self._team = seats(cfg.placement, [socket for socket, _ in plan.cores])
+        words = slots(len(self._team), self._team[0].pools)
+        self._sync = SharedArray.create(run_id, "sync", (words,), "int64")
         stack.callback(self._sync.close)
-        self._snapshots = SnapshotRing.create(run_id, layout.cells)
+        self._snapshots = SnapshotRing.create(run_id, plan.layout.cells)
         stack.callback(self._snapshots.close)
-        self._snapshots.publish(self._state.values, 0, 0)
-        stack.callback(sweep_segments, run_prefix(run_id))  # if an executor died
+        stack.callback(sweep_segments, self._prefix)  # if an executor died
+        self._buffer = None
+        if plan.store is not None:
+            self._buffer = CheckpointBuffer.create(run_id, self._state)
+            stack.callback(self._buffer.close)
+            self._token = plan.resume.meta["output_run"] if plan.resume else secrets.token_hex(8)
+            self._writer = CheckpointWriter(
+                self._buffer, plan.store, lambda: int(self._watermark.array[COMMITTED]),
+                self._checkpoint_meta, self._inputs.release,
+            )  # fmt: skip
+            stack.callback(self._writer.stop)
+            if plan.resume is None:
+                plan.store.clear()
+                plan.output.mark_run(self._token)
+                self._write_checkpoint_now(0)
         stack.enter_context(ray_session(cfg.address, job_config=job_config))
-        stack.callback(stop_actors, self._actors)
-        sink = start_actor(Sink, plan.output, output_schema(topology), self._watermark.handle)
+        stack.callback(self._stop_actors)
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        for name in ("values", "set_cells", "set_members"):
+            want, got = getattr(self._state, name).shape, checkpoint.load(name).shape
+            if want != got:
+                raise UsageError(
+                    f"checkpoint {checkpoint.path} is of another state size ({name} {got}, "
+                    f"here {want}); use another --checkpoint-dir or remove it"
+                )
+        checkpoint.restore(self._state)
+
+    def _launch(self, ts: int) -> None:
+        """Start a team (and its Coordinator, Sink and ProgressController) on the state as
+        it stands, which is as after the first ``ts`` events; push the input after ``ts``
+        again if some was pushed already."""
+        cfg, plan, topology = self.config, self.plan, self.topology
+        self._sync.array[:] = 0
+        self._snapshots.reset(self._state.values, ts)
+        self._watermark.array[:] = (ts, ts)
+        if self._buffer is not None:
+            self._buffer.reset(ts)
+        plan.output.drop_parts_from(ts)
+        sweep_segments(self._prefix)
+        sink = start_actor(Sink, plan.output, output_schema(topology), self._watermark.handle, ts)
         self._actors.append(sink)
+        buffer = self._buffer.handle if self._buffer is not None else None
         executors = [
             start_actor(
                 Executor,
@@ -187,32 +314,39 @@ class Session:
                 self._state.handle,
                 seat,
                 self._sync.handle,
-                run_prefix(run_id),
+                self._prefix,
                 self._snapshots.handle,
                 sink,
                 cpu,
+                buffer,
             )  # fmt: skip
-            for seat, (_, cpu) in zip(team, plan.cores, strict=True)
+            for seat, (_, cpu) in zip(self._team, plan.cores, strict=True)
         ]
         self._actors += executors
+        self._serving = None
         if schedulers.get(cfg.scheduler).coordinated:
             coordinator = start_actor(
-                Coordinator, cfg, self._sync.handle, run_prefix(run_id), layout.cells
+                Coordinator, cfg, self._sync.handle, self._prefix, plan.layout.cells
             )
             self._actors.append(coordinator)
             self._serving = coordinator.serve.remote()
         self._controller = start_actor(
             ProgressController, cfg, topology.event_schema, executors, sink,
-            self._watermark.handle, self._snapshots.handle, layout, plan.tables,
+            self._watermark.handle, self._snapshots.handle, plan.layout, plan.tables, buffer, ts,
             name=plan.name, namespace=NAMESPACE if plan.name else None,
             concurrency_groups=CONCURRENCY,
         )  # fmt: skip
         self._actors.append(self._controller)
         self._sink, self._executors = sink, executors
-        self._get_watching([e.warm_up.remote(topology.event_schema) for e in executors])
-        self.startup_s = time.perf_counter() - begin
-        self._started = time.perf_counter()
+        self._pids = self._get_watching(
+            [e.warm_up.remote(topology.event_schema) for e in executors]
+        )
         self._running = self._controller.run.remote()
+        self._launches += 1
+        for pushed, events in self._inputs.after(ts):
+            self._send(events, pushed.start if pushed.start > ts else ts)
+        if self._closing:
+            self._controller.close.remote()
 
     # ---------------------------------------------------------------- the stream
     def push(self, events: Any, batch_id: int | None = None) -> None:
@@ -221,31 +355,37 @@ class Session:
         `Source`. Returns at once unless too much pushed input is pending. A wrong
         schema raises `SchemaError` and applies nothing; the session goes on.
         ``batch_id``: the Spark micro-batch these events are (`txstream.streaming`)."""
-        self._check()
-        self._push(events)
-        if batch_id is not None:
-            self.last_batch_id = batch_id
-
-    def _push(self, events: Any) -> None:
+        self._poll()
         if isinstance(events, pa.RecordBatch):
             events = pa.Table.from_batches([events])
         if isinstance(events, pa.Table):
             self.topology.check_event_schema(events.schema)
-            if events.num_rows == 0:
-                return
-            self._controller.push.remote(ray.put(events), time.time())
-            self._pushed += events.num_rows
-            self._table_pushes.append((self._pushed, events.nbytes))
+            data: pa.Table | Source = events
+        else:
+            data = self.source(events)
+        rows = data.num_rows
+        if rows:
+            kind = "table" if isinstance(data, pa.Table) else "source"
+            pushed = Pushed(self._pushed, self._pushed + rows, batch_id=batch_id, **{kind: data})
+            self._inputs.record(pushed)
+            self._send(data, self._pushed)
+            self._pushed += rows
+        if batch_id is not None:
+            self.last_batch_id = batch_id
+        if isinstance(data, pa.Table):
             self._wait_for_room()
-            return
-        source = self._source(events)
-        if source.num_rows == 0:
-            return
-        self._controller.push_source.remote(source)
-        self._pushed += source.num_rows
 
-    def _source(self, events: Any) -> Source:
-        """A source for ``events`` (not a table), its schema checked."""
+    def _send(self, data: pa.Table | Source, start: int) -> None:
+        """Hand events ``start..`` to the ProgressController."""
+        if isinstance(data, pa.Table):
+            self._controller.push.remote(ray.put(data), time.time())
+            self._table_pushes.append((start + data.num_rows, data.nbytes))
+        else:
+            self._controller.push_source.remote(data)
+
+    def source(self, events: Any) -> Source:
+        """A source for ``events`` (not a table): a Parquet path is read with Spark or
+        pyarrow per the ``source`` option; its schema checked."""
         from txstream.cluster import spark
 
         if spark.is_spark_dataframe(events):
@@ -279,7 +419,7 @@ class Session:
             ]
             if sum(size for _, size in self._table_pushes) <= MAX_PENDING_BYTES:
                 return
-            self._check()
+            self._poll()
             time.sleep(0.001)
 
     @property
@@ -290,23 +430,62 @@ class Session:
 
     @property
     def pushed(self) -> int:
-        """How many events were pushed so far."""
+        """How many events were pushed so far (with those before `resumed_from`)."""
         return self._pushed
 
     def flush(self) -> int:
         """Wait until every pushed event is done and its outputs are committed; the
         watermark (= events pushed)."""
-        self._check()
-        self._controller.flush.remote(self._pushed)
-        self._wait_until(lambda: self._watermark.array[COMMITTED] >= self._pushed)
+        self._poll()
+        asked = 0
+
+        def done() -> bool:
+            return self._watermark.array[COMMITTED] >= self._pushed or asked != self._launches
+
+        while self._watermark.array[COMMITTED] < self._pushed:
+            if asked != self._launches:  # a recovery started a new ProgressController
+                asked = self._launches
+                self._controller.flush.remote(self._pushed)
+            self._wait_until(done)
         return self.watermark
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether the session writes checkpoints (and so recovers from failures)."""
+        return self._writer is not None
+
+    def checkpoint(self) -> int:
+        """Flush, then write a checkpoint of the state as of every pushed event (the team
+        is idle: nothing may be pushed meanwhile); its ts. Needs a checkpoint folder."""
+        if self._writer is None:
+            raise UsageError("checkpoint() needs a checkpoint folder (checkpoint_dir)")
+        ts = self.flush()
+        self._write_checkpoint_now(ts)
+        return ts
+
+    def _write_checkpoint_now(self, ts: int) -> None:
+        arrays = {n: getattr(self._state, n) for n in ("values", "set_cells", "set_members")}
+        self._writer.write_now(ts, arrays, self._checkpoint_meta(ts))
+
+    def _checkpoint_meta(self, ts: int) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "format": FORMAT,
+            "topology": self.config.topology,
+            "sizes": plan.layout.sizes,
+            "input": plan.input,
+            "output": None if plan.own_output else str(plan.output.path.resolve()),
+            "output_run": self._token,
+            "progressive": plan.output.progressive,
+            **self._inputs.position(ts),
+        }
 
     def query(self, table: str, keys: list[int] | None = None) -> tuple[int, pa.Table]:
         """``(w, rows)``: the table's rows (``key`` + value columns; the given keys in that
         order, or every key) as the state stands after exactly the first ``w``
         transactions, where ``w`` is a watermark the session has reached. Never part of a
         batch; ingestion does not wait for it."""
-        self._check()
+        self._poll()
         return self._snapshots.query(self.plan.layout, self.plan.tables, table, keys,
                                      lambda: self.watermark, self.config.timeout_s)  # fmt: skip
 
@@ -342,6 +521,7 @@ class Session:
         return self._result
 
     def _finish(self) -> Result:
+        self._closing = True
         self._controller.close.remote()
         self._wait_with_progress()
         run_info = self._get(self._running)
@@ -351,6 +531,13 @@ class Session:
         seconds = time.perf_counter() - self._started
         self._get([e.close.remote() for e in self._executors])
         tables = self._state.tables(self.topology)
+        output = self.plan.output
+        parts = [pq.read_table(p) for p in output.parts()]
+        events = pa.concat_tables(parts) if parts else output_schema(self.topology).empty_table()
+        if self.recoveries or self.resumed_from:  # the last Sink saw only the last events
+            counts = pc.value_counts(events.column("status")).to_pylist()
+            summary.update(dict.fromkeys(STATUS_NAMES, 0), events=events.num_rows)
+            summary.update({c["values"]: c["counts"] for c in counts})
         metrics = {
             **run_metrics(summary, run_info, seconds),
             "coordinator": coordinator,
@@ -359,18 +546,16 @@ class Session:
                 {"socket": socket, "cpus": e["cpus"]}
                 for (socket, _), e in zip(self.plan.cores, run_info["executors"], strict=True)
             ],
-            "config": {**self.config.as_dict(), "pushed": self._pushed},
-        }
+            "recoveries": self.recoveries,
+            "checkpoints": None if self._writer is None else {
+                "written": self._writer.count, "seconds": round(self._writer.seconds, 3)},
+            "config": {**self.config.as_dict(), "pushed": self._pushed,
+                       "resumed_from": self.resumed_from},
+        }  # fmt: skip
         metrics.update(self.extra_metrics)
-        output = self.plan.output
         output.commit(tables, json.dumps(metrics, indent=2) + "\n")
-        if output.progressive:
-            parts = [pq.read_table(p) for p in output.parts()]
-            events = (
-                pa.concat_tables(parts) if parts else output_schema(self.topology).empty_table()
-            )
-        else:
-            events = pq.read_table(output.path / EVENTS)
+        if self.plan.store is not None:
+            self.plan.store.mark_complete()
         return Result(events, tables, metrics)
 
     def __enter__(self) -> Session:
@@ -395,17 +580,53 @@ class Session:
         if failed or self.plan.own_output:
             self.plan.discard_unused()
 
+    def _stop_actors(self) -> None:
+        """Kill every actor of the team and wait until its executors' processes are gone
+        (a dying executor must not write into the state after it was restored)."""
+        stop_actors(self._actors)
+        self._actors.clear()
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(f"/proc/{pid}") for pid in self._pids):
+            if time.monotonic() > deadline:
+                raise RuntimeFailure("an executor's process does not exit")
+            time.sleep(0.01)
+        self._pids = []
+
     # ---------------------------------------------------------------- health
-    def _check(self) -> None:
-        """Raise the session's failure, if it has failed (now or before)."""
+    def _poll(self) -> None:
+        """Raise the session's failure, if it failed; recover from the death of an actor
+        first when checkpoints allow it."""
         if self._result is not None:
             raise UsageError("the session is closed")
         if self._failure is not None:
             raise self._failure
-        calls = [r for r in (self._running, self._serving) if r is not None]
-        if ray.wait(calls, num_returns=1, timeout=0)[0]:
-            self._failure = self._cause()
+        if self._writer is not None and self._writer.failure is not None:
+            self._failure = RuntimeFailure(f"writing a checkpoint failed: {self._writer.failure}")
             raise self._failure
+        calls = [r for r in (self._running, self._serving) if r is not None]
+        if not ray.wait(calls, num_returns=1, timeout=0)[0]:
+            return
+        if self._closing and ray.wait([self._running], timeout=0)[0] and self._ended_well():
+            return
+        cause = self._cause()
+        while isinstance(cause, ActorDied):
+            try:
+                if not self._recover(cause):
+                    break
+                return
+            except ActorDied as again:  # an actor died during the recovery: once more
+                cause = again
+            except TxstreamError as failed:
+                cause = failed
+        self._failure = cause
+        raise cause
+
+    def _ended_well(self) -> bool:
+        try:
+            self._get(self._running)
+        except TxstreamError:
+            return False
+        return True
 
     def _cause(self) -> BaseException:
         """Why the ProgressController's loop or the Coordinator ended before `close`: the
@@ -425,82 +646,118 @@ class Session:
         except TxstreamError as exc:
             return exc
 
-    def _wait_until(self, done: Any) -> None:
+    def _recover(self, cause: ActorDied) -> bool:
+        """A new team from the last complete checkpoint; False if it cannot be done (no
+        checkpoints, or recovering from the same one again and again)."""
+        if self._writer is None:
+            return False
+        begin = time.perf_counter()
+        with self._writer.paused():
+            checkpoint = self.plan.store.latest()
+            stuck = [r for r in self.recoveries if r["from_ts"] == checkpoint.ts]
+            if len(stuck) >= MAX_RECOVERIES:
+                return False
+            log.warning("recovering from checkpoint %s after: %s", checkpoint.ts, cause)
+            self.recoveries.append({
+                "cause": str(cause).splitlines()[0][:300], "watermark": self.watermark,
+                "from_ts": checkpoint.ts, "seconds": None,
+            })  # fmt: skip
+            self._stop_actors()
+            checkpoint.restore(self._state)
+            self._launch(checkpoint.ts)
+        self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
+        return True
+
+    def _wait_until(self, done: Callable[[], bool]) -> None:
         """Wait for ``done()``, failing if the session fails or nothing gets through for
         the run's timeout."""
         deadline = time.monotonic() + self.config.timeout_s
-        watermark = self.watermark
+        progress = self._progress()
         while not done():
-            self._check()
-            if self.watermark > watermark:
-                watermark, deadline = self.watermark, time.monotonic() + self.config.timeout_s
+            self._poll()
+            if self._progress() != progress:
+                progress, deadline = self._progress(), time.monotonic() + self.config.timeout_s
             elif time.monotonic() > deadline:
                 raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")
             time.sleep(0.001)
 
+    def _progress(self) -> tuple[int, int]:
+        """What changes while the session gets on: its watermark, or a new team."""
+        return self.watermark, self._launches
+
     def _get(self, refs: Any) -> Any:
-        """ray.get with the run's timeout; user and engine errors keep their own type."""
+        """ray.get with the run's timeout; user and engine errors keep their own type, the
+        death of an actor's process is `ActorDied`."""
         try:
             return ray.get(refs, timeout=self.config.timeout_s)
-        except ray.exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, TxstreamError):
-                raise cause from exc
-            raise RuntimeFailure(f"an actor failed: {cause or exc}") from exc
         except ray.exceptions.GetTimeoutError as exc:
             raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
         except ray.exceptions.RayError as exc:
-            raise RuntimeFailure(f"an actor died: {exc}") from exc
+            raise _engine_error(exc) from exc
 
     def _wait_with_progress(self) -> None:
         """Wait for the run to end, with a progress bar on stderr once it takes over 2 s;
-        fail when no event got through for the run's timeout, or at once when the
-        Coordinator fails or dies."""
+        fail when no event got through for the run's timeout, or at once when an actor
+        fails (recovering from a death when checkpoints allow)."""
         from tqdm import tqdm
 
         with tqdm(total=self._pushed, unit="ev", unit_scale=True, delay=2.0, file=sys.stderr,
                   disable=not self.config.progress, desc=self.config.topology) as bar:  # fmt: skip
             bar.update(self.watermark)
             deadline = time.monotonic() + self.config.timeout_s
-            while not ray.wait([self._running], timeout=0.1)[0]:
-                self._check_coordinator()
-                if self.watermark > bar.n:
+            progress = self._progress()
+            while not ray.wait([self._running], timeout=0.1)[0] or not self._ended_well():
+                self._poll()
+                if self._progress() != progress:
+                    progress, deadline = self._progress(), time.monotonic() + self.config.timeout_s
                     bar.update(self.watermark - bar.n)
-                    deadline = time.monotonic() + self.config.timeout_s
                 elif time.monotonic() > deadline:
                     raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")
             bar.update(self.watermark - bar.n)
 
     def _get_watching(self, refs: list) -> Any:
-        """`_get` of ``refs``, failing at once if the Coordinator ends first (e.g. during
-        warm-up, while executors wait for it to map their segment)."""
+        """The results of ``refs``, failing at once if one fails (its peers may wait for
+        it) or if the Coordinator ends first (e.g. during warm-up, while executors wait
+        for it to map their segment)."""
         deadline = time.monotonic() + self.config.timeout_s
         while self._serving is not None and len(
             ray.wait(refs, num_returns=len(refs), timeout=0.1)[0]
         ) < len(refs):
-            self._check_coordinator()
+            if ray.wait([self._serving], timeout=0)[0]:
+                self._get(self._serving)
+                raise RuntimeFailure("the Coordinator stopped before the end of the run")
+            self._get(ray.wait(refs, num_returns=len(refs), timeout=0)[0])  # one failed?
             if time.monotonic() > deadline:
-                break  # `_get` below reports the timeout
-        return self._get(refs)
-
-    def _check_coordinator(self) -> None:
-        """Raise if the Coordinator's call ended before the run: its error, unless it only
-        stopped because an executor failed (the run's own result tells why)."""
-        if self._serving is None or not ray.wait([self._serving], timeout=0)[0]:
-            return
+                break  # reported below
         try:
-            self._get(self._serving)
-        except PeerFailed:
-            self._serving = None
-            return
-        raise RuntimeFailure("the Coordinator stopped before the end of the run")
+            return wait_all(refs, self.config.timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
+        except ray.exceptions.RayError as exc:
+            raise _engine_error(exc) from exc
+
+
+def _engine_error(exc: BaseException) -> TxstreamError:
+    """A Ray error as txstream's: the user's or engine's own error (found through the
+    calls it went through), `ActorDied` for a dead process, else RuntimeFailure."""
+    seen = exc
+    while isinstance(seen, ray.exceptions.RayTaskError):
+        cause = getattr(seen, "cause", None)
+        if cause is None or cause is seen:
+            break
+        seen = cause
+    if isinstance(seen, TxstreamError):
+        return seen
+    if isinstance(seen, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
+        return ActorDied(f"an actor died: {seen}")
+    if isinstance(seen, ray.exceptions.RayError):
+        return RuntimeFailure(f"an actor died: {seen}")
+    return RuntimeFailure(f"an actor failed: {seen}")
 
 
 def attach(address: str, name: str) -> Any:
     """The front door (ProgressController) of the session named ``name`` on the Ray cluster
     at ``address``, for outside readers; connects this process to that cluster."""
-    import logging
-
     if not ray.is_initialized():
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR,
                  log_to_driver=False)  # fmt: skip

@@ -26,6 +26,31 @@ class Source(Protocol):
         ...
 
 
+class SkippedSource:
+    """A source without its first ``skip`` rows: the input after a checkpoint, replayed."""
+
+    def __init__(self, source: Source, skip: int):
+        self.source = source
+        self.skip = skip
+        self.schema = source.schema
+        self.num_rows = None if source.num_rows is None else source.num_rows - skip
+
+    def iter_batches(self, max_rows: int) -> Iterator[pa.RecordBatch]:
+        """The source's batches from row ``skip`` on."""
+        left = self.skip
+        for batch in self.source.iter_batches(max_rows):
+            if left >= batch.num_rows:
+                left -= batch.num_rows
+                continue
+            yield batch.slice(left)
+            left = 0
+
+    def close(self) -> None:
+        """Close the underlying source, if it needs closing."""
+        if hasattr(self.source, "close"):
+            self.source.close()
+
+
 def conform_events(events: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
     """``events`` with exactly the columns of ``schema``, in its order and types (integers
     of any width widened, all-null columns typed); other columns are dropped. Batches of

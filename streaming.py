@@ -7,7 +7,9 @@
 
 Spark calls the function in the driver, one micro-batch at a time, in batch order. Each
 micro-batch is pushed whole (its rows in the DataFrame's own order) and flushed, so that
-when the function returns its outputs are written and committed. A micro-batch that Spark
+when the function returns its outputs are written and committed - and, if the session
+writes checkpoints, checkpointed: Spark records the batch as done when the function
+returns, and after a crash both resume from there. A micro-batch that Spark
 delivers again (``batchId`` not above the last one applied, e.g. after Spark restarted
 from its checkpoint) is skipped: each is applied once.
 """
@@ -29,7 +31,10 @@ def foreach_batch(session: Any) -> Callable[[Any, int], None]:
         if batch_id <= state["last"]:
             return
         session.push(_to_arrow(frame), batch_id=batch_id)
-        session.flush()
+        if session.checkpointing:  # durable before Spark commits the batch
+            session.checkpoint()
+        else:
+            session.flush()
         state["last"] = batch_id
 
     return push

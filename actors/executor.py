@@ -23,6 +23,7 @@ from txstream.cluster.topology import pin_process
 from txstream.config import RunConfig
 from txstream.metrics import Breakdown
 from txstream.schedulers._kernels import STATUS_NAMES
+from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.chunk import ChunkArrays, ChunkShape, segment_name
 from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
@@ -102,6 +103,7 @@ class Executor:
         snapshots: SnapshotHandle | SnapshotRing,
         sink: object | None = None,
         cpu: int | None = None,
+        checkpoints: CheckpointBufferHandle | None = None,
     ):
         if cpu is not None:
             pin_process(cpu)
@@ -119,6 +121,7 @@ class Executor:
             SnapshotRing.attach(snapshots) if isinstance(snapshots, SnapshotHandle) else snapshots
         )
         self.sink = sink
+        self.checkpoints = CheckpointBuffer.attach(checkpoints) if checkpoints else None
         self.time = Breakdown()
         self.chunks: list[dict] = []
         self.batch_seconds: list[float] = []
@@ -126,22 +129,25 @@ class Executor:
         self._pending: deque = deque()
         self._chunk: ChunkArrays | None = None
 
-    def warm_up(self, schema: pa.Schema) -> None:
+    def warm_up(self, schema: pa.Schema) -> int:
         """Load every kernel (numba cache) on an empty chunk, before timing starts (all
-        executors together, as for any chunk)."""
+        executors together, as for any chunk); this executor's process id."""
         empty = pa.RecordBatch.from_pylist([], schema=schema)
         self.run_share(empty, -1, 0, 0, np.zeros(1, np.int64), Breakdown())
         self.batch_seconds.clear()
+        return os.getpid()
 
     def process(self, share: pa.RecordBatch, seq: int, first: int, ts0: int,
-                batch_ends: np.ndarray, arrival: np.ndarray) -> None:  # fmt: skip
+                batch_ends: np.ndarray, arrival: np.ndarray,
+                checkpoint: bool = False) -> None:  # fmt: skip
         """Run this executor's share of chunk ``seq`` (its events ``first..`` of the
         chunk, which starts at ``ts0`` and whose punctuation batches end at
         ``batch_ends``) and hand its rows to the sink, keeping at most a few writes in
-        flight."""
+        flight. With ``checkpoint``, executor 0 copies the state at the chunk's end into
+        the checkpoint buffer."""
         chunk_time = Breakdown()
         events = int(batch_ends[-1])
-        rows = self.run_share(share, seq, first, ts0, batch_ends, chunk_time)
+        rows = self.run_share(share, seq, first, ts0, batch_ends, chunk_time, checkpoint)
         self.time.add(chunk_time)
         self.chunks.append({"ts": ts0, "events": events, "breakdown_s": chunk_time.as_dict()})
         self._pending.append(self.sink.write.remote(rows, ts0 + first, arrival))
@@ -149,17 +155,18 @@ class Executor:
             self._wait(self._pending.popleft())
 
     def run_share(self, share: pa.RecordBatch, seq: int, first: int, ts0: int,
-                  batch_ends: np.ndarray, time: Breakdown) -> pa.RecordBatch:  # fmt: skip
+                  batch_ends: np.ndarray, time: Breakdown,
+                  checkpoint: bool = False) -> pa.RecordBatch:  # fmt: skip
         """Pre-process the share, execute the chunk's punctuation batches with the team,
         post-process the share; its output rows. A failure here releases the peers'
         waits."""
         try:
-            return self._run_share(share, seq, first, ts0, batch_ends, time)
+            return self._run_share(share, seq, first, ts0, batch_ends, time, checkpoint)
         except BaseException:
             self.team.fail()
             raise
 
-    def _run_share(self, share, seq, first, ts0, batch_ends, time) -> pa.RecordBatch:
+    def _run_share(self, share, seq, first, ts0, batch_ends, time, checkpoint) -> pa.RecordBatch:
         events = int(batch_ends[-1]) if len(batch_ends) else 0
         team, topology, layout = self.team, self.topology, self.state.layout
         with time.timing("useful"):
@@ -192,6 +199,8 @@ class Executor:
         self.team.barrier(time)  # the whole chunk is done: the state is as of ts0 + events
         if team.rank == 0 and seq >= 0:
             self.snapshots.publish(self.state.values, ts0 + events, seq + 1)
+            if checkpoint:
+                self.checkpoints.copy_from(self.state, ts0 + events)
         results = Results(
             status=chunk.status[share].copy(),
             reason=chunk.status_reason[share].copy(),
@@ -258,5 +267,7 @@ class Executor:
             self._chunk.close()
         self.state.close()
         self.snapshots.close()
+        if self.checkpoints is not None:
+            self.checkpoints.close()
         if self._sync is not None:
             self._sync.close()

@@ -25,10 +25,11 @@ import numpy as np
 import pyarrow as pa
 import ray
 from txstream.actors.punctuation import Chunk, ChunkSizer, Punctuator
+from txstream.cluster.ray_runtime import wait_all
 from txstream.cluster.topology import yield_to_executors
 from txstream.config import RunConfig
-from txstream.errors import PeerFailed
 from txstream.sources import Source, conform_events
+from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.topologies.api import Layout
@@ -66,7 +67,8 @@ class ProgressController:
 
     def __init__(self, config: RunConfig, schema: pa.Schema, executors: list, sink: object,
                  watermark: ArrayHandle, snapshots: SnapshotHandle, layout: Layout,
-                 tables: dict[str, list[str]]):  # fmt: skip
+                 tables: dict[str, list[str]], checkpoints: CheckpointBufferHandle | None = None,
+                 start_ts: int = 0):  # fmt: skip
         yield_to_executors()
         self.config = config
         self.schema = schema
@@ -84,7 +86,9 @@ class ProgressController:
         self._received = 0
         self._failure: BaseException | None = None
         punctuation_s = None if config.punctuation_ms is None else config.punctuation_ms / 1e3
-        self._punctuator = Punctuator(config.punctuation_interval, punctuation_s)
+        self._punctuator = Punctuator(config.punctuation_interval, punctuation_s, start_ts)
+        self._checkpoints = CheckpointBuffer.attach(checkpoints) if checkpoints else None
+        self._batches_since_checkpoint = 0
         self._sizer = ChunkSizer(config.latency_target_ms / 1e3)
         self._in_flight: deque[_InFlight] = deque()
         self._seq = 0
@@ -206,6 +210,19 @@ class ProgressController:
             if ending and p.pending == 0:
                 return
 
+    def _checkpoint_after(self, chunk: Chunk) -> bool:
+        """Whether the team copies the state for a checkpoint at the end of ``chunk``: once
+        every ``checkpoint_every`` batches, when the last copy is written (else at the next
+        chunk). Its outputs are then committed exactly up to there."""
+        self._batches_since_checkpoint += len(chunk.batch_ends)
+        due = self._batches_since_checkpoint >= self.config.checkpoint_interval
+        if self._checkpoints is None or not due or not self._checkpoints.free:
+            return False
+        end = chunk.ts0 + chunk.size
+        ray.get(self.sink.commit_at.remote(end), timeout=self.config.timeout_s)
+        self._batches_since_checkpoint = 0
+        return True
+
     def _take_tables(self) -> None:
         """Move pushed tables at the head of the queue to the punctuator (a source ahead
         of them is read first)."""
@@ -215,6 +232,7 @@ class ProgressController:
                 self._punctuator.add(batch, arrival)
 
     def _dispatch(self, chunk: Chunk) -> None:
+        checkpoint = self._checkpoint_after(chunk)
         calls = []
         for executor, (first, end) in zip(
             self.executors, share_bounds(chunk.size, len(self.executors)), strict=True
@@ -223,7 +241,7 @@ class ProgressController:
             arrival = chunk.arrival[first:end]
             calls.append(
                 executor.process.remote(
-                    share, self._seq, first, chunk.ts0, chunk.batch_ends, arrival
+                    share, self._seq, first, chunk.ts0, chunk.batch_ends, arrival, checkpoint
                 )
             )
         with self._cond:
@@ -244,7 +262,7 @@ class ProgressController:
                     return
                 oldest = self._in_flight[0]
             try:
-                _wait_for_chunk(oldest.calls, self.config.timeout_s)
+                wait_all(oldest.calls, self.config.timeout_s)
             except BaseException as exc:
                 with self._cond:
                     self._failure = exc
@@ -288,23 +306,6 @@ class ProgressController:
             watermark, snapshots = self._handles
             self._readers = (SharedArray.attach(watermark), SnapshotRing.attach(snapshots))
         return self._readers
-
-
-def _wait_for_chunk(calls: list, timeout_s: float) -> None:
-    """Wait for one chunk's calls; if one failed, raise the root cause (not the peers'
-    `PeerFailed`, which they raise once they learn of it)."""
-    try:
-        ray.get(calls, timeout=timeout_s)
-    except ray.exceptions.RayError as first:
-        for call in calls:
-            try:
-                ray.get(call, timeout=timeout_s)
-            except ray.exceptions.RayTaskError as exc:
-                if not isinstance(exc.cause, PeerFailed):
-                    raise exc from None
-            except ray.exceptions.RayError as exc:
-                raise exc from None
-        raise first
 
 
 def _record_batch(table: pa.Table) -> pa.RecordBatch:

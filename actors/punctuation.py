@@ -49,15 +49,15 @@ class Chunk:
 class Punctuator:
     """Pending events and the punctuations among them (see module docstring)."""
 
-    def __init__(self, interval: int, punctuation_s: float | None):
+    def __init__(self, interval: int, punctuation_s: float | None, start_ts: int = 0):
         self.interval = interval
         self.punctuation_s = punctuation_s
-        self.ts = 0
+        self.ts = start_ts
         """ts of the first pending event (every event before it is in a chunk)."""
         self._pieces: deque[tuple[pa.RecordBatch, float]] = deque()
         self._ends: deque[int] = deque()  # absolute ts where batches end (not yet taken)
-        self._end = 0  # ts after the last pending event
-        self._open = 0  # ts where the open batch starts
+        self._end = start_ts  # ts after the last pending event
+        self._open = start_ts  # ts where the open batch starts
         self._open_since: float | None = None  # arrival of the open batch's first event
         self.time_cuts = 0
         self.count_cuts = 0

@@ -68,3 +68,27 @@ def stop_actors(actors: list) -> None:
             ray.kill(actor, no_restart=True)
         except Exception:  # already dead or Ray gone: nothing left to stop
             pass
+
+
+def wait_all(calls: list, timeout_s: float) -> list:
+    """The results of ``calls``, each awaited as it ends; the first failure that is a
+    root cause is raised at once (a dead actor leaves its peers waiting for it: do not
+    wait for them), a peer's `PeerFailed` (raised once it learns of another's failure)
+    only if nothing else failed. GetTimeoutError if one takes over ``timeout_s``."""
+    import ray
+    from txstream.errors import PeerFailed
+
+    pending, results, peer_failed = list(calls), {}, None
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
+        if not ready:
+            raise ray.exceptions.GetTimeoutError(f"a call took over {timeout_s} s")
+        try:
+            results[ready[0]] = ray.get(ready[0])
+        except ray.exceptions.RayTaskError as exc:
+            if not isinstance(exc.cause, PeerFailed):
+                raise exc from None
+            peer_failed = exc
+    if peer_failed is not None:
+        raise peer_failed
+    return [results[call] for call in calls]

@@ -70,6 +70,12 @@ class SnapshotRing:
         """What to send to actors."""
         return SnapshotHandle(*(a.handle for a in self._arrays))
 
+    def reset(self, values: np.ndarray, ts: int) -> None:
+        """Forget every slot; hold ``values`` as of ``ts`` (start, recovery)."""
+        for slot in range(len(self.values)):
+            publish(self.tags, slot * STRIDE, WRITING)
+        self.publish(values, ts, 0)
+
     def publish(self, values: np.ndarray, ts: int, seq: int) -> None:
         """Store the state ``values`` as of ``ts`` in slot ``seq`` (mod the ring size)."""
         slot = seq % len(self.values)

@@ -1,0 +1,203 @@
+"""Exactly-once recovery (SPEC §7): what a session keeps to rebuild itself after a failure.
+
+* `InputLog` keeps what was pushed, with its ts range, until a checkpoint covers it: Arrow
+  tables as they are (the caller's own memory), sources by their position (a Parquet file
+  is read again, Spark's converted partitions are fetched again) - so the input after a
+  checkpoint can be pushed again, from exactly the checkpoint's ts.
+* `CheckpointWriter` writes the copies the team takes at chunk boundaries
+  (`txstream.state.checkpoints`) in a background thread of the driver, once the outputs
+  before the copy are committed, so that a checkpoint always pairs a state with the
+  outputs of exactly the events before it.
+* `resume_point` finds, when a session starts, the checkpoint of an interrupted run to
+  continue from, and refuses one of another topology, table size or input.
+
+A recovery then is: stop every actor, restore the last checkpoint into shared memory,
+drop the outputs written after it, start new actors and push the input after it again.
+Only deaths of actor processes are recovered; an error raised by code (a user function,
+a topology) would fail the same way again and fails the session.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from txstream.errors import UsageError
+from txstream.sources import ArrowSource, SkippedSource, Source
+from txstream.state.checkpoints import Checkpoint, CheckpointBuffer, CheckpointStore
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+"""Version of the checkpoint metadata this build writes and reads."""
+
+
+@dataclass
+class Pushed:
+    """One push: events ``start..end-1`` of the stream."""
+
+    start: int
+    end: int
+    table: pa.Table | None = None
+    source: Source | None = None
+    batch_id: int | None = None
+
+    def after(self, ts: int) -> pa.Table | Source:
+        """What to push again for the events from ``ts`` on (``ts`` inside this push)."""
+        skip = max(0, ts - self.start)
+        if self.table is not None:
+            return self.table.slice(skip)
+        return SkippedSource(self.source, skip) if skip else self.source
+
+
+class InputLog:
+    """What was pushed since the last checkpoint (see module docstring); keeps nothing
+    when nothing can be recovered (no checkpoint folder)."""
+
+    def __init__(self, keep: bool):
+        self.keep = keep
+        self._pushes: list[Pushed] = []
+        self._files: list[dict[str, Any]] = []
+        self._batch_ids: list[tuple[int, int]] = []  # (end ts, Spark batch id)
+
+    def record(self, pushed: Pushed) -> None:
+        """A push, in stream order."""
+        if isinstance(pushed.source, ArrowSource) and len(pushed.source.files) == 1:
+            self._files.append({"path": str(pushed.source.files[0]), "start": pushed.start,
+                                "end": pushed.end})  # fmt: skip
+        if pushed.batch_id is not None:
+            self._batch_ids.append((pushed.end, pushed.batch_id))
+        if self.keep:
+            self._pushes.append(pushed)
+
+    def after(self, ts: int) -> Iterator[tuple[Pushed, pa.Table | Source]]:
+        """Every push that holds events from ``ts`` on, with what to push again."""
+        for pushed in self._pushes:
+            if pushed.end > ts:
+                yield pushed, pushed.after(ts)
+
+    def release(self, ts: int) -> None:
+        """A checkpoint covers the events before ``ts``: what is entirely before goes."""
+        self._pushes = [p for p in self._pushes if p.end > ts]
+
+    def position(self, ts: int) -> dict[str, Any]:
+        """Where the input stands at ``ts``, for a checkpoint's metadata: the last Spark
+        micro-batch entirely before it and the single files pushed that start before it."""
+        batch_ids = [b for end, b in self._batch_ids if end <= ts]
+        return {
+            "last_batch_id": batch_ids[-1] if batch_ids else None,
+            "files": [f for f in self._files if f["start"] < ts],
+        }
+
+
+class CheckpointWriter:
+    """Writes the team's checkpoint copies in the background (see module docstring).
+
+    ``committed()`` tells how far outputs are committed; ``meta(ts)`` the metadata of a
+    checkpoint at ``ts``; ``written(ts)`` is told about every checkpoint written. An error
+    is kept in ``failure`` (the session reports it).
+    """
+
+    POLL_S = 0.005
+
+    def __init__(self, buffer: CheckpointBuffer, store: CheckpointStore,
+                 committed: Callable[[], int], meta: Callable[[int], dict],
+                 written: Callable[[int], None]):  # fmt: skip
+        self.buffer = buffer
+        self.store = store
+        self._committed = committed
+        self._meta = meta
+        self._written = written
+        self._lock = threading.Lock()
+        self._paused = threading.Event()
+        self._stop = threading.Event()
+        self.failure: BaseException | None = None
+        self.count = 0
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="checkpoints", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    self._write_pending()
+                self._stop.wait(self.POLL_S)
+        except BaseException as exc:  # reported by the session on its next call
+            self.failure = exc
+
+    def _write_pending(self) -> None:
+        ts = self.buffer.copied
+        if ts == self.buffer.written or self._paused.is_set():
+            return
+        if self._committed() < ts:
+            return  # the outputs before the copy are not all committed yet
+        begin = time.perf_counter()
+        self.store.write(ts, self.buffer.arrays(), self._meta(ts))
+        self.buffer.mark_written(ts)
+        self.count += 1
+        self.seconds += time.perf_counter() - begin
+        self._written(ts)
+
+    def write_now(self, ts: int, arrays: dict, meta: dict) -> Checkpoint:
+        """Write a checkpoint of the given arrays at once (the team is idle)."""
+        with self._lock:
+            checkpoint = self.store.write(ts, arrays, meta)
+            self._written(ts)
+            return checkpoint
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No writing meanwhile (a recovery replaces the team and the buffer)."""
+        self._paused.set()
+        with self._lock:
+            try:
+                yield
+            finally:
+                self._paused.clear()
+
+    def stop(self) -> None:
+        """End the thread (a copy not yet written is dropped: the next run resumes from
+        the checkpoint before it)."""
+        self._stop.set()
+        self._thread.join()
+
+
+def input_identity(source: Any) -> dict[str, Any] | None:
+    """What identifies a one-shot run's input, so that a checkpoint of another input is
+    refused: its files (names, sizes, rows) or its row count and schema."""
+    if isinstance(source, ArrowSource) and source.files:
+        return {"files": [[str(Path(f).resolve()), Path(f).stat().st_size] for f in source.files],
+                "rows": source.num_rows}  # fmt: skip
+    if hasattr(source, "schema") and getattr(source, "num_rows", None) is not None:
+        return {"rows": source.num_rows, "schema": str(source.schema)}
+    return None
+
+
+def resume_point(store: CheckpointStore, identity: dict[str, Any]) -> Checkpoint | None:
+    """The checkpoint of an interrupted run to continue from (None: start afresh);
+    UsageError if it belongs to another topology, table size, input or format."""
+    if store.complete:
+        return None
+    checkpoint = store.latest()
+    if checkpoint is None:
+        return None
+    meta = checkpoint.meta
+    where = f"checkpoint {checkpoint.path}"
+    if meta.get("format") != FORMAT:
+        raise UsageError(f"{where} was written by another txstream version")
+    for key, label in (("topology", "topology"), ("sizes", "table sizes"),
+                       ("set_capacity", "distinct-set capacity"), ("input", "input")):  # fmt: skip
+        if meta.get(key) != identity.get(key):
+            raise UsageError(
+                f"{where} is of another {label} ({meta.get(key)} here {identity.get(key)}); "
+                "use another --checkpoint-dir or remove it"
+            )
+    return checkpoint

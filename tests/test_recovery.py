@@ -1,0 +1,262 @@
+"""Exactly-once recovery (SPEC §7): a killed actor, a killed driver, a kill during a
+checkpoint write or during a recovery - outputs and state as a run without failure, and
+nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import naive
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from compare import assert_same_run
+from conftest import actor_processes, txstream_segments
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from txstream import Job
+from txstream.errors import UsageError
+from txstream.state.checkpoints import TEMPORARY, CheckpointStore
+from txstream.topologies._generators import WorkloadSpec, generate
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+TEAMS = {"serial": 1, "tstream": 2}
+KINDS = ["Executor", "Coordinator", "Sink", "ProgressController"]
+INTERVALS = [1, 3, 100]
+# (scheduler, actor killed, checkpoint every, topology): every actor kind meets every
+# interval, every scheduler every kind it has and every interval, every topology.
+CASES = [
+    ("serial", "Executor", 1, "sl"),
+    ("tstream", "Executor", 3, "gs"),
+    ("tstream", "Executor", 100, "ob"),
+    ("tstream", "Coordinator", 1, "tp"),
+    ("tstream", "Coordinator", 3, "sl"),
+    ("tstream", "Coordinator", 100, "gs"),
+    ("tstream", "Sink", 1, "ob"),
+    ("serial", "Sink", 3, "tp"),
+    ("serial", "Sink", 100, "sl"),
+    ("serial", "ProgressController", 1, "gs"),
+    ("tstream", "ProgressController", 3, "tp"),
+    ("serial", "ProgressController", 100, "ob"),
+]
+SLICES = 6
+
+
+def _workload(topology: str, seed: int) -> tuple[pa.Table, dict[str, pa.Table]]:
+    return generate(topology, WorkloadSpec(events=6000, keys=300, theta=0.8, seed=seed))
+
+
+def _kill_one(kind: str) -> int:
+    """SIGKILL one process of this test run hosting a ``kind`` actor; its pid."""
+    deadline = time.monotonic() + 60
+    while not (pids := actor_processes(kind, wait_s=0)):
+        assert time.monotonic() < deadline, f"no {kind} to kill"
+        time.sleep(0.05)
+    os.kill(pids[-1], signal.SIGKILL)
+    return pids[-1]
+
+
+def _assert_nothing_left() -> None:
+    assert not txstream_segments()
+    for kind in KINDS:
+        assert not actor_processes(kind), kind
+
+
+@pytest.mark.parametrize("scheduler, kind, every, topology", CASES)
+@settings(
+    max_examples=1,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_a_killed_actor_is_recovered_exactly_once(
+    tmp_path_factory, scheduler, kind, every, topology, data
+):
+    """Pushes in slices; one actor is SIGKILLed after a hypothesis-chosen slice, idle or
+    busy; the session recovers and ends as a run without failure."""
+    events, init = _workload(topology, data.draw(st.integers(0, 3), label="seed"))
+    after = data.draw(st.integers(0, SLICES - 1), label="kill after slice")
+    idle = data.draw(st.booleans(), label="idle when killed")
+    interval = data.draw(st.sampled_from([7, 97]), label="punctuation interval")
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    job = Job(topology, scheduler=scheduler, executors=TEAMS[scheduler], udf_cost_us=20,
+              punctuation_interval=interval, checkpoint_dir=str(ckpt), checkpoint_every=every,
+              progress=False, timeout_s=120)  # fmt: skip
+    size = -(-events.num_rows // SLICES)
+    with job.start(init) as session:
+        for i in range(SLICES):
+            session.push(events.slice(i * size, size))
+            if i == after:
+                if idle:
+                    session.flush()
+                _kill_one(kind)
+        result = session.close()
+    assert result.metrics["recoveries"], "the kill went unnoticed"
+    assert all(r["seconds"] is not None for r in result.metrics["recoveries"])
+    assert_same_run(result.events, result.state, *naive.run_model(topology, events, init))
+    _assert_nothing_left()
+
+
+def test_an_actor_killed_during_a_recovery_is_recovered_again(tmp_path):
+    events, init = _workload("sl", 5)
+    job = Job("sl", scheduler="tstream", executors=2, udf_cost_us=20, checkpoint_dir=str(tmp_path),
+              checkpoint_every=1, progress=False, timeout_s=120)  # fmt: skip
+    killed = []
+
+    def kill_the_next_team(team: set[int]) -> None:  # while the session recovers
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if new := [p for p in actor_processes("Executor", wait_s=0) if p not in team]:
+                os.kill(new[0], signal.SIGKILL)
+                killed.append(new[0])
+                return
+            time.sleep(0.005)
+
+    with job.start(init) as session:
+        session.push(events.slice(0, 3000))
+        killer = threading.Thread(
+            target=kill_the_next_team, args=(set(actor_processes("Executor", wait_s=0)),)
+        )
+        killer.start()
+        _kill_one("Executor")
+        session.push(events.slice(3000))
+        result = session.close()
+        killer.join()
+    assert killed and len(result.metrics["recoveries"]) >= 2
+    assert_same_run(result.events, result.state, *naive.run_model("sl", events, init))
+    _assert_nothing_left()
+
+
+# ----------------------------------------------------------------- the driver killed
+def _cli(*args: str, tag: str) -> subprocess.Popen:
+    env = {**os.environ, "TXSTREAM_TEST_RUN": tag}
+    return subprocess.Popen([sys.executable, "-m", "txstream.cli", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _tagged(tag: str) -> list[int]:
+    """Processes of a driver started with ``tag`` (its Ray included) still alive."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if f"TXSTREAM_TEST_RUN={tag}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                if (proc / "stat").read_text().split()[2] != "Z":
+                    found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def _wait_gone(tag: str, seconds: float = 30) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (left := _tagged(tag)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.mark.parametrize("when", ["after-1", "after-3", "writing"])
+def test_a_run_whose_driver_was_killed_resumes_from_its_last_checkpoint(tmp_path, when):
+    """`txstream run` SIGKILLed after some checkpoints (or while it writes one); the same
+    command again continues the run's output and ends as a run without failure; the
+    killed driver leaves no process or segment behind."""
+    events, init = generate("sl", WorkloadSpec(events=600_000, seed=3))
+    pq.write_table(events, tmp_path / "events.parquet")
+    (tmp_path / "init").mkdir()
+    for name, table in init.items():
+        pq.write_table(table, tmp_path / "init" / f"{name}.parquet")
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    args = ["run", "sl", "--input", str(tmp_path / "events.parquet"), "--init-state",
+            str(tmp_path / "init"), "--output", str(out), "--source", "arrow", "--scheduler",
+            "tstream", "--executors", "2", "--udf-cost-us", "10", "--punctuation-interval",
+            "500", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
+            "--no-progress"]  # fmt: skip
+    tag = f"{os.getpid()}-driver-{when}"
+    driver = _cli(*args, tag=tag)
+    seen: set[str] = set()  # checkpoints written (the oldest are pruned)
+    deadline = time.monotonic() + 300
+    while driver.poll() is None and time.monotonic() < deadline:
+        if ckpt.is_dir():
+            if when == "writing" and list(ckpt.glob(f"{TEMPORARY}*")):
+                break
+            seen.update(p.name for p in ckpt.glob("ckpt-*"))
+            if when != "writing" and len(seen) > int(when.split("-")[1]):
+                break
+        time.sleep(0.001)
+    assert driver.poll() is None, f"the run ended before the kill: {driver.communicate()}"
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    assert not (out / "_SUCCESS").exists() and not (out / "events.parquet").exists()
+    assert not _wait_gone(tag), "the killed driver's processes are still alive"
+    resumed = _cli(*args, tag=tag + "-again")
+    _, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr[-2000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["config"]["resumed_from"] > 0 or when == "writing"
+    state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
+    want = Job("sl", progress=False, source="arrow").run(events, init)
+    assert_same_run(pq.read_table(out / "events.parquet"), state, want.events, want.state)
+    assert not _wait_gone(tag + "-again")
+    assert not list(Path("/dev/shm").glob(f"txstream_{driver.pid}_*"))
+
+
+def test_an_interrupted_session_resumes_and_a_replayed_spark_batch_is_applied_once(spark, tmp_path):
+    """Spark micro-batches into a checkpointed session; the driver stops mid-stream (the
+    session is torn down, not closed); a new session on the same folders resumes after
+    the last batch applied, and Spark delivering that batch again changes nothing."""
+    from txstream.streaming import foreach_batch
+
+    events, init = _workload("sl", 9)
+    frames = [spark.createDataFrame(events.slice(i * 2000, 2000).to_pandas()) for i in range(3)]
+    job = Job("sl", scheduler="tstream", executors=2, checkpoint_dir=str(tmp_path / "ckpt"),
+              progress=False)  # fmt: skip
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt), job.start(init, output=out) as session:
+        push = foreach_batch(session)
+        push(frames[0], 0)
+        push(frames[1], 1)
+        raise KeyboardInterrupt
+    assert not (out / "_SUCCESS").exists()
+    with job.start(init, output=out) as session:
+        assert session.resumed_from == 4000
+        push = foreach_batch(session)
+        push(frames[1], 1)  # replayed by Spark after the crash
+        push(frames[2], 2)
+        result = session.close()
+    assert_same_run(result.events, result.state, *naive.run_model("sl", events, init))
+    parts = sorted((out / "events").glob("part-*.parquet"))
+    assert pa.concat_tables(pq.read_table(p) for p in parts).equals(result.events)
+
+
+def test_checkpoints_of_another_run_are_refused_and_incomplete_ones_ignored(tmp_path, caplog):
+    events, init = _workload("sl", 1)
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    job = Job("sl", checkpoint_dir=str(ckpt), checkpoint_every=1, progress=False)
+    with pytest.raises(KeyboardInterrupt), job.start(init, output=out) as session:
+        session.push(events)
+        session.checkpoint()
+        raise KeyboardInterrupt
+    store = CheckpointStore(ckpt)
+    latest = store.latest()
+    assert latest.ts == events.num_rows
+    (ckpt / f"{TEMPORARY}{latest.ts + 10:012d}").mkdir()  # a write a crash interrupted
+    assert store.latest() == latest
+    assert "incomplete checkpoint" in caplog.text
+    with pytest.raises(UsageError, match="another topology"):
+        Job("gs", checkpoint_dir=str(ckpt)).start(generate("gs", WorkloadSpec(events=10))[1], out)
+    smaller = {"accounts": init["accounts"].slice(0, 10), "assets": init["assets"].slice(0, 10)}
+    with pytest.raises(UsageError, match="table sizes"):
+        job.start(smaller, output=out)
+    with pytest.raises(UsageError, match="belongs to the output"):
+        job.start(init, output=tmp_path / "elsewhere")
+    with job.start(init, output=out) as session:  # the right one resumes
+        assert session.resumed_from == events.num_rows
+        result = session.close()
+    assert_same_run(result.events, result.state, *naive.run_model("sl", events, init))
