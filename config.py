@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from txstream.errors import UsageError
+from txstream.logs import LEVELS
 from txstream.topologies import BUNDLED, is_valid_name
 
 PLACEMENTS = ("shared-nothing", "shared-per-socket", "shared-everything")
@@ -31,6 +32,8 @@ class RunConfig:
     address: str | None = None
     timeout_s: float = 600.0
     progress: bool = True
+    log_level: str = "info"
+    verbose: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -48,6 +51,7 @@ class RunConfig:
             (self.granularity in ("auto", "fine", "coarse"), "--granularity: auto|fine|coarse"),
             (self.abort in ("auto", "eager", "lazy"), "--abort must be auto|eager|lazy"),
             (self.timeout_s > 0, "timeout must be > 0"),
+            (self.log_level in LEVELS, f"--log-level must be one of {', '.join(LEVELS)}"),
         ]
         for ok, message in checks:
             if not ok:

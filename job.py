@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import tempfile
 import time
 from contextlib import ExitStack
@@ -26,10 +25,12 @@ from txstream.actors.coordinator import Coordinator
 from txstream.actors.executor import Executor, output_schema
 from txstream.actors.progress import ProgressController
 from txstream.actors.sink import Sink
-from txstream.cluster.ray_runtime import ray_session, start_actor, stop_actors
-from txstream.cluster.topology import host_topology
+from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor, stop_actors
+from txstream.cluster.topology import check_executors, host_topology
 from txstream.config import RunConfig
-from txstream.errors import PeerFailed, RuntimeFailure, TxstreamError
+from txstream.console import Console
+from txstream.errors import PeerFailed, RuntimeFailure
+from txstream.logs import run_log
 from txstream.sources import ArrowSource, Source
 from txstream.state.chunk import sweep_segments
 from txstream.state.init import InitState, read_init_state
@@ -62,11 +63,14 @@ class Result:
 class Job:
     """A configured run of one topology, e.g. ``Job("sl", scheduler="serial").run(events, init)``.
 
-    Options are those of `txstream run` (see :class:`txstream.config.RunConfig`).
+    Options are those of `txstream run` (see :class:`txstream.config.RunConfig`). The
+    ``console`` shows phases, progress and warnings (default: on stderr, phases and bar
+    only with ``progress``).
     """
 
-    def __init__(self, topology: str = "sl", **options: Any):
+    def __init__(self, topology: str = "sl", console: Console | None = None, **options: Any):
         self.config = RunConfig(topology=topology, **options)
+        self.console = console or Console(enabled=self.config.progress)
 
     def run(
         self,
@@ -82,13 +86,16 @@ class Job:
         cfg = self.config
         topology = topologies.get(cfg.topology)
         cores = host_topology(cfg.sockets).assign(cfg.executors)
+        warning = check_executors(cfg.executors)
+        if warning:
+            self.console.warn(warning)
         init = read_init_state(topology, init_state)
         layout = Layout.of(
             topology.tables, topology.sizes_from({k: t.num_rows for k, t in init.items()})
         )
         out_dir = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="txstream_"))
         try:
-            with ExitStack() as stack:
+            with run_log(output, cfg.log_level, cfg.verbose, self.console), ExitStack() as stack:
                 source, ingest = self._open_source(events, topology, stack)
                 metrics, state = self._execute(
                     topology, source, init, layout, cores, out_dir, ingest
@@ -115,12 +122,18 @@ class Job:
         if not from_spark:  # a path: check the Parquet footers before starting Spark
             events = ArrowSource(events)
             topology.check_event_schema(events.schema)
+        cfg, console = self.config, self.console
         begin = time.perf_counter()
-        stack.enter_context(ray_session(self.config.address, job_config=spark.ray_job_config()))
-        stack.enter_context(spark.spark_session())
+        stack.enter_context(
+            ray_session(
+                cfg.address, spark.ray_job_config(), console=console, log_level=cfg.log_level
+            )
+        )
+        stack.enter_context(spark.spark_session(console=console, log_level=cfg.log_level))
         started = time.perf_counter()
-        source = stack.enter_context(spark.SparkSource(events))
-        topology.check_event_schema(source.schema)
+        with console.phase("staging the input"):
+            source = stack.enter_context(spark.SparkSource(events))
+            topology.check_event_schema(source.schema)
         staged = time.perf_counter()
         spark_seconds = {"startup_s": round(started - begin, 3),
                          "staging_s": round(staged - started, 3)}  # fmt: skip
@@ -143,25 +156,36 @@ class Job:
             stack.callback(sync.close)
             stack.callback(sweep_segments, run_prefix(run_id))  # if an executor died
             state.load(topology, init)
-            stack.enter_context(ray_session(cfg.address))
+            stack.enter_context(
+                ray_session(cfg.address, console=self.console, log_level=cfg.log_level)
+            )
             stack.callback(stop_actors, actors)
-            sink = start_actor(Sink, str(out_dir), output_schema(topology), progress.handle)
-            executors = [
-                start_actor(
-                    Executor, cfg, state.handle, seat, sync.handle, run_prefix(run_id), sink, cpu
-                )
-                for seat, (_, cpu) in zip(team, cores, strict=True)
-            ]
-            controller = start_actor(ProgressController, cfg, source, executors)
-            actors += [controller, *executors, sink]
-            serving = None
-            if schedulers.get(cfg.scheduler).coordinated:
-                coordinator = start_actor(
-                    Coordinator, cfg, sync.handle, run_prefix(run_id), layout.cells
-                )
-                actors.append(coordinator)
-                serving = coordinator.serve.remote()
-            self._get_watching([e.warm_up.remote(source.schema) for e in executors], serving)
+            with self.console.phase(f"starting {len(team)} executor{'s' * (len(team) > 1)}"):
+                sink = start_actor(Sink, str(out_dir), output_schema(topology), progress.handle)
+                executors = [
+                    start_actor(
+                        Executor,
+                        cfg,
+                        state.handle,
+                        seat,
+                        sync.handle,
+                        run_prefix(run_id),
+                        sink,
+                        cpu,
+                        label=f"Executor {seat.rank}",
+                    )
+                    for seat, (_, cpu) in zip(team, cores, strict=True)
+                ]
+                controller = start_actor(ProgressController, cfg, source, executors)
+                actors += [controller, *executors, sink]
+                serving = None
+                if schedulers.get(cfg.scheduler).coordinated:
+                    coordinator = start_actor(
+                        Coordinator, cfg, sync.handle, run_prefix(run_id), layout.cells
+                    )
+                    actors.append(coordinator)
+                    serving = coordinator.serve.remote()
+                self._get_watching([e.warm_up.remote(source.schema) for e in executors], serving)
             startup = time.perf_counter() - begin
             start = time.perf_counter()
             done = controller.run.remote()
@@ -188,45 +212,31 @@ class Job:
 
         try:
             return ray.get(refs, timeout=self.config.timeout_s)
-        except ray.exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, TxstreamError):
-                raise cause from exc
-            raise RuntimeFailure(f"an actor failed: {cause or exc}") from exc
         except ray.exceptions.GetTimeoutError as exc:
             raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
         except ray.exceptions.RayError as exc:
-            raise RuntimeFailure(f"an actor died: {exc}") from exc
+            raise actor_failure(exc) from exc
 
     def _wait_with_progress(
         self, done: Any, progress: SharedArray, total: int | None, serving: Any | None
     ) -> None:
-        """Wait for the run, with a progress bar on stderr once it takes over 2 s; fail
-        when no event got through for the run's timeout, or at once when the
-        Coordinator (``serving``) fails or dies."""
+        """Wait for the run, with the event bar on the console; fail when no event got
+        through for the run's timeout, or at once when the Coordinator (``serving``)
+        fails or dies."""
         import ray
-        from tqdm import tqdm
 
         deadline = time.monotonic() + self.config.timeout_s
-        with tqdm(
-            total=total,
-            unit="ev",
-            unit_scale=True,
-            delay=2.0,
-            file=sys.stderr,
-            disable=not self.config.progress,
-            desc=self.config.topology,
-        ) as bar:
+        with self.console.progress(total, "running") as bar:
             while not ray.wait([done], timeout=0.1)[0]:
                 if serving is not None and ray.wait([serving], timeout=0)[0]:
                     self._coordinator_ended(serving)
                     serving = None
                 if int(progress.array[0]) > bar.n:
-                    bar.update(int(progress.array[0]) - bar.n)
                     deadline = time.monotonic() + self.config.timeout_s
                 elif time.monotonic() > deadline:
                     raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")
-            bar.update(int(progress.array[0]) - bar.n)
+                bar.update(int(progress.array[0]))
+            bar.update(int(progress.array[0]))
 
     def _get_watching(self, refs: list, serving: Any | None) -> Any:
         """`_get` of ``refs``, failing at once if the Coordinator (``serving``) ends first
@@ -281,6 +291,7 @@ class Job:
             "coordinator": run_info["coordinator"],
             "operations": sum(e["operations"] for e in run_info["executors"]),
             "startup_s": round(startup, 3),
+            "phases_s": dict(self.console.phases),
             "config": {**self.config.as_dict(), "source_rows": source.num_rows},
         }
 
