@@ -126,14 +126,14 @@ class Console:
                     stream.write("\n")
             elif final:
                 if self._line and text.startswith(self._line):
-                    stream.write(text[len(self._line) :].lstrip() + "\n")
+                    stream.write(f" {text[len(self._line) :].lstrip()}\n")
                 else:
                     self._end_line()
                     stream.write(text + "\n")
                 self._line = ""
             else:
                 self._end_line()
-                stream.write(text + " ")
+                stream.write(text)
                 self._line = text
             stream.flush()
 

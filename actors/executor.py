@@ -120,6 +120,11 @@ class Executor:
         self._pending: deque = deque()
         self._chunk: ChunkArrays | None = None
 
+    def __repr__(self) -> str:
+        """How Ray names this actor in its logs and errors (errors of an executor that
+        reach the driver through the ProgressController keep only their message)."""
+        return f"Executor {self.team.rank}"
+
     def warm_up(self, schema: pa.Schema) -> None:
         """Load every kernel (numba cache) on an empty chunk, before timing starts (all
         executors together, as for any chunk)."""

@@ -10,6 +10,7 @@ for minutes.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -55,8 +56,8 @@ def ray_session(
     )
     with ExitStack() as stack:
         if address:
+            gcs = reachable_address(address)
             with console.phase(f"connecting to Ray at {address}"):
-                gcs = reachable_address(address)
                 stack.callback(_shutdown, console)
                 _init(address=gcs, **options)
         else:
@@ -166,20 +167,22 @@ def actor_failure(exc: BaseException) -> TxstreamError:
 
 
 def _actor_label(exc: BaseException) -> str | None:
-    """The txstream name of the actor an error comes from, else its class name."""
-    actor_id = getattr(exc, "_actor_id", None) or getattr(exc, "actor_id", None)
-    if isinstance(actor_id, bytes):
-        actor_id = actor_id.hex()
+    """The txstream name of the actor an error comes from, else its class name.
+
+    An error raised by an actor call that waited on another actor carries the other's
+    error only as text: its innermost header reads ``ray::Executor.process() (pid=...,
+    actor_id=<hex>, repr=...)``.
+    """
+    headers = [line for line in str(exc).splitlines() if "ray::" in line]
+    innermost = headers[-1] if headers else ""
+    found = re.search(r"actor_id=([0-9a-f]+)", innermost)
+    actor_id = found[1] if found else None
+    if len(headers) <= 1 and actor_id is None:
+        actor_id = getattr(exc, "_actor_id", None) or getattr(exc, "actor_id", None)
     if actor_id in _LABELS:
         return _LABELS[actor_id]
-    function = getattr(exc, "function_name", None) or ""
-    if "." in function:
-        return function.split(".")[0]
-    text = str(exc)
-    marker = "class_name: "
-    if marker in text:
-        return text.split(marker, 1)[1].split()[0]
-    return None
+    found = re.search(r"ray::(\w+)\.|class_name: (\w+)", innermost or str(exc))
+    return (found[1] or found[2]) if found else None
 
 
 def _death(exc: BaseException) -> str:

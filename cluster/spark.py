@@ -114,12 +114,10 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
 rootLogger.level = LEVEL
 rootLogger.appenderRef.console.ref = console
-logger.shell.name = org.apache.spark.repl.Main
-logger.shell.level = LEVEL
 """
-"""The Spark driver's log4j2 configuration: everything to stderr (the run's log) at the
-run's level (pyspark's level is that of the shell's logger). RayDP otherwise names a file
-that does not exist, and log4j2 says so on stdout."""
+"""A log4j2 configuration for the Spark driver: RayDP otherwise names a file that does not
+exist, and log4j2 says so on stdout. (RayDP's agent then configures logging its own way:
+the run's level is set once Spark runs, with `setLogLevel`.)"""
 
 
 @contextmanager
@@ -159,11 +157,14 @@ def spark_session(
         log4j = folder / "log4j2.properties"
         log4j.write_text(_LOG4J_CONFIG.replace("LEVEL", _LOG4J_LEVELS[log_level]))
         flags = " ".join([*JVM_OPTIONS, _NO_PERF_DATA, f"-Djava.io.tmpdir={folder}"])
+        # RayDP's agent in the driver logs to ray.logging.dir, by default the logs of
+        # whichever Ray session is the latest in /tmp/ray (not necessarily this one)
+        logs = ray._private.worker._global_node.get_logs_dir_path()
         python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         configs = {
             "spark.ray.raydp_app_master.extraJavaOptions": flags,
             "spark.executor.extraJavaOptions": flags,
-            "spark.driver.extraJavaOptions": flags,
+            "spark.driver.extraJavaOptions": f"{flags} -Dray.logging.dir={logs}",
             "spark.local.dir": str(folder),
             "spark.log4j.config.file.name": str(log4j),
             "spark.pyspark.python": python,
@@ -175,6 +176,7 @@ def spark_session(
         try:
             with console.phase("starting Spark"):
                 session = raydp.init_spark(app_name, 1, 1, executor_memory, configs=configs)
+                session.sparkContext.setLogLevel(_LOG4J_LEVELS[log_level])  # pyspark's is WARN
                 app = session.sparkContext.applicationId
                 ray.get(_fetcher(session).ready.remote())  # started with Spark, not by a source
             yield session
@@ -207,8 +209,8 @@ def arrow_to_spark(table: pa.Table, spark: SparkSession) -> DataFrame:
     no Python worker) and become one partition each, of at most
     `spark.sql.execution.arrow.maxRecordsPerBatch` rows.
     """
-    from pyspark.sql.pandas.serializers import ArrowStreamSerializer
     from pyspark.sql import DataFrame
+    from pyspark.sql.pandas.serializers import ArrowStreamSerializer
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
     schema = from_arrow_schema(table.schema)
