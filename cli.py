@@ -260,15 +260,9 @@ def summary(topology: str, scheduler: str, m: dict, output: str) -> str:
     return (
         f"{topology} {scheduler}: {m['events']:,} events ({m['committed']:,} committed, "
         f"{m['aborted']:,} aborted, {m['rejected']:,} rejected) in {m['seconds']:.2f} s = "
-        f"{m['throughput_eps'] or 0:,.0f} events/s after {_startup_s(m):.1f} s of start-up; "
+        f"{m['throughput_eps'] or 0:,.0f} events/s after {m['startup_s']:.1f} s of start-up; "
         f"latency p50 {latency['p50']:.0f} ms, p99 {latency['p99']:.0f} ms -> {output}"
     )
-
-
-def _startup_s(m: dict) -> float:
-    """Start-up before the first event: Spark's start and staging, then the engine's."""
-    spark = m.get("spark") or {}
-    return m["startup_s"] + spark.get("startup_s", 0.0) + spark.get("staging_s", 0.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

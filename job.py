@@ -26,6 +26,7 @@ from txstream.actors.executor import Executor, output_schema
 from txstream.actors.progress import ProgressController
 from txstream.actors.sink import Sink
 from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor, stop_actors
+from txstream.cluster.spark import ray_job_config as spark_job_config
 from txstream.cluster.topology import check_executors, host_topology
 from txstream.config import RunConfig
 from txstream.console import Console
@@ -96,9 +97,17 @@ class Job:
         out_dir = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="txstream_"))
         try:
             with run_log(output, cfg.log_level, cfg.verbose, self.console), ExitStack() as stack:
-                source, ingest = self._open_source(events, topology, stack)
+                source, staged = self._open_source(events, topology)
+                begin = time.perf_counter()
+                job_config = spark_job_config() if staged else None
+                stack.enter_context(
+                    ray_session(
+                        cfg.address, job_config, console=self.console, log_level=cfg.log_level
+                    )
+                )
+                stage = (lambda: self._stage(source, topology, stack)) if staged else None
                 metrics, state = self._execute(
-                    topology, source, init, layout, cores, out_dir, ingest
+                    topology, source, init, layout, cores, out_dir, begin, stage
                 )
             result = Result(pq.read_table(out_dir / "events.parquet"), state, metrics)
         finally:
@@ -106,29 +115,28 @@ class Job:
                 shutil.rmtree(out_dir, ignore_errors=True)
         return result
 
-    def _open_source(self, events: Any, topology, stack: ExitStack) -> tuple[Source, dict]:
-        """The event source, its schema checked; for Spark, started on a Ray with the JVM
-        flags and staged in input order (its seconds are returned, reported apart)."""
+    def _open_source(self, events: Any, topology) -> tuple[Any, bool]:
+        """The event source, its schema checked, and whether Spark must stage it first
+        (a Parquet path read by Spark: its footers are checked before Spark starts; or a
+        Spark DataFrame)."""
         from txstream.cluster import spark
 
         if hasattr(events, "iter_batches"):
             topology.check_event_schema(events.schema)
-            return events, {}
-        from_spark = spark.is_spark_dataframe(events)
-        if not from_spark and (isinstance(events, pa.Table) or self.config.source == "arrow"):
-            source = ArrowSource(events)
-            topology.check_event_schema(source.schema)
-            return source, {}
-        if not from_spark:  # a path: check the Parquet footers before starting Spark
-            events = ArrowSource(events)
-            topology.check_event_schema(events.schema)
+            return events, False
+        if spark.is_spark_dataframe(events):
+            return events, True
+        source = ArrowSource(events)
+        topology.check_event_schema(source.schema)
+        return source, not isinstance(events, pa.Table) and self.config.source == "spark"
+
+    def _stage(self, events: Any, topology, stack: ExitStack) -> tuple[Source, dict]:
+        """Start Spark on this Ray (unless it runs) and stage ``events`` in input order;
+        the seconds of both (reported apart)."""
+        from txstream.cluster import spark
+
         cfg, console = self.config, self.console
         begin = time.perf_counter()
-        stack.enter_context(
-            ray_session(
-                cfg.address, spark.ray_job_config(), console=console, log_level=cfg.log_level
-            )
-        )
         stack.enter_context(spark.spark_session(console=console, log_level=cfg.log_level))
         started = time.perf_counter()
         with console.phase("staging the input"):
@@ -139,14 +147,20 @@ class Job:
                          "staging_s": round(staged - started, 3)}  # fmt: skip
         return source, {"spark": spark_seconds}
 
-    def _execute(self, topology, source, init, layout, cores, out_dir: Path, ingest: dict):
+    def _execute(self, topology, source, init, layout, cores, out_dir: Path, begin, stage):
+        """Run the team over ``source``. ``stage`` (Spark's start and staging of Parquet
+        files) runs once the team's actors are started, so that their start-up overlaps
+        Spark's; ``startup_s`` counts from ``begin`` (before Ray's start)."""
         cfg = self.config
+        ingest: dict = {}
+        if stage is not None and not isinstance(source, ArrowSource):
+            source, ingest = stage()  # a DataFrame: staging counts the rows the sets are sized by
+            stage = None
         sweep_stale_segments()
         run_id = new_run_id()
         has_sets = any(t.distinct for t in topology.tables)
         set_capacity = (2 * (source.num_rows or DEFAULT_SET_CAPACITY)) if has_sets else 16
         actors: list = []
-        begin = time.perf_counter()
         with ExitStack() as stack:
             state = stack.enter_context(SharedState.create(run_id, layout, set_capacity))
             progress = SharedArray.create(run_id, "progress", (1,), "int64")
@@ -156,36 +170,37 @@ class Job:
             stack.callback(sync.close)
             stack.callback(sweep_segments, run_prefix(run_id))  # if an executor died
             state.load(topology, init)
-            stack.enter_context(
-                ray_session(cfg.address, console=self.console, log_level=cfg.log_level)
-            )
             stack.callback(stop_actors, actors)
+            sink = start_actor(Sink, str(out_dir), output_schema(topology), progress.handle)
+            executors = [
+                start_actor(
+                    Executor,
+                    cfg,
+                    state.handle,
+                    seat,
+                    sync.handle,
+                    run_prefix(run_id),
+                    sink,
+                    cpu,
+                    label=f"Executor {seat.rank}",
+                )
+                for seat, (_, cpu) in zip(team, cores, strict=True)
+            ]
+            actors += [*executors, sink]
+            serving = None
+            if schedulers.get(cfg.scheduler).coordinated:
+                coordinator = start_actor(
+                    Coordinator, cfg, sync.handle, run_prefix(run_id), layout.cells
+                )
+                actors.append(coordinator)
+                serving = coordinator.serve.remote()
+            warm = [e.warm_up.remote(source.schema) for e in executors]
+            if stage is not None:
+                source, ingest = stage()
+            controller = start_actor(ProgressController, cfg, source, executors)
+            actors.append(controller)
             with self.console.phase(f"starting {len(team)} executor{'s' * (len(team) > 1)}"):
-                sink = start_actor(Sink, str(out_dir), output_schema(topology), progress.handle)
-                executors = [
-                    start_actor(
-                        Executor,
-                        cfg,
-                        state.handle,
-                        seat,
-                        sync.handle,
-                        run_prefix(run_id),
-                        sink,
-                        cpu,
-                        label=f"Executor {seat.rank}",
-                    )
-                    for seat, (_, cpu) in zip(team, cores, strict=True)
-                ]
-                controller = start_actor(ProgressController, cfg, source, executors)
-                actors += [controller, *executors, sink]
-                serving = None
-                if schedulers.get(cfg.scheduler).coordinated:
-                    coordinator = start_actor(
-                        Coordinator, cfg, sync.handle, run_prefix(run_id), layout.cells
-                    )
-                    actors.append(coordinator)
-                    serving = coordinator.serve.remote()
-                self._get_watching([e.warm_up.remote(source.schema) for e in executors], serving)
+                self._get_watching(warm, serving)
             startup = time.perf_counter() - begin
             start = time.perf_counter()
             done = controller.run.remote()

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -172,20 +173,37 @@ def spark_session(
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
         }
-        app = None
+        fetcher = _PartitionFetcher.remote()  # its process starts while Spark does
+        stack.callback(ray.kill, fetcher)
         try:
             with console.phase("starting Spark"):
                 session = raydp.init_spark(app_name, 1, 1, executor_memory, configs=configs)
                 session.sparkContext.setLogLevel(_LOG4J_LEVELS[log_level])  # pyspark's is WARN
                 app = session.sparkContext.applicationId
-                ray.get(_fetcher(session).ready.remote())  # started with Spark, not by a source
+                _FETCHERS[app] = fetcher
+                stack.callback(_FETCHERS.pop, app)
+                ray.get(fetcher.ready.remote())
+                _wait_for_an_executor(session)
             yield session
         finally:
             libraries.note()  # while the JVMs that extracted them still run
             with console.phase("stopping Spark"):
-                if app in _FETCHERS:
-                    ray.kill(_FETCHERS.pop(app))
                 raydp.stop_spark()
+
+
+EXECUTOR_TIMEOUT_S = 300.0
+"""How long Spark's executor may take to register once Spark has started."""
+
+
+def _wait_for_an_executor(session: SparkSession) -> None:
+    """Return once an executor has registered (RayDP starts it after the driver and
+    `init_spark` returns without waiting for it)."""
+    context = session.sparkContext._jsc.sc()
+    deadline = time.monotonic() + EXECUTOR_TIMEOUT_S
+    while context.getExecutorIds().isEmpty():
+        if time.monotonic() > deadline:
+            raise RuntimeFailure(f"no executor within {EXECUTOR_TIMEOUT_S:.0f} s", "Spark")
+        time.sleep(_POLL_S)
 
 
 def _active_session() -> SparkSession | None:
@@ -379,12 +397,17 @@ def _positioned_files(spark: SparkSession, parquet: ArrowSource) -> DataFrame:
     across partitions). One read per file, because `_metadata.file_name` is URL-encoded and
     so cannot be matched against the names back reliably, and because Spark packs the splits
     of several files into one partition, largest first. ``parquet`` has checked the files'
-    schemas equal from their footers, so Spark infers the schema (a job) once, not per file.
+    schemas equal from their footers; Spark gets that schema rather than inferring it (a
+    Spark job: seconds in a fresh JVM), unless Spark has no type for one of its columns.
     """
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
 
     files = parquet.files
-    schema = spark.read.parquet(str(files[0])).schema
+    try:
+        schema = from_arrow_schema(parquet.schema)
+    except TypeError:
+        schema = spark.read.parquet(str(files[0])).schema
     reads = []
     for index, file in enumerate(files):
         frame = spark.read.schema(schema).parquet(str(file))
