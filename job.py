@@ -109,7 +109,7 @@ class Job:
                 metrics, state = self._execute(
                     topology, source, init, layout, cores, out_dir, begin, stage
                 )
-            result = Result(pq.read_table(out_dir / "events.parquet"), state, metrics)
+            result = Result(pq.ParquetFile(out_dir / "events.parquet").read(), state, metrics)
         finally:
             if output is None:
                 shutil.rmtree(out_dir, ignore_errors=True)
