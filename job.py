@@ -195,15 +195,15 @@ class Job:
                 actors.append(coordinator)
                 serving = coordinator.serve.remote()
             warm = [e.warm_up.remote(source.schema) for e in executors]
+            controller = start_actor(ProgressController, cfg, executors)
+            actors.append(controller)
             if stage is not None:
                 source, ingest = stage()
-            controller = start_actor(ProgressController, cfg, source, executors)
-            actors.append(controller)
             with self.console.phase(f"starting {len(team)} executor{'s' * (len(team) > 1)}"):
                 self._get_watching(warm, serving)
             startup = time.perf_counter() - begin
             start = time.perf_counter()
-            done = controller.run.remote()
+            done = controller.run.remote(source)
             self._wait_with_progress(done, progress, source.num_rows, serving)
             run_info = self._get(done)
             ask_to_stop(sync.array)

@@ -31,14 +31,15 @@ def share_bounds(events: int, parties: int) -> list[tuple[int, int]]:
 class ProgressController:
     """Reads the source in order and dispatches every chunk to the whole team."""
 
-    def __init__(self, config: RunConfig, source: Source, executors: list):
+    def __init__(self, config: RunConfig, executors: list):
         yield_to_executors()
         self.config = config
-        self.source = source
         self.executors = executors
 
-    def run(self) -> dict:
-        """Stream the whole source through the executors; returns what each reports."""
+    def run(self, source: Source) -> dict:
+        """Stream the whole source through the executors; returns what each reports.
+        (The source comes with the call, so that this actor can start before it is
+        staged.)"""
         import ray
 
         cpu_start = time.process_time()
@@ -71,7 +72,7 @@ class ProgressController:
             while len(in_flight) > CHUNKS_IN_FLIGHT:
                 self._wait(in_flight.popleft())
 
-        for batch in self.source.iter_batches(chunk_events):
+        for batch in source.iter_batches(chunk_events):
             if batch.num_rows == 0:
                 continue
             pending.append(batch)

@@ -188,27 +188,11 @@ def spark_session(
                 _FETCHERS[app] = fetcher
                 stack.callback(_FETCHERS.pop, app)
                 ray.get(fetcher.ready.remote())
-                _wait_for_an_executor(session)
             yield session
         finally:
             libraries.note()  # while the JVMs that extracted them still run
             with console.phase("stopping Spark"):
                 raydp.stop_spark()
-
-
-EXECUTOR_TIMEOUT_S = 300.0
-"""How long Spark's executor may take to register once Spark has started."""
-
-
-def _wait_for_an_executor(session: SparkSession) -> None:
-    """Return once an executor has registered (RayDP starts it after the driver and
-    `init_spark` returns without waiting for it)."""
-    context = session.sparkContext._jsc.sc()
-    deadline = time.monotonic() + EXECUTOR_TIMEOUT_S
-    while context.getExecutorIds().isEmpty():
-        if time.monotonic() > deadline:
-            raise RuntimeFailure(f"no executor within {EXECUTOR_TIMEOUT_S:.0f} s", "Spark")
-        time.sleep(_POLL_S)
 
 
 def _active_session() -> SparkSession | None:
@@ -496,9 +480,8 @@ def _bytes(spark: SparkSession, size: str) -> int:
 def _staging(frame: DataFrame, rdd: JavaObject) -> _Staging:
     jvm = frame.sparkSession.sparkContext._jvm
     writer = jvm.org.apache.spark.sql.raydp.ObjectStoreWriter
+    _wait_for_an_executor(frame.sparkSession)
     executors = frame.sparkSession.sparkContext._jsc.sc().getExecutorIds()
-    if executors.isEmpty():
-        raise RuntimeFailure("Spark has no executor")
     return _Staging(
         rdd.id(),
         rdd.getNumPartitions(),
@@ -509,6 +492,21 @@ def _staging(frame: DataFrame, rdd: JavaObject) -> _Staging:
 
 
 _POLL_S = 0.01
+
+EXECUTOR_TIMEOUT_S = 300.0
+"""How long Spark's executor may take to register once Spark has started."""
+
+
+def _wait_for_an_executor(session: SparkSession) -> None:
+    """Return once an executor has registered: RayDP starts it after the driver and
+    `init_spark` returns without waiting for it; a source plans its input meanwhile."""
+    context = session.sparkContext._jsc.sc()
+    deadline = time.monotonic() + EXECUTOR_TIMEOUT_S
+    while context.getExecutorIds().isEmpty():
+        if time.monotonic() > deadline:
+            raise RuntimeFailure(f"no executor within {EXECUTOR_TIMEOUT_S:.0f} s", "Spark")
+        time.sleep(5 * _POLL_S)  # a Py4J call each time
+
 
 _FETCHERS: dict[str, ray.actor.ActorHandle] = {}
 """Each Spark application's partition fetcher, by application id."""
