@@ -30,7 +30,7 @@ from txstream.cluster.spark import ray_job_config as spark_job_config
 from txstream.cluster.topology import check_executors, host_topology
 from txstream.config import RunConfig
 from txstream.console import Console
-from txstream.errors import PeerFailed, RuntimeFailure
+from txstream.errors import PeerFailed, RuntimeFailure, UsageError
 from txstream.logs import run_log
 from txstream.sources import ArrowSource, Source
 from txstream.state.chunk import sweep_segments
@@ -94,10 +94,10 @@ class Job:
         layout = Layout.of(
             topology.tables, topology.sizes_from({k: t.num_rows for k, t in init.items()})
         )
+        source, staged = self._open_source(events, topology)
         out_dir = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="txstream_"))
         try:
             with run_log(output, cfg.log_level, cfg.verbose, self.console), ExitStack() as stack:
-                source, staged = self._open_source(events, topology)
                 begin = time.perf_counter()
                 job_config = spark_job_config() if staged else None
                 stack.enter_context(
@@ -117,8 +117,8 @@ class Job:
 
     def _open_source(self, events: Any, topology) -> tuple[Any, bool]:
         """The event source, its schema checked, and whether Spark must stage it first
-        (a Parquet path read by Spark: its footers are checked before Spark starts; or a
-        Spark DataFrame)."""
+        (a Parquet path read by Spark: its footers, and Java, are checked before anything
+        starts; or a Spark DataFrame)."""
         from txstream.cluster import spark
 
         if hasattr(events, "iter_batches"):
@@ -128,7 +128,11 @@ class Job:
             return events, True
         source = ArrowSource(events)
         topology.check_event_schema(source.schema)
-        return source, not isinstance(events, pa.Table) and self.config.source == "spark"
+        staged = not isinstance(events, pa.Table) and self.config.source == "spark"
+        problem = spark.java_available() if staged else None
+        if problem:
+            raise UsageError(problem)
+        return source, staged
 
     def _stage(self, events: Any, topology, stack: ExitStack) -> tuple[Source, dict]:
         """Start Spark on this Ray (unless it runs) and stage ``events`` in input order;

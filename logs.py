@@ -91,6 +91,7 @@ def run_log(
         except BaseException as exc:
             log.error("run failed", exc_info=exc)
             exc.txstream_log = path  # every exception class of Python takes attributes
+            exc.add_note(f"txstream log: {path}")  # shown with the traceback
             raise
         if output is None:
             _remove_created(path, created)

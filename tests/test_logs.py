@@ -72,6 +72,7 @@ def test_without_output_the_log_is_removed_unless_the_run_failed(tmp_path, monke
     with pytest.raises(ZeroDivisionError) as failure, run_log(None) as path:
         raise ZeroDivisionError("division by zero")
     assert log_of(failure.value) == path
+    assert failure.value.__notes__ == [f"txstream log: {path}"]
     assert "Traceback" in path.read_text() and "ZeroDivisionError" in path.read_text()
     assert path.parent.parent == tmp_path
 
