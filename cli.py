@@ -1,8 +1,14 @@
-"""`txstream` command line: one verb per task (SPEC §4)."""
+"""`txstream` command line: one verb per task (SPEC §4).
+
+stdout carries only the summary of what was done; stderr the phases, the progress bar,
+warnings and, on failure, one line (exit 2 for a usage or schema error, 1 for an engine
+failure, with the path of the run's log where its full trace is).
+"""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import threading
@@ -10,59 +16,198 @@ from collections.abc import Sequence
 
 from txstream.config import PLACEMENTS, SOURCES, RunConfig
 from txstream.errors import SchemaError, TxstreamError, UsageError
-from txstream.schedulers import PLANNED, SCHEDULERS
+from txstream.logs import LEVELS, log_of, version
+from txstream.schedulers import SCHEDULERS
 from txstream.topologies import BUNDLED
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
+HELP_WIDTH = 100
+"""Widest help text; narrower on a narrower terminal."""
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help with every option's default (an option whose help already says what it
+    defaults to, a flag or a required option has none added)."""
+
+    def __init__(self, prog: str) -> None:
+        width = min(HELP_WIDTH, shutil.get_terminal_size().columns - 2)
+        super().__init__(prog, width=width, max_help_position=30)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help = action.help or ""
+        if (
+            action.option_strings
+            and not action.required
+            and action.nargs != 0
+            and "default" not in help
+            and action.default is not None
+        ):
+            help += " (default: %(default)s)"
+        return help
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="txstream", description="Transactional stream processing on Ray."
+        prog="txstream",
+        description="Transactional stream processing on Ray.",
+        formatter_class=_HelpFormatter,
     )
-    verbs = parser.add_subparsers(dest="verb", required=True)
+    parser.add_argument("--version", action="version", version=f"txstream {version()}")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    gen = verbs.add_parser("generate", help="write a synthetic workload (events + init state)")
-    gen.add_argument("topology", choices=BUNDLED)
-    gen.add_argument("--out", required=True, metavar="DIR")
-    gen.add_argument("--events", type=int, default=1_000_000, metavar="N")
-    gen.add_argument("--keys", type=int, default=10_000, metavar="K")
-    gen.add_argument("--theta", type=float, default=0.2, metavar="T", help="Zipf skew")
-    gen.add_argument("--abort-ratio", type=float, default=0.01, metavar="A")
-    gen.add_argument("--txn-length", type=int, default=None, metavar="L")
-    gen.add_argument("--deps", type=int, default=None, metavar="R")
-    gen.add_argument("--seed", type=int, default=0, metavar="S")
+    gen = verbs.add_parser(
+        "generate",
+        help="write a synthetic workload (events + init state)",
+        description="Write DIR/events.parquet and DIR/init/<table>.parquet: a workload with "
+        "MorphStream's knobs (Table 5).",
+        formatter_class=_HelpFormatter,
+    )
+    gen.add_argument("topology", choices=BUNDLED, help="benchmark topology")
+    gen.add_argument("--out", required=True, metavar="DIR", help="folder to write (required)")
+    gen.add_argument("--events", type=int, default=1_000_000, metavar="N", help="events")
+    gen.add_argument("--keys", type=int, default=10_000, metavar="K", help="keys per table")
+    gen.add_argument("--theta", type=float, default=0.2, metavar="T", help="Zipf skew of keys")
+    gen.add_argument(
+        "--abort-ratio",
+        type=float,
+        default=0.01,
+        metavar="A",
+        help="share of all events planted to abort",
+    )
+    gen.add_argument(
+        "--txn-length",
+        type=int,
+        default=None,
+        metavar="L",
+        help="keys per GS event, items per OB alter/top (default: 1 for GS, 20 for OB; "
+        "SL and TP have fixed shapes)",
+    )
+    gen.add_argument(
+        "--deps",
+        type=int,
+        default=None,
+        metavar="R",
+        help="keys each GS write reads (default: 2)",
+    )
+    gen.add_argument("--seed", type=int, default=0, metavar="S", help="random seed")
 
     defaults = RunConfig()
-    run = verbs.add_parser("run", help="run a topology over events")
-    run.add_argument("topology", choices=BUNDLED)
-    run.add_argument("--input", required=True, metavar="EVENTS", help="Parquet file or folder")
-    run.add_argument("--init-state", required=True, metavar="DIR")
-    run.add_argument("--output", required=True, metavar="DIR")
-    run.add_argument("--scheduler", choices=(*SCHEDULERS, *PLANNED), default=defaults.scheduler)
-    run.add_argument("--explore", choices=("auto", "bfs", "dfs", "ns"), default=defaults.explore)
-    run.add_argument(
-        "--granularity", choices=("auto", "fine", "coarse"), default=defaults.granularity
+    run = verbs.add_parser(
+        "run",
+        help="run a topology over events",
+        description="Run a topology over EVENTS from the init state; write events.parquet, "
+        "state/<table>.parquet and metrics.json to the output folder, the run's log to "
+        "its _logs/txstream.log.",
+        formatter_class=_HelpFormatter,
     )
-    run.add_argument("--abort", choices=("auto", "eager", "lazy"), default=defaults.abort)
-    run.add_argument("--executors", type=int, default=defaults.executors, metavar="N")
-    run.add_argument("--placement", choices=PLACEMENTS, default=defaults.placement)
+    run.add_argument(
+        "topology",
+        metavar="TOPOLOGY",
+        help=f"a bundled topology ({', '.join(BUNDLED)}) or module:function returning one",
+    )
+    run.add_argument(
+        "--input",
+        required=True,
+        metavar="EVENTS",
+        help="Parquet file, or folder of them in name order (required)",
+    )
+    run.add_argument(
+        "--init-state",
+        required=True,
+        metavar="DIR",
+        help="folder of <table>.parquet (required)",
+    )
+    run.add_argument("--output", required=True, metavar="DIR", help="folder to write (required)")
+    run.add_argument(
+        "--scheduler",
+        choices=tuple(SCHEDULERS),
+        default=defaults.scheduler,
+        help="how transactions run in parallel; every one gives serial's results",
+    )
+    run.add_argument(
+        "--explore",
+        choices=("auto", "bfs", "dfs", "ns"),
+        default=defaults.explore,
+        help="morphstream: how the task graph is explored",
+    )
+    run.add_argument(
+        "--granularity",
+        choices=("auto", "fine", "coarse"),
+        default=defaults.granularity,
+        help="morphstream: operations or operation chains as scheduling units",
+    )
+    run.add_argument(
+        "--abort",
+        choices=("auto", "eager", "lazy"),
+        default=defaults.abort,
+        help="morphstream: when aborts are handled",
+    )
+    run.add_argument(
+        "--executors",
+        type=int,
+        default=defaults.executors,
+        metavar="N",
+        help="executor actors, each pinned to a core (more than the usable cores: a "
+        "warning; over 4 times as many: refused)",
+    )
+    run.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default=defaults.placement,
+        help="tstream: which executor evaluates which operation chains",
+    )
     run.add_argument(
         "--sockets",
         type=int,
         default=None,
+        metavar="S",
         help="split the usable cores into S emulated sockets (default: the host's own)",
     )
     run.add_argument(
-        "--punctuation-interval", type=int, default=defaults.punctuation_interval, metavar="N"
+        "--punctuation-interval",
+        type=int,
+        default=defaults.punctuation_interval,
+        metavar="N",
+        help="events per punctuation batch",
     )
-    run.add_argument("--udf-cost-us", type=float, default=defaults.udf_cost_us, metavar="C")
-    run.add_argument("--source", choices=SOURCES, default=defaults.source)
-    run.add_argument("--address", default=None, metavar="RAY_ADDRESS")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument(
-        "--overwrite", action="store_true", help="replace a non-empty output (at commit)"
+        "--udf-cost-us",
+        type=float,
+        default=defaults.udf_cost_us,
+        metavar="C",
+        help="busy microseconds added to every state access (never changes results)",
+    )
+    run.add_argument(
+        "--source",
+        choices=SOURCES,
+        default=defaults.source,
+        help="read the input with Spark (through RayDP) or with pyarrow",
+    )
+    run.add_argument(
+        "--address",
+        default=None,
+        metavar="RAY_ADDRESS",
+        help="Ray cluster to run on, HOST:PORT or auto (default: $RAY_ADDRESS, else a "
+        "local Ray for this run)",
+    )
+    run.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        default=defaults.log_level,
+        help="detail of the run's log (txstream, Ray and Spark), OUTPUT/_logs/txstream.log",
+    )
+    run.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show the log on stderr (Ray's, Spark's and the JVMs' output included)",
+    )
+    run.add_argument(
+        "--no-progress", action="store_true", help="no phases or progress bar on stderr"
+    )
+    run.add_argument(
+        "--overwrite", action="store_true", help="replace a non-empty output (when the run commits)"
     )
     run.add_argument(
         "--punctuation-ms",
@@ -85,32 +230,47 @@ def _parser() -> argparse.ArgumentParser:
         "until Ctrl-C or a _STOP file; outputs are committed as part files",
     )
     run.add_argument(
-        "--name", default=None, help="name the session: `txstream query/status` reach it"
+        "--name",
+        default=None,
+        help="name the session: `txstream query/status` reach it on the Ray cluster at "
+        "--address (default: unnamed)",
     )
     run.add_argument(
         "--checkpoint-dir",
         default=None,
         metavar="D",
         help="write checkpoints to D: the run survives failures, and the same command run "
-        "again after a crash resumes from the last checkpoint",
+        "again after a crash resumes from the last checkpoint (default: none)",
     )
     run.add_argument(
         "--checkpoint-every",
         type=int,
         default=None,
         metavar="B",
-        help="punctuation batches between checkpoints (default 100; needs --checkpoint-dir)",
+        help="punctuation batches between checkpoints (default: 100; needs --checkpoint-dir)",
     )
 
-    query = verbs.add_parser("query", help="print a table of a running named session")
-    query.add_argument("table")
-    query.add_argument("--address", required=True, metavar="RAY_ADDRESS")
-    query.add_argument("--name", required=True, help="the session's --name")
+    query = verbs.add_parser(
+        "query",
+        help="print a table of a running named session",
+        description="Print the rows of TABLE as of the session's watermark (printed first).",
+        formatter_class=_HelpFormatter,
+    )
+    query.add_argument("table", metavar="TABLE", help="a table of the session's topology")
+    query.add_argument("--address", required=True, metavar="RAY_ADDRESS",
+                       help="the Ray cluster the session runs on (required)")  # fmt: skip
+    query.add_argument("--name", required=True, help="the session's --name (required)")
     query.add_argument("--keys", default=None, metavar="K,...", help="keys (default: all)")
 
-    status = verbs.add_parser("status", help="print a running named session's progress")
-    status.add_argument("--address", required=True, metavar="RAY_ADDRESS")
-    status.add_argument("--name", required=True, help="the session's --name")
+    status = verbs.add_parser(
+        "status",
+        help="print a running named session's progress",
+        description="Print the session's watermark, throughput and latency.",
+        formatter_class=_HelpFormatter,
+    )
+    status.add_argument("--address", required=True, metavar="RAY_ADDRESS",
+                        help="the Ray cluster the session runs on (required)")  # fmt: skip
+    status.add_argument("--name", required=True, help="the session's --name (required)")
     return parser
 
 
@@ -130,7 +290,10 @@ def _generate(args: argparse.Namespace) -> None:
         events, init = generate(args.topology, spec)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    write_workload(args.out, events, init)
+    try:
+        write_workload(args.out, events, init)
+    except OSError as exc:
+        raise UsageError(f"cannot write {args.out}: {exc.strerror or exc}") from exc
     print(f"{args.topology}: {events.num_rows:,} events -> {args.out}")
 
 
@@ -155,17 +318,25 @@ def _run(args: argparse.Namespace) -> None:
         overwrite=args.overwrite,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
+        log_level=args.log_level,
+        verbose=args.verbose,
         progress=not args.no_progress,
     )
     if args.follow:
         m = _follow(job, args).metrics
     else:
         m = job.run(args.input, args.init_state, output=args.output, name=args.name).metrics
-    print(
-        f"{args.topology} {args.scheduler}: {m['events']:,} events "
-        f"({m['committed']:,} committed, {m['aborted']:,} aborted, {m['rejected']:,} rejected) "
-        f"in {m['seconds']:.3f} s = {m['throughput_eps']:,.0f} events/s; "
-        f"latency p50 {m['latency_ms']['p50']} ms, p99 {m['latency_ms']['p99']} ms -> {args.output}"
+    print(summary(args.topology, args.scheduler, m, args.output))
+
+
+def summary(topology: str, scheduler: str, m: dict, output: str) -> str:
+    """The one line `run` prints on stdout."""
+    latency = m["latency_ms"]
+    return (
+        f"{topology} {scheduler}: {m['events']:,} events ({m['committed']:,} committed, "
+        f"{m['aborted']:,} aborted, {m['rejected']:,} rejected) in {m['seconds']:.2f} s = "
+        f"{m['throughput_eps'] or 0:,.0f} events/s after {m['startup_s']:.1f} s of start-up; "
+        f"latency p50 {latency['p50']:.0f} ms, p99 {latency['p99']:.0f} ms -> {output}"
     )
 
 
@@ -227,15 +398,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         {"generate": _generate, "run": _run, "query": _query, "status": _status}[args.verb](args)
     except (SchemaError, UsageError) as exc:
-        print(f"txstream: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _report(f"error: {exc}", exc, EXIT_USAGE)
     except TxstreamError as exc:
-        print(f"txstream: failed: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    except KeyboardInterrupt:
-        print("txstream: interrupted", file=sys.stderr)
-        return 130
+        return _report(f"failed: {exc}", exc, EXIT_FAILURE)
+    except KeyboardInterrupt as exc:
+        return _report("interrupted", exc, EXIT_INTERRUPTED)
+    except Exception as exc:
+        if log_of(exc) is None:
+            raise  # not from a run: a bug of txstream, whose trace belongs on stderr
+        return _report(f"failed: {type(exc).__name__}: {exc}", exc, EXIT_FAILURE)
     return 0
+
+
+def _report(message: str, exc: BaseException, code: int) -> int:
+    """One line on stderr (the first line of ``message``, the log's path if any)."""
+    line = message.strip().splitlines()[0] if message.strip() else message
+    log = log_of(exc)
+    print(f"txstream: {line}" + (f" (log: {log})" if log else ""), file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

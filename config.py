@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from txstream.errors import UsageError
+from txstream.logs import LEVELS
 from txstream.topologies import BUNDLED, is_valid_name
 
 PLACEMENTS = ("shared-nothing", "shared-per-socket", "shared-everything")
@@ -41,6 +42,8 @@ class RunConfig:
     """Punctuation batches between checkpoints (None: CHECKPOINT_EVERY); needs a folder."""
     timeout_s: float = 600.0
     progress: bool = True
+    log_level: str = "info"
+    verbose: bool = False
 
     def __post_init__(self) -> None:
         checks = [
@@ -71,6 +74,7 @@ class RunConfig:
                 self.checkpoint_every is None or self.checkpoint_dir is not None,
                 "--checkpoint-every needs --checkpoint-dir",
             ),
+            (self.log_level in LEVELS, f"--log-level must be one of {', '.join(LEVELS)}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class TxstreamError(Exception):
-    """Base class of every txstream error."""
+    """Base class of every txstream error.
+
+    ``log`` is the run's log file once the run has one (its full trace is there); it is
+    set when the error leaves the run, so that a one-line report can point to it.
+    """
+
+    log: Path | None = None
 
 
 class SchemaError(TxstreamError):
@@ -20,7 +28,19 @@ class TopologyError(TxstreamError):
 
 
 class RuntimeFailure(TxstreamError):
-    """The engine itself failed while running (an actor died, a timeout expired)."""
+    """The engine itself failed while running (an actor died, a timeout expired).
+
+    ``actor`` names the part that failed (``"Executor 1"``, ``"Sink"``, ``"Spark"``...)
+    when it is known; the message then starts with it.
+    """
+
+    def __init__(self, cause: str, actor: str | None = None):
+        super().__init__(f"{actor}: {cause}" if actor else cause)
+        self.actor = actor
+        self.cause = cause
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.cause, self.actor)
 
 
 class PeerFailed(RuntimeFailure):

@@ -18,7 +18,11 @@ from typing import Any
 import pyarrow as pa
 from txstream import topologies
 from txstream.cluster.ray_runtime import ray_session
+from txstream.cluster.topology import check_executors
 from txstream.config import RunConfig
+from txstream.console import Console
+from txstream.errors import UsageError
+from txstream.logs import run_log
 from txstream.result import Result
 from txstream.session import Session, plan
 from txstream.sources import ArrowSource, SkippedSource, Source
@@ -30,11 +34,14 @@ __all__ = ["Job", "Result"]
 class Job:
     """A configured topology, e.g. ``Job("sl", scheduler="tstream", executors=2)``.
 
-    Options are those of `txstream run` (see :class:`txstream.config.RunConfig`).
+    Options are those of `txstream run` (see :class:`txstream.config.RunConfig`). The
+    ``console`` shows phases, progress and warnings (default: on stderr, phases and bar
+    only with ``progress``).
     """
 
-    def __init__(self, topology: str = "sl", **options: Any):
+    def __init__(self, topology: str = "sl", console: Console | None = None, **options: Any):
         self.config = RunConfig(topology=topology, **options)
+        self.console = console or Console(enabled=self.config.progress)
 
     def start(
         self, init_state: InitState, output: str | Path | None = None, name: str | None = None
@@ -44,7 +51,8 @@ class Job:
         written (``events/part-*.parquet``), then ``state/``, ``metrics.json`` and
         ``_SUCCESS`` at ``close()``. With ``name`` (on a Ray cluster, ``address``), other
         processes reach it with ``txstream query`` and ``txstream status``."""
-        return Session.start(self.config, init_state, output, name)
+        session_plan = self._plan(init_state, output, name=name)
+        return Session(session_plan, console=self.console)
 
     def run(
         self,
@@ -60,13 +68,14 @@ class Job:
         metrics.json and _SUCCESS there, committed together at the end. With ``name``,
         outside readers can query it while it runs (see `start`)."""
         events = self._checked(events)
-        session_plan = plan(self.config, init_state, output, name=name, progressive=False,
-                            source=None if _is_spark(events) else events)  # fmt: skip
+        session_plan = self._plan(init_state, output, name=name, progressive=False,
+                                  source=None if _is_spark(events) else events)  # fmt: skip
         try:
-            with ExitStack() as stack:
+            with run_log(output, self.config.log_level, self.config.verbose, self.console), \
+                    ExitStack() as stack:  # fmt: skip
                 source, ingest, job_config = self._open_source(events, stack)
                 session_plan.expected_events = source.num_rows
-                with Session(session_plan, job_config) as session:
+                with Session(session_plan, job_config, self.console) as session:
                     session.extra_metrics = ingest
                     if session.resumed_from:  # a checkpoint covers the events before it
                         source = SkippedSource(source, session.resumed_from)
@@ -74,6 +83,15 @@ class Job:
                     return session.close()
         finally:
             session_plan.discard_unused()
+
+    def _plan(self, init_state: InitState, output: str | Path | None, **options: Any):
+        """Everything checked before anything starts (`txstream.session.plan`); too many
+        executors for the cores is a warning."""
+        session_plan = plan(self.config, init_state, output, **options)
+        warning = check_executors(self.config.executors)
+        if warning:
+            self.console.warn(warning)
+        return session_plan
 
     def _checked(self, events: Any) -> Any:
         """``events`` as a source whose schema is checked, before anything starts (a Spark
@@ -83,6 +101,12 @@ class Job:
             return events
         source = events if hasattr(events, "iter_batches") else ArrowSource(events)
         topology.check_event_schema(source.schema)
+        if isinstance(source, ArrowSource) and source.files and self.config.source == "spark":
+            from txstream.cluster.spark import java_available
+
+            problem = java_available()
+            if problem:
+                raise UsageError(problem)
         return source
 
     def _open_source(self, events: Any, stack: ExitStack) -> tuple[Source, dict, Any]:
@@ -96,8 +120,9 @@ class Job:
         begin = time.perf_counter()
         job_config = self._start_spark(stack)
         started = time.perf_counter()
-        source = stack.enter_context(spark.SparkSource(events))
-        topologies.get(self.config.topology).check_event_schema(source.schema)
+        with self.console.phase("staging the input"):
+            source = stack.enter_context(spark.SparkSource(events))
+            topologies.get(self.config.topology).check_event_schema(source.schema)
         staged = time.perf_counter()
         spark_seconds = {"startup_s": round(started - begin, 3),
                          "staging_s": round(staged - started, 3)}  # fmt: skip
@@ -108,9 +133,12 @@ class Job:
         is open; the Ray job config that a session started on it must use."""
         from txstream.cluster import spark
 
+        cfg, console = self.config, self.console
         job_config = spark.ray_job_config()
-        stack.enter_context(ray_session(self.config.address, job_config=job_config))
-        stack.enter_context(spark.spark_session())
+        stack.enter_context(
+            ray_session(cfg.address, job_config, console=console, log_level=cfg.log_level)
+        )
+        stack.enter_context(spark.spark_session(console=console, log_level=cfg.log_level))
         return job_config
 
     def follow(
@@ -127,22 +155,22 @@ class Job:
         ``_STOP`` file appears or ``stop`` is set; then it closes (see `txstream.follow`)."""
         from txstream.follow import follow
 
-        session_plan = plan(self.config, init_state, output, name=name)
+        session_plan = self._plan(init_state, output, name=name)
         try:
-            with ExitStack() as stack:
+            with run_log(output, self.config.log_level, self.config.verbose, self.console), \
+                    ExitStack() as stack:  # fmt: skip
                 job_config = self._start_spark(stack) if self.config.source == "spark" else None
-                with Session(session_plan, job_config) as session:
+                with Session(session_plan, job_config, self.console) as session:
 
                     def push(path: Path, skip: int = 0) -> None:
                         source = session.source(path)
                         session.push(SkippedSource(source, skip) if skip else source)
 
                     start = session.resumed_from
-                    done = [f for f in session.resumed_files if f["end"] <= start]
                     for f in session.resumed_files:  # the input after the checkpoint
                         if f["end"] > start:
                             push(Path(f["path"]), max(0, start - f["start"]))
-                    seen = [Path(f["path"]).name for f in [*done, *session.resumed_files]]
+                    seen = [Path(f["path"]).name for f in session.resumed_files]
                     follow(push, session.flush, folder, stop, on_files, seen)
                     return session.close()
         finally:

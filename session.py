@@ -26,7 +26,6 @@ import logging
 import os
 import secrets
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -44,9 +43,16 @@ from txstream.actors.coordinator import Coordinator
 from txstream.actors.executor import Executor, output_schema
 from txstream.actors.progress import CONCURRENCY, ProgressController
 from txstream.actors.sink import Sink
-from txstream.cluster.ray_runtime import ray_session, start_actor, stop_actors, wait_all
+from txstream.cluster.ray_runtime import (
+    actor_failure,
+    ray_session,
+    start_actor,
+    stop_actors,
+    wait_all,
+)
 from txstream.cluster.topology import host_topology
 from txstream.config import RunConfig
+from txstream.console import Console
 from txstream.errors import ActorDied, PeerFailed, RuntimeFailure, TxstreamError, UsageError
 from txstream.metrics import run_metrics
 from txstream.output import OutputDir, part_first_ts
@@ -191,13 +197,15 @@ def _check_resumable(checkpoint: Checkpoint, output: str | Path | None, progress
 
 
 class Session:
-    """A running stream (module docstring); made by `Job.start` or `Session.start`.
+    """A running stream (module docstring); made by `Job.start` (or `Job.run`).
 
     Use it as a context manager: leaving the block closes it.
     """
 
-    def __init__(self, plan: SessionPlan, job_config: object | None = None):
+    def __init__(self, plan: SessionPlan, job_config: object | None = None,
+                 console: Console | None = None):  # fmt: skip
         self.plan = plan
+        self.console = console or Console(enabled=plan.config.progress)
         self.config = plan.config
         self.topology = plan.topology
         self._stack = ExitStack()
@@ -236,12 +244,6 @@ class Session:
             self._teardown(failed=True)
             raise
 
-    @classmethod
-    def start(cls, config: RunConfig, init_state: InitState, output: str | Path | None = None,
-              name: str | None = None) -> Session:  # fmt: skip
-        """Plan and start a session (see `txstream.Job.start`)."""
-        return cls(plan(config, init_state, output, name=name))
-
     # ---------------------------------------------------------------- start-up
     def _allocate(self, job_config: object | None) -> None:
         """What lives as long as the session: shared memory, Ray, the checkpoint writer."""
@@ -279,7 +281,9 @@ class Session:
                 plan.store.clear()
                 plan.output.mark_run(self._token)
                 self._write_checkpoint_now(0)
-        stack.enter_context(ray_session(cfg.address, job_config=job_config))
+        stack.enter_context(
+            ray_session(cfg.address, job_config, console=self.console, log_level=cfg.log_level)
+        )
         stack.callback(self._stop_actors)
 
     def _restore(self, checkpoint: Checkpoint) -> None:
@@ -319,6 +323,7 @@ class Session:
                 sink,
                 cpu,
                 buffer,
+                label=f"Executor {seat.rank}",
             )  # fmt: skip
             for seat, (_, cpu) in zip(self._team, plan.cores, strict=True)
         ]
@@ -338,9 +343,11 @@ class Session:
         )  # fmt: skip
         self._actors.append(self._controller)
         self._sink, self._executors = sink, executors
-        self._pids = self._get_watching(
-            [e.warm_up.remote(topology.event_schema) for e in executors]
-        )
+        team = f"starting {len(executors)} executor{'s' * (len(executors) > 1)}"
+        with self.console.phase(team if self._launches == 0 else f"re{team}"):
+            self._pids = self._get_watching(
+                [e.warm_up.remote(topology.event_schema) for e in executors]
+            )
         self._running = self._controller.run.remote()
         self._launches += 1
         for pushed, events in self._inputs.after(ts):
@@ -542,6 +549,7 @@ class Session:
             **run_metrics(summary, run_info, seconds),
             "coordinator": coordinator,
             "startup_s": round(self.startup_s, 3),
+            "phases_s": dict(self.console.phases),
             "executor_cores": [
                 {"socket": socket, "cpus": e["cpus"]}
                 for (socket, _), e in zip(self.plan.cores, run_info["executors"], strict=True)
@@ -693,16 +701,13 @@ class Session:
         except ray.exceptions.GetTimeoutError as exc:
             raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
         except ray.exceptions.RayError as exc:
-            raise _engine_error(exc) from exc
+            raise actor_failure(exc) from exc
 
     def _wait_with_progress(self) -> None:
-        """Wait for the run to end, with a progress bar on stderr once it takes over 2 s;
-        fail when no event got through for the run's timeout, or at once when an actor
-        fails (recovering from a death when checkpoints allow)."""
-        from tqdm import tqdm
-
-        with tqdm(total=self._pushed, unit="ev", unit_scale=True, delay=2.0, file=sys.stderr,
-                  disable=not self.config.progress, desc=self.config.topology) as bar:  # fmt: skip
+        """Wait for the run to end, with the event bar on the console; fail when no event
+        got through for the run's timeout, or at once when an actor fails (recovering from
+        a death when checkpoints allow)."""
+        with self.console.progress(self._pushed, "running") as bar:
             bar.update(self.watermark)
             deadline = time.monotonic() + self.config.timeout_s
             progress = self._progress()
@@ -710,10 +715,10 @@ class Session:
                 self._poll()
                 if self._progress() != progress:
                     progress, deadline = self._progress(), time.monotonic() + self.config.timeout_s
-                    bar.update(self.watermark - bar.n)
+                    bar.update(self.watermark)
                 elif time.monotonic() > deadline:
                     raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")
-            bar.update(self.watermark - bar.n)
+            bar.update(self.watermark)
 
     def _get_watching(self, refs: list) -> Any:
         """The results of ``refs``, failing at once if one fails (its peers may wait for
@@ -734,25 +739,7 @@ class Session:
         except ray.exceptions.GetTimeoutError as exc:
             raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
         except ray.exceptions.RayError as exc:
-            raise _engine_error(exc) from exc
-
-
-def _engine_error(exc: BaseException) -> TxstreamError:
-    """A Ray error as txstream's: the user's or engine's own error (found through the
-    calls it went through), `ActorDied` for a dead process, else RuntimeFailure."""
-    seen = exc
-    while isinstance(seen, ray.exceptions.RayTaskError):
-        cause = getattr(seen, "cause", None)
-        if cause is None or cause is seen:
-            break
-        seen = cause
-    if isinstance(seen, TxstreamError):
-        return seen
-    if isinstance(seen, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
-        return ActorDied(f"an actor died: {seen}")
-    if isinstance(seen, ray.exceptions.RayError):
-        return RuntimeFailure(f"an actor died: {seen}")
-    return RuntimeFailure(f"an actor failed: {seen}")
+            raise actor_failure(exc) from exc
 
 
 def attach(address: str, name: str) -> Any:

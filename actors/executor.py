@@ -105,6 +105,7 @@ class Executor:
         cpu: int | None = None,
         checkpoints: CheckpointBufferHandle | None = None,
     ):
+        self.rank = seat.rank  # first: named in errors of the rest of __init__
         if cpu is not None:
             pin_process(cpu)
         self.config = config
@@ -128,6 +129,11 @@ class Executor:
         self.operations = 0
         self._pending: deque = deque()
         self._chunk: ChunkArrays | None = None
+
+    def __repr__(self) -> str:
+        """How Ray names this actor in its logs and errors (errors of an executor that
+        reach the driver through the ProgressController keep only their message)."""
+        return f"Executor {self.rank}"
 
     def warm_up(self, schema: pa.Schema) -> int:
         """Load every kernel (numba cache) on an empty chunk, before timing starts (all

@@ -1,62 +1,141 @@
-"""Starting or attaching to Ray, and starting txstream's actors on it."""
+"""Starting or attaching to Ray, starting txstream's actors on it, and saying which one failed.
+
+A local Ray that txstream starts gets a private temporary folder for its session (logs,
+sockets, spilled objects), removed at shutdown whatever the outcome; its workers' output is
+forwarded to this process's stderr, which a run sends to its log (`txstream.logs`). An
+address is first checked reachable (its GCS port, within seconds): `ray.init` would retry
+for minutes.
+"""
 
 from __future__ import annotations
 
-import logging
 import os
+import re
+import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+
+from txstream.cluster.scratch import scratch
+from txstream.cluster.topology import usable_cores
+from txstream.console import Console
+from txstream.errors import ActorDied, PeerFailed, RuntimeFailure, TxstreamError, UsageError
+from txstream.logs import level_number
 
 OBJECT_STORE_BYTES = 512 * 1024**2
+CONNECT_TIMEOUT_S = 3.0
+"""How long the GCS of a cluster given by address may take to accept a connection."""
+
+_LABELS: dict[str, str] = {}
+"""Name of each actor txstream started (``"Executor 1"``), by actor id, for error messages."""
 
 
 @contextmanager
-def ray_session(address: str | None = None, job_config: object | None = None) -> Iterator[bool]:
-    """A Ray session for one run: reuse an initialised one, attach to ``address``, or
-    start a lean local Ray. Yields whether this call started it; shuts down only then."""
+def ray_session(
+    address: str | None = None,
+    job_config: object | None = None,
+    *,
+    console: Console | None = None,
+    log_level: str = "warning",
+) -> Iterator[bool]:
+    """A Ray session for one run: reuse an initialised one, attach to ``address`` (or
+    ``$RAY_ADDRESS``), or start a lean local Ray. Yields whether this call started or
+    attached it; shuts it down (and removes a local Ray's folder) only then."""
     import ray
 
     if ray.is_initialized():
         yield False
         return
+    console = console or Console(enabled=False)
+    address = address or os.environ.get("RAY_ADDRESS") or None
     options = dict(
         include_dashboard=False,
-        logging_level=logging.WARNING,
-        log_to_driver=False,
+        logging_level=level_number(log_level),
+        log_to_driver=True,  # workers' output -> this process's stderr -> the run's log
         configure_logging=True,
         job_config=job_config,
     )
-    if address:
-        ray.init(address=address, **options)
-    else:
-        ray.init(
-            num_cpus=os.cpu_count() or 1,
-            object_store_memory=OBJECT_STORE_BYTES,
-            **options,
-        )
-    try:
+    with ExitStack() as stack:
+        if address:
+            gcs = reachable_address(address)
+            with console.phase(f"connecting to Ray at {address}"):
+                stack.callback(_shutdown, console)
+                _init(address=gcs, **options)
+        else:
+            folder = stack.enter_context(scratch("ray"))
+            with console.phase("starting Ray"):
+                stack.callback(_shutdown, console)
+                _init(
+                    num_cpus=usable_cores(),
+                    object_store_memory=OBJECT_STORE_BYTES,
+                    _temp_dir=str(folder),
+                    **options,
+                )
         yield True
-    finally:
-        ray.shutdown()
+
+
+def _init(**options: object) -> None:
+    import ray
+
+    try:
+        ray.init(**options)
+    except ConnectionError as exc:
+        raise UsageError(f"cannot connect to Ray: {_first_line(str(exc))}") from exc
+
+
+def _shutdown(console: Console) -> None:
+    import ray
+
+    if ray.is_initialized():
+        with console.phase("stopping Ray"):
+            ray.shutdown()
+
+
+def reachable_address(address: str) -> str:
+    """The ``host:port`` of ``address`` (``auto``: the Ray running here), once its GCS
+    port accepts a connection; a `UsageError` within seconds otherwise."""
+    target = address
+    if address == "auto":
+        from ray._private.services import canonicalize_bootstrap_address
+
+        try:
+            target = canonicalize_bootstrap_address("auto")
+        except ConnectionError as exc:
+            raise UsageError(
+                "--address auto: no running Ray found here (start one with `ray start "
+                "--head`, or leave --address out for a local Ray)"
+            ) from exc
+    host, _, port = target.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--address {address}: expected auto or HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"--address {address}: no Ray at {host}:{port} ({reason})") from exc
+    return target
 
 
 def start_actor(
     cls: type,
     *args: object,
+    label: str | None = None,
     name: str | None = None,
     namespace: str | None = None,
     concurrency_groups: dict[str, int] | None = None,
     **kwargs: object,
 ) -> object:
-    """Start ``cls`` (a plain class) as a Ray actor, named if ``name`` (in ``namespace``),
-    with ``concurrency_groups`` if it serves calls on several threads. txstream's actors
+    """Start ``cls`` (a plain class) as a Ray actor, known as ``label`` (default: the
+    class name) in error messages, named if ``name`` (in ``namespace``), with
+    ``concurrency_groups`` if it serves calls on several threads. txstream's actors
     reserve no Ray CPU: executors pin themselves to cores, the others mostly wait."""
     import ray
 
     groups = {"concurrency_groups": concurrency_groups} if concurrency_groups else {}
-    actor = ray.remote(num_cpus=0, max_restarts=0, **groups)(cls)
     options = {"name": name, "namespace": namespace} if name else {}
-    return actor.options(**options).remote(*args, **kwargs)
+    actor = ray.remote(num_cpus=0, max_restarts=0, **groups)(cls).options(**options)
+    actor = actor.remote(*args, **kwargs)
+    _LABELS[actor._actor_id.hex()] = label or cls.__name__
+    return actor
 
 
 def stop_actors(actors: list) -> None:
@@ -64,6 +143,7 @@ def stop_actors(actors: list) -> None:
     import ray
 
     for actor in actors:
+        _LABELS.pop(actor._actor_id.hex(), None)
         try:
             ray.kill(actor, no_restart=True)
         except Exception:  # already dead or Ray gone: nothing left to stop
@@ -76,7 +156,6 @@ def wait_all(calls: list, timeout_s: float) -> list:
     wait for them), a peer's `PeerFailed` (raised once it learns of another's failure)
     only if nothing else failed. GetTimeoutError if one takes over ``timeout_s``."""
     import ray
-    from txstream.errors import PeerFailed
 
     pending, results, peer_failed = list(calls), {}, None
     while pending:
@@ -92,3 +171,74 @@ def wait_all(calls: list, timeout_s: float) -> list:
     if peer_failed is not None:
         raise peer_failed
     return [results[call] for call in calls]
+
+
+def actor_failure(exc: BaseException) -> TxstreamError:
+    """What to raise for a Ray error: one line naming the actor and the cause.
+
+    An error raised inside an actor call that itself waited on another actor is the
+    innermost one (an executor's, not the ProgressController's that waited on it).
+    txstream's own errors keep their type (a `RuntimeFailure` gains the actor's name); the
+    death of an actor's process is `ActorDied`.
+    """
+    import ray
+
+    while isinstance(exc, ray.exceptions.RayTaskError) and isinstance(
+        exc.cause, ray.exceptions.RayError
+    ):
+        exc = exc.cause
+    actor = _actor_label(exc)
+    if isinstance(exc, ray.exceptions.RayTaskError):
+        cause = exc.cause
+        if isinstance(cause, RuntimeFailure) and cause.actor is None:
+            return type(cause)(cause.cause, actor)
+        if isinstance(cause, TxstreamError):
+            return cause
+        return RuntimeFailure(_describe(cause), actor)
+    if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
+        return ActorDied(_death(exc), actor)
+    return RuntimeFailure(_describe(exc), actor or "Ray")
+
+
+def _actor_label(exc: BaseException) -> str | None:
+    """The txstream name of the actor an error comes from, else its class name.
+
+    An error raised by an actor call that waited on another actor carries the other's
+    error only as text: its innermost header reads ``ray::Executor.process() (pid=...,
+    actor_id=<hex>, repr=...)``.
+    """
+    headers = [line for line in str(exc).splitlines() if "ray::" in line]
+    innermost = headers[-1] if headers else ""
+    found = re.search(r"actor_id=([0-9a-f]+)", innermost)
+    actor_id = found[1] if found else None
+    if len(headers) <= 1 and actor_id is None:
+        actor_id = getattr(exc, "_actor_id", None) or getattr(exc, "actor_id", None)
+    if actor_id in _LABELS:
+        return _LABELS[actor_id]
+    found = re.search(r"ray::(\w+)\.|class_name: (\w+)", innermost or str(exc))
+    return (found[1] or found[2]) if found else None
+
+
+def _death(exc: BaseException) -> str:
+    """Why an actor died: the error its creation raised, or Ray's reason."""
+    text = str(exc)
+    if getattr(exc, "actor_init_failed", False):
+        return _last_line(text)
+    reasons = [line.strip() for line in text.splitlines() if "The actor is dead because" in line]
+    return reasons[0] if reasons else _first_line(text)
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception, on one line."""
+    message = _first_line(str(exc))
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0][:500] if lines else ""
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:500] if lines else ""

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import actor_processes, txstream_segments
+from conftest import TESTS, actor_processes, txstream_segments
+from tmp_watch import TmpWatch
 from txstream.cli import main
+from txstream.cluster.topology import usable_cores
 
 OUTPUT_COLUMNS = {
     "sl": [],
@@ -118,9 +125,11 @@ def test_generate_then_run_writes_spec_files(tmp_path, topology):
     assert metrics["config"]["punctuation_interval"] == 500
 
 
-def _cli(*args, timeout=300):
-    """Run the command in a new process; the result also carries its ``pid``."""
-    env = {**os.environ, "RAY_ADDRESS": ""}
+def _cli(*args, timeout=300, env=(), watch=None):
+    """Run the command in a new process (``env``: more variables); the result also carries
+    its ``pid`` and, with ``watch`` (a folder whose contents may stay), what it held under
+    /tmp and left there (``left``)."""
+    env = {**os.environ, "RAY_ADDRESS": "", **dict(env)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "txstream.cli", *args],
         stdout=subprocess.PIPE,
@@ -128,8 +137,13 @@ def _cli(*args, timeout=300):
         text=True,
         env=env,
     )
+    watcher = TmpWatch(proc.pid, keep=watch) if watch else None
     stdout, stderr = proc.communicate(timeout=timeout)
-    return SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=stderr, pid=proc.pid)
+    result = SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=stderr, pid=proc.pid)
+    if watcher is not None:
+        watcher.stop()
+        result.held, result.left = watcher.paths, watcher.left()
+    return result
 
 
 def test_schema_error_exits_2_with_one_line(tmp_path):
@@ -168,15 +182,41 @@ def test_unreadable_input_and_bad_usage_exit_2(tmp_path):
     assert _cli("generate", "sl", "--out", str(tmp_path / "x"), "--keys", "0").returncode == 2
 
 
+PHASES = [
+    "starting Ray",
+    "starting Spark",
+    "staging the input",
+    "starting 1 executor",
+    "running",
+    "stopping Spark",
+    "stopping Ray",
+]
+
+
 @pytest.mark.usefixtures("ray_cluster")
 def test_default_run_goes_through_spark_on_its_own_ray(tmp_path):
-    """The README's main command: Spark source by default, own Ray, all cleaned up."""
+    """The README's main command: Spark source by default, own Ray, all cleaned up;
+    stdout holds the summary alone, stderr txstream's phases alone (Ray's, Spark's and
+    the JVMs' output is in the log), and nothing it made is left under /tmp."""
     data = _generate(tmp_path, "tp", events=5000)
     out = tmp_path / "out"
-    proc = _cli("run", "tp", "--input", str(data / "events.parquet"), "--init-state",
-                str(data / "init"), "--output", str(out))  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "5,000 events" in proc.stdout
+    private_tmp = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))  # short: Ray's sockets
+    try:
+        proc = _cli("run", "tp", "--input", str(data / "events.parquet"), "--init-state",
+                    str(data / "init"), "--output", str(out), env={"TMPDIR": str(private_tmp)},
+                    watch=tmp_path)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert list(private_tmp.iterdir()) == []
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
+    assert proc.stdout.startswith("tp serial: 5,000 events") and proc.stdout.count("\n") == 1
+    lines = proc.stderr.splitlines()
+    assert all(line.startswith("txstream: ") for line in lines), proc.stderr
+    shown = [next(p for p in PHASES if line.startswith(f"txstream: {p}")) for line in lines]
+    assert shown == PHASES, proc.stderr
+    assert any("/ray/" in str(p) for p in proc.held) and any("txs-" in str(p) for p in proc.held)
+    assert proc.left == []
+    assert "starting Spark: done in" in (out / "_logs" / "txstream.log").read_text()
     assert not txstream_segments(proc.pid)
     assert {"startup_s", "staging_s"} <= json.loads((out / "metrics.json").read_text())[
         "spark"
@@ -212,3 +252,46 @@ def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr
     assert not txstream_segments(proc.pid)
+
+
+def test_engine_failure_is_one_line_naming_the_actor_with_the_log(tmp_path):
+    data = _generate(tmp_path, "sl", events=100)
+    out = tmp_path / "out"
+    proc = _cli("run", "failing_topology:build", "--input", str(data / "events.parquet"),
+                "--init-state", str(data / "init"), "--output", str(out), "--source", "arrow",
+                env={"PYTHONPATH": str(TESTS)})  # fmt: skip
+    assert proc.returncode == 1
+    log = out / "_logs" / "txstream.log"
+    assert proc.stderr.splitlines()[-1] == (
+        f"txstream: failed: Executor 0: RuntimeError: user code failed on purpose (log: {log})"
+    )
+    assert "Traceback" not in proc.stderr and "Traceback" in log.read_text()
+
+
+def test_unreachable_address_is_exit_2_with_one_line_within_seconds(tmp_path):
+    data = _generate(tmp_path, "sl", events=100)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # nobody listens there once closed
+    start = time.monotonic()
+    proc = _cli("run", "sl", "--input", str(data / "events.parquet"), "--init-state",
+                str(data / "init"), "--output", str(tmp_path / "out"), "--source", "arrow",
+                "--address", f"127.0.0.1:{port}")  # fmt: skip
+    assert time.monotonic() - start < 30  # Python's start-up included; Ray would retry for minutes
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"txstream: error: --address 127.0.0.1:{port}: no Ray at 127.0.0.1:{port} "
+        "(Connection refused)\n"
+    )
+
+
+def test_absurd_executor_count_is_refused_before_anything_starts(tmp_path, capsys):
+    data = _generate(tmp_path, "sl", events=10)
+    capsys.readouterr()
+    code = main(["run", "sl", "--input", str(data / "events.parquet"), "--init-state",
+                 str(data / "init"), "--output", str(tmp_path / "out"), "--executors",
+                 str(4 * usable_cores() + 1)])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "usable cores: the executors would mostly wait" in err
+    assert not (tmp_path / "out").exists()

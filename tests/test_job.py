@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import naive
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from txstream import Job
 from txstream.errors import RuntimeFailure, SchemaError, TopologyError, UsageError
+from txstream.logs import log_of
 from txstream.topologies import BUNDLED
 from workloads import workloads
 
@@ -75,9 +78,15 @@ def test_parquet_folder_is_read_in_file_name_order(tmp_path):
 
 
 def test_failure_in_an_executor_cleans_up():
+    """The failure names the executor and the cause; its trace is in the run's log (a
+    temporary one without output, kept because the run failed)."""
     events, init = _sl_tables(30)
-    with pytest.raises(RuntimeFailure, match="on purpose"):
+    with pytest.raises(RuntimeFailure) as failure:
         Job("failing_topology:build", progress=False, timeout_s=60).run(events, init)
+    assert str(failure.value) == "Executor 0: RuntimeError: user code failed on purpose"
+    log = log_of(failure.value)
+    assert "Traceback" in log.read_text() and "on purpose" in log.read_text()
+    shutil.rmtree(log.parent)
     assert not txstream_segments()
     # Ray is still usable and the next run succeeds.
     assert Job("sl", progress=False).run(events, init).metrics["events"] == 30
@@ -122,13 +131,20 @@ def test_unknown_options_are_usage_errors():
         Job("nope")
 
 
-def test_serial_on_several_executors_keeps_chunk_order():
-    """Chunks go to several executors; serial must still run them one after the other."""
+def test_serial_on_several_executors_keeps_chunk_order(monkeypatch, capsys):
+    """Chunks go to several executors; serial must still run them one after the other.
+    More executors than usable cores is a warning that says what it costs."""
+    from txstream.cluster import topology
     from txstream.topologies._generators import WorkloadSpec, generate
 
     events, init = generate("gs", WorkloadSpec(events=120_000, keys=50, theta=0.9, seed=3))
     options = dict(punctuation_interval=40_000, progress=False)
     one = Job("gs", **options).run(events, init)
+    monkeypatch.setattr(topology, "usable_cores", lambda: 2)
     three = Job("gs", executors=3, **options).run(events, init)
+    assert capsys.readouterr().err == (
+        "txstream: warning: 3 executors on 2 usable cores: executors share cores, so every "
+        "wait for a peer gets slower (expect a slower run than with --executors 2)\n"
+    )
     assert len(three.metrics["breakdown_per_executor_s"]) == 3
     assert_same_run(three.events, three.state, one.events, one.state)

@@ -53,3 +53,27 @@ def test_job_runs_on_a_spark_dataframe_and_returns_dataframes(spark, tmp_path):
     assert state["segment_vehicles"].toPandas()["vehicle_count"].tolist() == (
         result.state["segment_vehicles"].column("vehicle_count").to_pylist()
     )
+
+
+def test_quick_start_result_of_a_million_rows_to_spark(spark):
+    """The README's "From and to Spark" on the quick start's result: 1M rows, with columns
+    in many chunks (as `pq.read_table` gives them: pyspark's pandas path failed on those)
+    go to Spark and come back the same."""
+    import pyarrow.compute as pc
+    from txstream import Result
+    from txstream.topologies._generators import WorkloadSpec, generate
+
+    events, init = generate("sl", WorkloadSpec(events=1_000_000))
+    result = Job("sl", source="arrow", progress=False).run(events, init)
+    chunked = pa.Table.from_batches(result.events.to_batches(max_chunksize=100_000))
+    assert chunked.num_rows == 1_000_000 and chunked.column("ts").num_chunks == 10
+    result = Result(chunked, result.state, result.metrics)
+    frame, state = result.to_spark(spark)
+    counts = {row["status"]: row["count"] for row in frame.groupBy("status").count().collect()}
+    expected = pc.value_counts(result.events.column("status")).to_pylist()
+    assert counts == {c["values"]: c["counts"] for c in expected}
+    [row] = frame.selectExpr("sum(ts) AS ts", "count(reason) AS reasons").collect()
+    assert row["ts"] == 999_999 * 1_000_000 // 2
+    assert row["reasons"] == result.events.column("reason").drop_null().length()
+    balances = state["accounts"].orderBy("key").toPandas()["balance"].tolist()
+    assert balances == result.state["accounts"].column("balance").to_pylist()

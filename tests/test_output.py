@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,6 +16,7 @@ from conftest import actor_processes, txstream_segments
 from test_job import _sl_tables
 from txstream import Job
 from txstream.errors import RuntimeFailure, UsageError
+from txstream.logs import log_of
 from txstream.output import OutputDir, part_name
 
 STATE = {"t": pa.table({"key": [0], "v": [1]})}
@@ -88,17 +90,23 @@ def test_an_unwritable_output_is_a_usage_error_before_anything_starts(tmp_path):
     assert time.monotonic() - begin < 5  # no Ray, no Spark
 
 
+def _files(out: Path) -> dict[Path, bytes]:
+    """The output's files (not the log of the latest run, in ``_logs``)."""
+    files = (p for p in out.rglob("*") if p.is_file() and "_logs" not in p.parts)
+    return {p.relative_to(out): p.read_bytes() for p in files}
+
+
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_failed_run_leaves_the_previous_output_untouched(tmp_path):
     events, init = _sl_tables(30)
     out = tmp_path / "out"
     first = Job("sl", progress=False).run(events, init, output=out)
-    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    with pytest.raises(RuntimeFailure, match="on purpose"):
+    before = _files(out)
+    with pytest.raises(RuntimeFailure, match="on purpose") as failure:
         Job("failing_topology:build", progress=False, overwrite=True,
             timeout_s=60).run(events, init, output=out)  # fmt: skip
-    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert after == before and first.metrics["events"] == 30
+    assert _files(out) == before and first.metrics["events"] == 30
+    assert log_of(failure.value) == out / "_logs" / "txstream.log"  # the latest run's log
     assert not (out / "_temporary").exists()
 
 

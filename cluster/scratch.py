@@ -1,0 +1,110 @@
+"""Temporary files of a run, removed at its end whatever the outcome.
+
+What txstream starts writes its temporary files into private folders (under TMPDIR),
+removed at the end: a local Ray's session (logs, sockets, spilled objects), Spark's local
+dirs and the JVMs' `java.io.tmpdir` (native libraries Spark extracts). Folders stay short:
+Ray puts Unix sockets in its session folder, and their paths are limited to 107 bytes.
+
+One thing honours no setting: a JVM that joins Ray as a Java driver (Spark's driver, RayDP's
+app master) extracts Ray's native library (40 MB) into ``/tmp/ray/<milliseconds>/``. Those
+folders are found through the processes that map the library (this process's descendants)
+while they run, and removed once they have stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+_MAX_BASE = 40
+"""Longest temporary base folder used as it is (Ray's socket paths add ~70 bytes)."""
+_JAVA_DRIVER_ROOT = Path("/tmp/ray")
+_JAVA_DRIVER_LIBRARY = re.compile(r"(/tmp/ray/\d+)/libcore_worker_library_java\.so")
+
+
+def private_dir(what: str) -> Path:
+    """A new private folder ``txs-<what>-XXXXXXXX`` under TMPDIR (/tmp if that is long)."""
+    base = tempfile.gettempdir()
+    if len(base) > _MAX_BASE:
+        base = "/tmp"
+    return Path(tempfile.mkdtemp(prefix=f"txs-{what}-", dir=base))
+
+
+@contextmanager
+def scratch(what: str) -> Iterator[Path]:
+    """A private folder (`private_dir`) for the duration, then removed."""
+    path = private_dir(what)
+    try:
+        yield path
+    finally:
+        remove_tree(path)
+
+
+def remove_tree(path: Path, attempts: int = 5) -> None:
+    """Remove ``path`` entirely; processes still stopping may add files meanwhile, so
+    try a few times."""
+    for _ in range(attempts):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.2)
+
+
+def java_driver_libraries(pid: int | None = None) -> set[Path]:
+    """The ``/tmp/ray/<ms>`` folders that descendants of ``pid`` (default: this process)
+    have extracted Ray's Java native library into and still map."""
+    found = set()
+    for child in descendants(pid or os.getpid()):
+        try:
+            maps = Path(f"/proc/{child}/maps").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        found.update(Path(m) for m in _JAVA_DRIVER_LIBRARY.findall(maps))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Pids of every live descendant of ``pid``."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+class JavaDriverLibraries:
+    """Ray's native-library folders that this process's descendant JVMs extracted:
+    `note` them while those run, `remove` them once they have stopped (and ``/tmp/ray``
+    too if it did not exist before and is left empty)."""
+
+    def __init__(self) -> None:
+        self._root_existed = _JAVA_DRIVER_ROOT.exists()
+        self.folders: set[Path] = set()
+
+    def note(self) -> None:
+        """Add the folders mapped right now."""
+        self.folders |= java_driver_libraries()
+
+    def remove(self) -> None:
+        """Remove every folder noted."""
+        for folder in self.folders:
+            remove_tree(folder)
+        if not self._root_existed:
+            try:
+                _JAVA_DRIVER_ROOT.rmdir()
+            except OSError:  # not empty: others use it too
+                pass
