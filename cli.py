@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from txstream.config import PLACEMENTS, SOURCES, RunConfig
+from txstream.config import ABORT, EXPLORE, GRANULARITY, PLACEMENTS, SOURCES, RunConfig
 from txstream.errors import SchemaError, TxstreamError, UsageError
 from txstream.schedulers import PLANNED, SCHEDULERS
 from txstream.topologies import BUNDLED
@@ -39,13 +39,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--init-state", required=True, metavar="DIR")
     run.add_argument("--output", required=True, metavar="DIR")
     run.add_argument("--scheduler", choices=(*SCHEDULERS, *PLANNED), default=defaults.scheduler)
-    run.add_argument("--explore", choices=("auto", "bfs", "dfs", "ns"), default=defaults.explore)
-    run.add_argument(
-        "--granularity", choices=("auto", "fine", "coarse"), default=defaults.granularity
-    )
-    run.add_argument("--abort", choices=("auto", "eager", "lazy"), default=defaults.abort)
+    run.add_argument("--explore", choices=EXPLORE, default=None)
+    run.add_argument("--granularity", choices=GRANULARITY, default=None)
+    run.add_argument("--abort", choices=ABORT, default=None)
     run.add_argument("--executors", type=int, default=defaults.executors, metavar="N")
-    run.add_argument("--placement", choices=PLACEMENTS, default=defaults.placement)
+    run.add_argument("--placement", choices=PLACEMENTS, default=None)
     run.add_argument(
         "--sockets",
         type=int,

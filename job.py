@@ -30,13 +30,14 @@ from txstream.cluster.ray_runtime import ray_session, start_actor, stop_actors
 from txstream.cluster.topology import host_topology
 from txstream.config import RunConfig
 from txstream.errors import PeerFailed, RuntimeFailure, TxstreamError
+from txstream.schedulers.placement import seats
 from txstream.sources import ArrowSource, Source
 from txstream.state.chunk import sweep_segments
 from txstream.state.init import InitState, read_init_state
+from txstream.state.layout import Layout
 from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
-from txstream.state.sync import ask_to_stop, seats, slots
+from txstream.state.sync import ask_to_stop, slots
 from txstream.state.tables import SharedState
-from txstream.topologies.api import Layout
 
 DEFAULT_SET_CAPACITY = 1 << 20
 """Distinct-set slots when the number of events is not known in advance."""
@@ -139,7 +140,7 @@ class Job:
             progress = SharedArray.create(run_id, "progress", (1,), "int64")
             stack.callback(progress.close)
             team = seats(cfg.placement, [socket for socket, _ in cores])
-            sync = SharedArray.create(run_id, "sync", (slots(len(team), team[0].pools),), "int64")
+            sync = SharedArray.create(run_id, "sync", (slots(len(team)),), "int64")
             stack.callback(sync.close)
             stack.callback(sweep_segments, run_prefix(run_id))  # if an executor died
             state.load(topology, init)
@@ -155,7 +156,7 @@ class Job:
             controller = start_actor(ProgressController, cfg, source, executors)
             actors += [controller, *executors, sink]
             serving = None
-            if schedulers.get(cfg.scheduler).coordinated:
+            if schedulers.get(cfg.scheduler).coordinator_policies(cfg):
                 coordinator = start_actor(
                     Coordinator, cfg, sync.handle, run_prefix(run_id), layout.cells
                 )
@@ -279,6 +280,7 @@ class Job:
             "batches": _batch_metrics(run_info["executors"]),
             "cpu_s": {"progress_controller": run_info["cpu_s"], "sink": summary["cpu_s"]},
             "coordinator": run_info["coordinator"],
+            **run_info["executors"][0]["scheduler"],
             "operations": sum(e["operations"] for e in run_info["executors"]),
             "startup_s": round(startup, 3),
             "config": {**self.config.as_dict(), "source_rows": source.num_rows},

@@ -19,11 +19,13 @@ from txstream.actors.progress import share_bounds
 from txstream.config import RunConfig
 from txstream.errors import PeerFailed
 from txstream.metrics import Breakdown
+from txstream.schedulers import get as get_scheduler
+from txstream.schedulers.placement import seats
 from txstream.state.init import read_init_state
+from txstream.state.layout import Layout
 from txstream.state.shared import new_run_id, run_prefix
-from txstream.state.sync import ask_to_stop, seats, slots
+from txstream.state.sync import ask_to_stop, slots
 from txstream.state.tables import SharedState
-from txstream.topologies.api import Layout
 
 TIMEOUT_S = 60.0
 
@@ -35,14 +37,15 @@ def run_local(
     *,
     scheduler: str = "serial",
     executors: int = 1,
-    placement: str = "shared-nothing",
     sockets: list[int] | None = None,
     punctuation_interval: int = 10240,
     batches_per_chunk: int = 3,
+    **options: str | float | None,
 ) -> tuple[pa.Table, dict[str, pa.Table]]:
     """Outputs and final state of ``events``, chunked as the ProgressController does.
 
-    ``sockets`` gives each executor's socket (default: all on socket 0)."""
+    ``sockets`` gives each executor's socket (default: all on socket 0); ``options``
+    are further `RunConfig` fields (placement, explore, ...)."""
     topo = topologies.get(topology)
     topo.check_event_schema(events.schema)
     tables = read_init_state(topo, init)
@@ -51,21 +54,21 @@ def run_local(
         topology=topology,
         scheduler=scheduler,
         executors=executors,
-        placement=placement,
         punctuation_interval=punctuation_interval,
-        timeout_s=TIMEOUT_S,
+        timeout_s=options.pop("timeout_s", TIMEOUT_S),
+        **options,
     )
     chunk = punctuation_interval * batches_per_chunk
     run_id = new_run_id()
-    team = seats(placement, sockets or [0] * executors)
-    sync = np.zeros(slots(executors, team[0].pools), np.int64)
+    team = seats(config.placement, sockets or [0] * executors)
+    sync = np.zeros(slots(executors), np.int64)
     with SharedState.create(run_id, layout, 2 * events.num_rows + 16) as state:
         state.load(topo, tables)
         members = [Executor(config, state.handle, seat, sync, run_prefix(run_id)) for seat in team]
         rows: list[list[pa.RecordBatch]] = [[] for _ in members]
         errors: list[BaseException] = []
         helpers = []
-        if members[0].scheduler.coordinated:
+        if get_scheduler(scheduler).coordinator_policies(config):
             coordinator = Coordinator(config, sync, run_prefix(run_id), layout.cells)
             helpers.append(threading.Thread(target=_serve, args=(coordinator, errors)))
 
