@@ -15,6 +15,7 @@ Coordinator serves those and refuses any other request.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -101,14 +102,17 @@ class Repairs:
         self.redone = 0
 
     def run(self, policy: str, spec: Speculation, begin: int, end: int, s: Scratch,
-            time: Breakdown) -> int:  # fmt: skip
+            time: Breakdown, on_pause: Callable[[], None] | None = None) -> int:  # fmt: skip
         """With the whole team (every executor calls it): resolve the fresh failures of
-        transactions begin..end-1. Returns how many operations were redone."""
+        transactions begin..end-1; ``on_pause`` runs once the whole team is paused.
+        Returns how many operations were redone."""
         team = self.team
         ops, links, v, fates = spec.ops, spec.links, spec.versions, spec.fates
         first_op, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
         self.progress[STRIDE * team.rank] = first_op  # the redo waits on it from the start
         team.barrier(time)
+        if on_pause is not None:
+            on_pause()
         self.requests[policy] += 1
         request = [POLICIES.index(policy), *spec.dims.words(), begin, end]
         marked = team.ask_coordinator(RESOLVE, request, time, "abort")

@@ -63,7 +63,7 @@ def word(slot):
 
 
 @inline
-def _pause(spins, start, deadline, sync):
+def pause(spins, start, deadline, sync):
     """One round of waiting that began at ``start``; OK to keep waiting, else why to
     stop. Busy for SPIN_NS, then sleeping in short steps."""
     if (spins & CHECK_EVERY) != CHECK_EVERY:
@@ -91,7 +91,7 @@ def barrier_wait(sync, parties, timeout_ns):
     spins = 0
     while load_acquire(sync, STRIDE * EPOCH) == epoch:
         spins += 1
-        why = _pause(spins, start, deadline, sync)
+        why = pause(spins, start, deadline, sync)
         if why != OK:
             return why
     return OK
@@ -109,7 +109,7 @@ def wait_at_least(words, index, target, sync, deadline, waited):
     why = OK
     while load_acquire(words, index) < target:
         spins += 1
-        why = _pause(spins, start, deadline, sync)
+        why = pause(spins, start, deadline, sync)
         if why != OK:
             break
     waited[0] += monotonic_ns() - start

@@ -40,12 +40,14 @@ def run_local(
     sockets: list[int] | None = None,
     punctuation_interval: int = 10240,
     batches_per_chunk: int = 3,
+    reports: list[dict] | None = None,
     **options: str | float | None,
 ) -> tuple[pa.Table, dict[str, pa.Table]]:
     """Outputs and final state of ``events``, chunked as the ProgressController does.
 
     ``sockets`` gives each executor's socket (default: all on socket 0); ``options``
-    are further `RunConfig` fields (placement, explore, ...)."""
+    are further `RunConfig` fields (placement, explore, ...); executor 0's scheduler
+    report (what it adds to metrics.json) is appended to ``reports``."""
     topo = topologies.get(topology)
     topo.check_event_schema(events.schema)
     tables = read_init_state(topo, init)
@@ -92,6 +94,8 @@ def run_local(
         for t in helpers:
             t.join(TIMEOUT_S * 2)
             threads.append(t)
+        if reports is not None:
+            reports.append(members[0].scheduler.report())
         for member in members:
             member.close()
         if errors:  # the root cause, not a peer that stopped because of it
