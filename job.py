@@ -230,19 +230,24 @@ class Job:
             bar.update(int(progress.array[0]) - bar.n)
 
     def _get_watching(self, refs: list, serving: Any | None) -> Any:
-        """`_get` of ``refs``, failing at once if the Coordinator (``serving``) ends first
-        (e.g. during warm-up, while executors wait for it to map their segment)."""
+        """`_get` of ``refs``, failing at once if one of them fails (an executor that
+        dies cannot release its peers' waits) or the Coordinator (``serving``) ends
+        first (e.g. during warm-up, while executors wait for it to map their segment)."""
         import ray
 
         deadline = time.monotonic() + self.config.timeout_s
-        while serving is not None and len(
-            ray.wait(refs, num_returns=len(refs), timeout=0.1)[0]
-        ) < len(refs):
-            if ray.wait([serving], timeout=0)[0]:
+        while True:
+            ended, _ = ray.wait(refs, num_returns=len(refs), timeout=0.1)
+            if len(ended) == len(refs) or time.monotonic() > deadline:
+                break  # `_get` below returns, or reports the error or the timeout
+            for ref in ended:
+                try:
+                    self._get(ref)
+                except PeerFailed:
+                    continue  # the root cause is still to come
+            if serving is not None and ray.wait([serving], timeout=0)[0]:
                 self._coordinator_ended(serving)
-                break
-            if time.monotonic() > deadline:
-                break  # `_get` below reports the timeout
+                serving = None
         return self._get(refs)
 
     def _coordinator_ended(self, serving: Any) -> None:

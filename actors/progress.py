@@ -91,13 +91,16 @@ class ProgressController:
 
     def _wait(self, calls: list) -> None:
         """Wait for one chunk's calls; if one failed, raise the root cause (not the
-        peers' `PeerFailed`, which they raise once they learn of it)."""
+        peers' `PeerFailed`, which they raise once they learn of it). Calls that ended
+        are looked at first: a dead executor cannot tell its peers, which wait for it
+        until the driver stops them."""
         import ray
 
         try:
             ray.get(calls, timeout=self.config.timeout_s)
         except ray.exceptions.RayError as first:
-            for call in calls:
+            ended, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
+            for call in [*ended, *(c for c in calls if c not in ended)]:
                 try:
                     ray.get(call, timeout=self.config.timeout_s)
                 except ray.exceptions.RayTaskError as exc:

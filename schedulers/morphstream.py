@@ -156,7 +156,7 @@ class MorphStreamScheduler(Scheduler):
         self._explore(choice, batch, tpg, seat, strata, spec, (begin, end), s, stats, time)
         self._explore_ns = int((clock.perf_counter() - started) * 1e9)
         stats.redone = self._repairs.redone - redone
-        if self.team.rank == 0:
+        if self.team.rank == 0 and end > begin:  # (the warm-up runs an empty batch)
             self._log.add(stats)
 
     def _seat(self, ready: np.ndarray, capacity: int) -> ex.Seat:
@@ -194,7 +194,7 @@ class MorphStreamScheduler(Scheduler):
                 self.run["words"][:] = 0
         team.barrier(time)
         totals = table.sum(axis=0)
-        if self._last is not None:  # the previous batch's exploration, now measured
+        if self._last is not None and self._last.transactions:  # the previous batch, measured
             self._last.explore_s = float(totals[EXPLORE_NS]) / 1e9
             self._history.update(self._last, self.thresholds.memory)
         self._last = BatchStats(
