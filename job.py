@@ -157,9 +157,7 @@ class Job:
             actors += [controller, *executors, sink]
             serving = None
             if schedulers.get(cfg.scheduler).coordinator_policies(cfg):
-                coordinator = start_actor(
-                    Coordinator, cfg, sync.handle, run_prefix(run_id), layout.cells
-                )
+                coordinator = start_actor(Coordinator, cfg, sync.handle, run_prefix(run_id))
                 actors.append(coordinator)
                 serving = coordinator.serve.remote()
             self._get_watching([e.warm_up.remote(source.schema) for e in executors], serving)

@@ -38,13 +38,11 @@ class Coordinator:
     """Serves the team's abort requests for a whole run (see module docstring).
 
     ``sync`` is the team's sync block (a shared-memory handle, or an array when the
-    executors are threads); ``cells`` the number of state cells. It serves the
+    executors are threads). It serves the
     policies the run's scheduler declares, and refuses any other request.
     """
 
-    def __init__(
-        self, config: RunConfig, sync: ArrayHandle | np.ndarray, segment_prefix: str, cells: int
-    ):
+    def __init__(self, config: RunConfig, sync: ArrayHandle | np.ndarray, segment_prefix: str):
         self._shared = SharedArray.attach(sync) if isinstance(sync, ArrayHandle) else None
         self.sync = self._shared.array if self._shared else sync
         self.config = config
@@ -52,7 +50,7 @@ class Coordinator:
         self.policies = self.scheduler.coordinator_policies(config)
         self.timeout_ns = int(config.timeout_s * 1e9)
         self.segment_prefix = segment_prefix
-        self._dirty = np.zeros(cells, np.int8)
+        self._stack = np.zeros(0, np.int64)
         self._chunk: ChunkArrays | None = None
         self._dims: ChunkDims | None = None
         self.stats = {"requests": dict.fromkeys(self.policies, 0), "failed": 0, "marked": 0,
@@ -107,8 +105,10 @@ class Coordinator:
         if dims != self._dims:
             chunk.use_chunk(dims, self.scheduler.chunk_layout(self.config, dims))
             self._dims = dims
+            if len(self._stack) < 2 * dims.operations + dims.reads:
+                self._stack = np.zeros(2 * dims.operations + dims.reads, np.int64)
         self.stats["failed"] += int(np.count_nonzero(chunk.fresh[begin:end]))
-        marked = resolve(chunk, begin, end, self._dirty)
+        marked = resolve(chunk, begin, end, self._stack)
         self.stats["requests"][policy] += 1
         self.stats["marked"] += marked
         self.stats["seconds"] += time.perf_counter() - start

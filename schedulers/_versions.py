@@ -47,6 +47,9 @@ class Versions(NamedTuple):
     """int64: 1 once executed (exploration) - a word others wait on."""
     redo: np.ndarray
     """int8: marked by the Coordinator for the current redo."""
+    marked: np.ndarray
+    """The operations marked for the current redo, in ts order (the Coordinator's answer
+    says how many)."""
 
 
 class Fates(NamedTuple):
@@ -70,6 +73,7 @@ VERSION_ARRAYS = {
     "ok": ("int8", "operations"),
     "done": ("int64", "operations"),
     "redo": ("int8", "operations"),
+    "marked": ("int64", "operations"),
     "failed": ("int8", "transactions"),
     "fresh": ("int8", "transactions"),
     "affected": ("int8", "transactions"),
@@ -193,13 +197,16 @@ def _wait_resolved(t, ops, links, progress, sync, deadline, s):
 
 
 @jit
-def redo(me, first, end, ops, links, v, fates, state, udf, progress, sync, timeout_ns, s):
-    """Redo this executor's marked operations among first..end-1 (rolled back before),
-    exactly, in ts order; `progress[STRIDE * me]` tells how far it is. Returns OK, a
-    `txstream.state.sync` error code, or SET_FULL."""
+def redo(me, first, end, n_marked, ops, links, v, fates, state, udf, progress, sync, timeout_ns,
+         s):  # fmt: skip
+    """Redo this executor's operations among the ``n_marked`` first of ``v.marked``
+    (operations first..end-1 of a batch, rolled back before), exactly, in ts order;
+    `progress[STRIDE * me]` tells how far it is. Returns OK, a `txstream.state.sync`
+    error code, or SET_FULL."""
     deadline = monotonic_ns() + timeout_ns
-    for o in range(first, end):
-        if links.owner[o] != me or not v.redo[o]:
+    for i in range(n_marked):
+        o = v.marked[i]
+        if links.owner[o] != me:
             continue
         store_release(progress, STRIDE * me, o)
         t = ops.txn[o]
@@ -243,12 +250,28 @@ def redo(me, first, end, ops, links, v, fates, state, udf, progress, sync, timeo
 
 
 @jit
-def roll_back_marked(me, first, end, ops, links, v, state):
-    """Before a redo: undo this executor's marked operations among first..end-1, newest
-    first (each cell ends as its first marked operation found it)."""
-    for o in range(end - 1, first - 1, -1):
-        if links.owner[o] == me and v.redo[o]:
-            undo_write(state, ops.cell[o], v.before[o], v.slot[o])
+def roll_back_marked(me, first, n_marked, ops, links, v, state):
+    """Before a redo: undo this executor's marked operations (the ``n_marked`` first of
+    ``v.marked``; on every cell they are the last ones executed): each cell gets back
+    what its first marked operation found, members they added leave their sets."""
+    for i in range(n_marked):
+        o = v.marked[i]
+        if links.owner[o] != me:
+            continue
+        p = links.chain_prev[o]
+        c = ops.cell[o]
+        first_on_cell = p < first or not v.redo[p]
+        undo_write(state, c, v.before[o] if first_on_cell else state.values[c], v.slot[o])
+
+
+@jit
+def clear_marks(me, n_marked, ops, links, v, fates):
+    """After a redo (the team past a barrier): forget this executor's marks."""
+    for i in range(n_marked):
+        o = v.marked[i]
+        if links.owner[o] == me:
+            v.redo[o] = 0
+            fates.affected[ops.txn[o]] = 0
 
 
 @jit
@@ -268,59 +291,86 @@ def _changed(o, v):
 
 
 @inline
-def _reads_dirty(o, ops, dirty):
-    if dirty[ops.cell[o]]:
-        return True
-    for k in range(ops.dep_ptr[o], ops.dep_ptr[o + 1]):
-        if dirty[ops.dep_cell[k]]:
-            return True
-    return False
+def _push_successors(o, skip, first, end, ops, links, v, stack, n):
+    """Push the executed operations that read the version `o` left (the next one on its
+    cell, its parametric readers) onto ``stack[n:]``, except those of transaction
+    ``skip`` (-1: none); the new ``n``."""
+    nxt = links.chain_next[o]
+    while first <= nxt < end and ops.txn[nxt] == skip:
+        nxt = links.chain_next[nxt]
+    if first <= nxt < end and v.done[nxt]:
+        stack[n] = nxt
+        n += 1
+    k = links.pd_head[o]
+    while k >= 0:
+        reader = links.read_op[k]
+        if reader < end and v.done[reader] and ops.txn[reader] != skip:
+            stack[n] = reader
+            n += 1
+        k = links.pd_next[k]
+    return n
 
 
 @jit
-def find_affected(begin, end, ops, v, fates, dirty):
-    """The Coordinator's pass over transactions begin..end-1 in ts order, considering
-    the operations executed so far (`done`). A fresh failure that changed a cell makes
-    it *dirty* for the rest of the batch, unless its own outcome may change. An
-    executed operation that reads a dirty cell (its own or a parametric read) is marked
-    for redo and leaves its cell dirty; if it is conditional, its transaction's outcome
-    may change: the transaction is `affected` (its failure forgotten), all its executed
-    operations are marked and all its cells dirty. Fresh failures are resolved
-    afterwards. ``dirty`` (per cell, all 0) is scratch, left all 0. Returns how many
-    operations are marked."""
-    first = end
+def find_affected(begin, end, ops, links, v, fates, stack):
+    """The Coordinator's pass over transactions begin..end-1 of a batch, considering the
+    operations executed so far (`done`): marks (``v.redo``, and listed in ``v.marked``
+    in ts order) every executed operation that read, directly or through other marked
+    operations, a version a fresh failure wrote; a marked conditional operation makes
+    its transaction's outcome uncertain: it is `affected` (its failure forgotten) and
+    all its executed operations are marked too. Fresh failures are resolved afterwards.
+    Work is proportional to what is marked, not to the batch. ``stack`` is scratch
+    (room for twice the operations plus the reads). Returns how many are marked."""
+    first, stop = ops.txn_ptr[begin], ops.txn_ptr[end]
+    n = 0
     for t in range(begin, end):
-        fates.affected[t] = 0
-        if first == end and fates.fresh[t]:
-            for o in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
-                if v.done[o] and _changed(o, v):
-                    first = t
-                    break
-    for o in range(ops.txn_ptr[begin], ops.txn_ptr[end]):
-        v.redo[o] = 0
+        if fates.fresh[t]:
+            fates.fresh[t] = 0
+            if fates.failed[t]:
+                for o in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
+                    if v.done[o] and _changed(o, v):  # its own later statements may read it
+                        n = _push_successors(o, t, first, stop, ops, links, v, stack, n)
     marked = 0
-    for t in range(first, end):
-        fate_dirty = False
-        for o in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
-            if v.done[o] and _reads_dirty(o, ops, dirty):
-                v.redo[o] = 1
-                dirty[ops.cell[o]] = 1
-                if ops.cond[o] > 0:
-                    fate_dirty = True
-        if fate_dirty:
+    while n > 0:
+        n -= 1
+        o = stack[n]
+        if v.redo[o]:
+            continue
+        v.redo[o] = 1
+        v.marked[marked] = o
+        marked += 1
+        n = _push_successors(o, -1, first, stop, ops, links, v, stack, n)
+        t = ops.txn[o]
+        if ops.cond[o] > 0 and not fates.affected[t]:
             fates.affected[t] = 1
             fates.failed[t] = 0
-        for o in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
-            if not v.done[o]:
-                continue
-            if fate_dirty:
-                v.redo[o] = 1
-                dirty[ops.cell[o]] = 1
-            elif fates.fresh[t] and fates.failed[t] and _changed(o, v):
-                dirty[ops.cell[o]] = 1
-            marked += v.redo[o]
-    for t in range(begin, end):
-        fates.fresh[t] = 0
-    for o in range(ops.txn_ptr[first], ops.txn_ptr[end]):
-        dirty[ops.cell[o]] = 0
+            for x in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
+                if v.done[x] and not v.redo[x]:
+                    stack[n] = x
+                    n += 1
+    _heap_sort(v.marked, marked)
     return marked
+
+
+@inline
+def _heap_sort(a, n):
+    """Sort ``a[:n]`` ascending in place (numba's sort needs its runtime)."""
+    for start in range(n // 2 - 1, -1, -1):
+        _sift(a, start, n)
+    for end in range(n - 1, 0, -1):
+        a[0], a[end] = a[end], a[0]
+        _sift(a, 0, end)
+
+
+@inline
+def _sift(a, root, n):
+    while True:
+        child = 2 * root + 1
+        if child >= n:
+            return
+        if child + 1 < n and a[child + 1] > a[child]:
+            child += 1
+        if a[root] >= a[child]:
+            return
+        a[root], a[child] = a[child], a[root]
+        root = child

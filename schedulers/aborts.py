@@ -27,6 +27,7 @@ from txstream.schedulers._versions import (
     Fates,
     Scratch,
     Versions,
+    clear_marks,
     find_affected,
     redo,
     roll_back_marked,
@@ -79,11 +80,12 @@ def chunk_versions(dims: ChunkDims) -> list[ArraySpec]:
     ]
 
 
-def resolve(chunk: ChunkArrays, begin: int, end: int, dirty: np.ndarray) -> int:
+def resolve(chunk: ChunkArrays, begin: int, end: int, stack: np.ndarray) -> int:
     """The Coordinator's part: mark what the fresh failures among transactions
-    begin..end-1 make wrong; how many operations to redo."""
+    begin..end-1 make wrong; how many operations to redo. ``stack`` is scratch (room
+    for twice the chunk's operations plus its reads)."""
     spec = Speculation.of(chunk)
-    return int(find_affected(begin, end, spec.ops, spec.versions, spec.fates, dirty))
+    return int(find_affected(begin, end, spec.ops, spec.links, spec.versions, spec.fates, stack))
 
 
 class Repairs:
@@ -118,9 +120,9 @@ class Repairs:
         marked = team.ask_coordinator(RESOLVE, request, time, "abort")
         if marked:
             with time.timing("abort"):
-                roll_back_marked(team.rank, first_op, stop, ops, links, v, self.state)
+                roll_back_marked(team.rank, first_op, marked, ops, links, v, self.state)
                 s.waited[0] = 0
-                why = redo(team.rank, first_op, stop, ops, links, v, fates, self.state,
+                why = redo(team.rank, first_op, stop, marked, ops, links, v, fates, self.state,
                            self.udf, self.progress, team.sync, team.timeout_ns, s)  # fmt: skip
             time.abort -= s.waited[0] / 1e9
             time.sync += s.waited[0] / 1e9
@@ -129,4 +131,6 @@ class Repairs:
             team.check(why)
             self.redone += marked
         team.barrier(time)
+        if marked:
+            clear_marks(team.rank, marked, ops, links, v, fates)
         return marked

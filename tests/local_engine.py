@@ -8,7 +8,9 @@ threads do run in parallel.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -39,15 +41,19 @@ def run_local(
     executors: int = 1,
     sockets: list[int] | None = None,
     punctuation_interval: int = 10240,
-    batches_per_chunk: int = 3,
+    batches_per_chunk: int | None = 3,
     reports: list[dict] | None = None,
+    timing: dict | None = None,
     **options: str | float | None,
 ) -> tuple[pa.Table, dict[str, pa.Table]]:
-    """Outputs and final state of ``events``, chunked as the ProgressController does.
+    """Outputs and final state of ``events``, chunked as the ProgressController does
+    (``batches_per_chunk`` None: as many as in a run's chunk).
 
     ``sockets`` gives each executor's socket (default: all on socket 0); ``options``
     are further `RunConfig` fields (placement, explore, ...); executor 0's scheduler
-    report (what it adds to metrics.json) is appended to ``reports``."""
+    report (what it adds to metrics.json) is appended to ``reports``. With ``timing``
+    (benchmarks), the executors warm up first, then ``timing`` gets the seconds of the
+    run and every executor's time breakdown."""
     topo = topologies.get(topology)
     topo.check_event_schema(events.schema)
     tables = read_init_state(topo, init)
@@ -60,7 +66,11 @@ def run_local(
         timeout_s=options.pop("timeout_s", TIMEOUT_S),
         **options,
     )
-    chunk = punctuation_interval * batches_per_chunk
+    chunk = (
+        config.chunk_events
+        if batches_per_chunk is None
+        else punctuation_interval * batches_per_chunk
+    )
     run_id = new_run_id()
     team = seats(config.placement, sockets or [0] * executors)
     sync = np.zeros(slots(executors), np.int64)
@@ -71,25 +81,40 @@ def run_local(
         errors: list[BaseException] = []
         helpers = []
         if get_scheduler(scheduler).coordinator_policies(config):
-            coordinator = Coordinator(config, sync, run_prefix(run_id), layout.cells)
+            coordinator = Coordinator(config, sync, run_prefix(run_id))
             helpers.append(threading.Thread(target=_serve, args=(coordinator, errors)))
+
+        times = [Breakdown() for _ in members]
+        chunks = list(_chunks(events, chunk))
+        warm = threading.Barrier(executors + 1)
 
         def work(rank: int) -> None:
             try:
-                for seq, (ts0, batch) in enumerate(_chunks(events, chunk)):
+                if timing is not None:
+                    members[rank].warm_up(events.schema)
+                    warm.wait()
+                for seq, (ts0, batch) in enumerate(chunks):
                     first, end = share_bounds(batch.num_rows, executors)[rank]
                     share = batch.slice(first, end - first)
                     rows[rank].append(
-                        members[rank].run_share(share, seq, first, batch.num_rows, ts0, Breakdown())
+                        members[rank].run_share(share, seq, first, batch.num_rows, ts0, times[rank])
                     )
             except BaseException as exc:  # reported by the caller
                 errors.append(exc)
+                warm.abort()
 
         threads = [threading.Thread(target=work, args=(r,)) for r in range(executors)]
         for t in helpers + threads:
             t.start()
+        if timing is not None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                warm.wait()  # (broken: an executor failed, raised below)
+            start = time.perf_counter()
         for t in threads:
             t.join(TIMEOUT_S * 2)
+        if timing is not None:
+            timing["seconds"] = time.perf_counter() - start
+            timing["breakdown_s"] = [t.as_dict() for t in times]
         ask_to_stop(sync)
         for t in helpers:
             t.join(TIMEOUT_S * 2)

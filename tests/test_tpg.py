@@ -269,6 +269,67 @@ def test_fine_strata_and_dependency_counts_equal_their_definitions(batch, partie
         assert counted[0] == end - first
 
 
+def _versions(n: int, changed, done) -> Versions:
+    return Versions(
+        before=np.zeros(n, np.int64), after=np.asarray(changed, np.int64),
+        result=np.zeros(n, np.int64), slot=np.full(n, -1, np.int64), ok=np.ones(n, np.int8),
+        done=np.asarray(done, np.int64), redo=np.zeros(n, np.int8),
+        marked=np.full(n, -1, np.int64),
+    )  # fmt: skip
+
+
+def _mark(ops: Ops, v: Versions, failed, fresh):
+    """find_affected over all transactions; (count, marked, affected, failed)."""
+    t = len(ops.txn_ptr) - 1
+    links, _ = _link(ops, [0, len(ops.txn)], 1)
+    fates = Fates(np.asarray(failed, np.int8), np.asarray(fresh, np.int8), np.zeros(t, np.int8),
+                  np.full(t, -1, np.int64))  # fmt: skip
+    stack = np.zeros(2 * len(ops.txn) + len(ops.dep_cell), np.int64)
+    count = find_affected(0, t, ops, links, v, fates, stack)
+    assert not fates.fresh.any()
+    assert v.marked[:count].tolist() == np.flatnonzero(v.redo).tolist()  # listed in ts order
+    return count, v.marked[:count].tolist(), fates.affected.tolist(), fates.failed.tolist()
+
+
+def _marks(txns, failed, changed, cond=(), deps=None, done=None):
+    """find_affected on transactions given as lists of cells: ``changed`` per operation,
+    ``cond`` the conditional operations, ``deps`` per operation the cells it reads,
+    ``done`` the executed operations (default all)."""
+    cell = [c for t in txns for c in t]
+    ops = _ops(txns, cell, deps or [[] for _ in cell], [o in cond for o in range(len(cell))])
+    v = _versions(len(cell), changed, done if done is not None else [1] * len(cell))
+    return _mark(ops, v, failed, failed)
+
+
+def test_a_failed_write_taints_later_operations_on_its_cells():
+    # t0 fails after changing cell 1; t1 touches 1 and 2; t2 touches 2; t3 touches 3
+    got = _marks([[0, 1], [1, 2], [2], [3]], [1, 0, 0, 0], [0, 5, 0, 0, 0, 0])
+    assert got == (1, [2], [0, 0, 0, 0], [1, 0, 0, 0])  # only t1's operation on cell 1
+
+
+def test_a_tainted_condition_redoes_its_transaction_and_taints_its_cells_transitively():
+    # as above, but t1's operation on cell 1 is conditional: t1's outcome may change
+    got = _marks([[0, 1], [1, 2], [2], [3]], [1, 1, 0, 0], [0, 5, 0, 0, 0, 0], cond={2})
+    assert got == (3, [2, 3, 4], [0, 1, 0, 0], [1, 0, 0, 0])  # t1's failure forgotten
+
+
+def test_a_failed_transaction_that_changed_nothing_taints_nothing():
+    assert _marks([[0], [0]], [1, 1], [0, 0], cond={0, 1}) == (0, [], [0, 0], [1, 1])
+
+
+def test_a_parametric_read_of_a_tainted_cell_is_marked():
+    deps = [[], [], [1]]  # t2's operation on cell 2 reads cell 1
+    got = _marks([[0], [1], [2]], [1, 1, 1], [0, 7, 0], cond={0, 1, 2}, deps=deps)
+    assert got == (1, [2], [0, 0, 1], [1, 1, 0])
+
+
+def test_operations_not_executed_yet_are_neither_marked_nor_taint():
+    # eager: t1's operation on cell 1 has not run yet; t2 read cell 1 after t0's write
+    deps = [[], [], [], [1]]
+    got = _marks([[0, 1], [1], [2]], [1, 0, 0], [0, 5, 0, 0], deps=deps, done=[1, 1, 0, 1])
+    assert got == (0, [], [0, 0, 0], [1, 0, 0])  # t2 read the version before t1's operation
+
+
 def _naive_marks(ops: Ops, done, changed, failed, fresh):
     """The Coordinator's marking, from its definition (see `find_affected`)."""
     txn_ptr, cell = ops.txn_ptr.tolist(), ops.cell.tolist()
@@ -299,20 +360,17 @@ def test_coordinator_marks_equal_their_definition(batch, data):
     ops = _ops(txns, cell, reads, cond)
     n, t = len(cell), len(txns)
     done = data.draw(st.lists(st.booleans(), min_size=n, max_size=n), label="done")
+    # operations run in dependency order: an operation is executed only after the ones
+    # before it on its cell and those it reads (what every exploration guarantees)
+    links, _ = _link(ops, [0, n], 1)
+    for o in range(n):
+        preds = [links.chain_prev[o], *links.dep_prev[ops.dep_ptr[o] : ops.dep_ptr[o + 1]]]
+        done[o] = done[o] and all(done[p] for p in preds if p >= 0)
     changed = data.draw(st.lists(st.booleans(), min_size=n, max_size=n), label="changed")
     failed = data.draw(st.lists(st.booleans(), min_size=t, max_size=t), label="failed")
     fresh = [f and data.draw(st.booleans()) for f in failed]
-    v = Versions(
-        before=np.zeros(n, np.int64), after=np.asarray(changed, np.int64),
-        result=np.zeros(n, np.int64), slot=np.full(n, -1, np.int64), ok=np.ones(n, np.int8),
-        done=np.asarray(done, np.int64), redo=np.zeros(n, np.int8),
-    )  # fmt: skip
-    fates = Fates(np.asarray(failed, np.int8), np.asarray(fresh, np.int8), np.zeros(t, np.int8),
-                  np.full(t, -1, np.int64))  # fmt: skip
-    dirty = np.zeros(CELLS, np.int8)
-    count = find_affected(0, t, ops, v, fates, dirty)
-    marked, affected, failed_after = _naive_marks(ops, done, changed, failed, fresh)
-    assert np.flatnonzero(v.redo).tolist() == marked and count == len(marked)
-    assert np.flatnonzero(fates.affected).tolist() == affected
-    assert fates.failed.tolist() == [int(f) for f in failed_after]
-    assert not dirty.any() and not fates.fresh.any()
+    count, marked, affected, failed_after = _mark(ops, _versions(n, changed, done), failed, fresh)
+    want_marked, want_affected, want_failed = _naive_marks(ops, done, changed, failed, fresh)
+    assert marked == want_marked and count == len(marked)
+    assert [t for t, a in enumerate(affected) if a] == want_affected
+    assert failed_after == [int(f) for f in want_failed]
