@@ -145,7 +145,9 @@ def explore_bfs(b, g, state, udf, s, seat, strata, cursor):
                 return SET_FULL
             if status == FAILED:
                 fetch_add(seat.words, parity, 1)
+        start = monotonic_ns()
         why = barrier_wait(seat.sync, seat.parties, seat.timeout_ns)
+        s.waited[0] += monotonic_ns() - start
         if why != OK:
             return why
         cursor[0] = level + 1

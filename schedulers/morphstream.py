@@ -152,9 +152,8 @@ class MorphStreamScheduler(Scheduler):
         seat = self._seat(chunk.ready, chunk.dims.operations)
         strata = self._units(tpg, batch, choice.explore, seat, stats, time)
         s = scratch(ops.max_reads, ops.max_txn_ops)
-        started = clock.perf_counter()
-        self._explore(choice, batch, tpg, seat, strata, spec, (begin, end), s, stats, time)
-        self._explore_ns = int((clock.perf_counter() - started) * 1e9)
+        self._explore_ns = self._explore(choice, batch, tpg, seat, strata, spec, (begin, end), s,
+                                         stats, time)  # fmt: skip
         stats.redone = self._repairs.redone - redone
         if self.team.rank == 0 and end > begin:  # (the warm-up runs an empty batch)
             self._log.add(stats)
@@ -265,9 +264,10 @@ class MorphStreamScheduler(Scheduler):
 
     def _explore(self, choice: Choice, batch: ex.Batch, tpg: ex.Tpg, seat: ex.Seat,
                  strata: ex.Strata | None, spec: Speculation, txns: tuple[int, int],
-                 s: np.ndarray, stats: BatchStats, time: Breakdown) -> None:  # fmt: skip
+                 s: np.ndarray, stats: BatchStats, time: Breakdown) -> int:  # fmt: skip
         """Explore the batch, resolving failures eagerly (at safe points) or lazily (once
-        explored); every failure is resolved when it returns."""
+        explored); every failure is resolved when it returns. Returns the ns this
+        executor spent running operations (exploring, not waiting nor repairing)."""
         team = self.team
         cursor = np.array([-1 if strata is None else 0, 0, 0, 0, 0, 0], np.int64)
         words = seat.words
@@ -279,16 +279,19 @@ class MorphStreamScheduler(Scheduler):
 
         policy = EAGER if batch.eager else LAZY
         state = self.state.arrays
+        working = 0
         while True:
             s.waited[0] = 0
-            with time.timing("useful"):
-                if strata is None:
-                    why = ex.explore_ns(batch, tpg, state, self.udf, s, seat, cursor)
-                elif choice.explore == "bfs":
-                    why = ex.explore_bfs(batch, tpg, state, self.udf, s, seat, strata, cursor)
-                else:
-                    why = ex.explore_dfs(batch, tpg, state, self.udf, s, seat, strata, cursor)
-            time.useful -= s.waited[0] / 1e9
+            started = clock.perf_counter_ns()
+            if strata is None:
+                why = ex.explore_ns(batch, tpg, state, self.udf, s, seat, cursor)
+            elif choice.explore == "bfs":
+                why = ex.explore_bfs(batch, tpg, state, self.udf, s, seat, strata, cursor)
+            else:
+                why = ex.explore_dfs(batch, tpg, state, self.udf, s, seat, strata, cursor)
+            spent = clock.perf_counter_ns() - started
+            working += spent - int(s.waited[0])
+            time.useful += (spent - int(s.waited[0])) / 1e9
             time.sync += s.waited[0] / 1e9
             if why == SET_FULL:
                 raise RuntimeFailure(SET_FULL_MESSAGE)
@@ -301,6 +304,7 @@ class MorphStreamScheduler(Scheduler):
         stats.failed = int(words[ex.STRIDE * ex.FRESH])
         if stats.failed > cursor[2]:
             self._repair(policy, spec, txns, s, stats, time, paused)
+        return working
 
     def _repair(self, policy, spec, txns, s, stats, time, paused) -> None:
         stats.repairs += 1
