@@ -103,7 +103,7 @@ def explore_chains(me, first, end, ops, links, v, fates, state, udf, progress, s
             q = links.dep_prev[k]
             if q >= first:
                 why = wait_at_least(progress, STRIDE * links.owner[q], q + 1, sync, deadline,
-                                    s.waited)  # fmt: skip
+                                    s.waited, False)  # fmt: skip
                 if why != OK:
                     return why
         if explore_op(o, ops, links, v, fates, state, udf, s) == SET_FULL:

@@ -26,15 +26,24 @@ from txstream._numba import fetch_add, inline, jit, load_acquire, monotonic_ns, 
 from txstream.schedulers._tpg import unit_next, unit_start
 from txstream.schedulers._versions import FAILED, explore_op
 from txstream.state._kernels import SET_FULL
-from txstream.state.sync import OK, STRIDE, barrier_wait, pause
+from txstream.state.sync import (
+    INTERRUPTED,
+    OK,
+    PAUSE,
+    STRIDE,
+    barrier_wait,
+    wait_at_least,
+)
 
-ALL_DONE, REPAIR = 10, 11
-REPAIR_FLAG, FINISHED, FRESH, BY_STRATUM = 0, 1, 2, 3
-"""Words (index / STRIDE) of the team's exploration words: the repair flag, how many
-executors finished the batch, failures so far in the batch, and (BFS) failures in
-even and odd strata: a stratum's count is read after its barrier and not written
-again before the next one, so every executor reads the same."""
-QUEUE = 5
+ALL_DONE, REPAIR = 10, INTERRUPTED
+"""What the kernels return besides sync error codes: REPAIR means the team's PAUSE word
+asks for a repair."""
+FINISHED, FRESH, BY_STRATUM = 0, 1, 2
+"""Words (index / STRIDE) of the team's exploration words: how many executors finished
+the batch, failures so far in the batch, and (BFS) failures in even and odd strata: a
+stratum's count is read after its barrier and not written again before the next one,
+so every executor reads the same."""
+QUEUE = 4
 """Then per pool: its ready queue's head (units taken), tail (units queued), total."""
 
 
@@ -121,7 +130,7 @@ def run_unit(u, b, g, state, udf, s, seat):
         return OK
     fetch_add(seat.words, STRIDE * FRESH, 1)
     if b.eager:
-        store_release(seat.words, STRIDE * REPAIR_FLAG, 1)
+        store_release(seat.sync, STRIDE * PAUSE, 1)
     return FAILED
 
 
@@ -162,28 +171,13 @@ def explore_bfs(b, g, state, udf, s, seat, strata, cursor):
 @inline
 def _repair_asked(seat):
     """Whether a peer asked the team to pause for a repair (eager aborts)."""
-    return load_acquire(seat.words, STRIDE * REPAIR_FLAG) != 0
+    return load_acquire(seat.sync, STRIDE * PAUSE) != 0
 
 
 @inline
 def _wait_done(q, g, seat, deadline, s):
-    """Wait until operation ``q`` is done: OK, REPAIR (a repair is asked for) or a
-    sync error code; the ns spent waiting go to ``s.waited[0]``."""
-    if load_acquire(g.versions.done, q):
-        return OK
-    start = monotonic_ns()
-    spins = 0
-    why = OK
-    while not load_acquire(g.versions.done, q):
-        if load_acquire(seat.words, STRIDE * REPAIR_FLAG):
-            why = REPAIR
-            break
-        spins += 1
-        why = pause(spins, start, deadline, seat.sync)
-        if why != OK:
-            break
-    s.waited[0] += monotonic_ns() - start
-    return why
+    """Wait until operation ``q`` is done: OK, REPAIR or a sync error code."""
+    return wait_at_least(g.versions.done, q, 1, seat.sync, deadline, s.waited, True)
 
 
 @inline
@@ -222,20 +216,9 @@ def _finish(seat, cursor, deadline, s):
     if not cursor[1]:
         cursor[1] = 1
         fetch_add(seat.words, STRIDE * FINISHED, 1)
-    start = monotonic_ns()
-    spins = 0
-    why = ALL_DONE
-    while load_acquire(seat.words, STRIDE * FINISHED) < seat.parties:
-        if load_acquire(seat.words, STRIDE * REPAIR_FLAG):
-            why = REPAIR
-            break
-        spins += 1
-        why = pause(spins, start, deadline, seat.sync)
-        if why != OK:
-            break
-        why = ALL_DONE
-    s.waited[0] += monotonic_ns() - start
-    return why
+    why = wait_at_least(seat.words, STRIDE * FINISHED, seat.parties, seat.sync, deadline,
+                        s.waited, True)  # fmt: skip
+    return ALL_DONE if why == OK else why
 
 
 @jit
@@ -323,18 +306,9 @@ def explore_ns(b, g, state, udf, s, seat, cursor):
         i = cursor[0]
         if i >= total:
             break
-        start = monotonic_ns()
-        spins = 0
-        while load_acquire(seat.ready, base + i) == 0:
-            if load_acquire(seat.words, STRIDE * REPAIR_FLAG):
-                s.waited[0] += monotonic_ns() - start
-                return REPAIR
-            spins += 1
-            why = pause(spins, start, deadline, seat.sync)
-            if why != OK:
-                return why
-        if spins:
-            s.waited[0] += monotonic_ns() - start
+        why = wait_at_least(seat.ready, base + i, 1, seat.sync, deadline, s.waited, True)
+        if why != OK:
+            return why  # REPAIR: this slot stays taken (cursor[0])
         u = seat.ready[base + i] - 1
         seat.ready[base + i] = 0
         cursor[0] = -1

@@ -215,6 +215,18 @@ def _list_merged(first, end, links, units, n_lists):
 
 
 @inline
+def _enter(g, v, counter, n_stack, depth):
+    """Tarjan: visit node ``v`` (index it, push it, call it); the new counters."""
+    g.index[v] = counter
+    g.low[v] = counter
+    g.stack[n_stack] = v
+    g.on_stack[v] = 1
+    g.calls[depth] = v
+    g.call_edge[depth] = g.edge_ptr[v]
+    return counter + 1, n_stack + 1, depth + 1
+
+
+@inline
 def _tarjan(n, g):
     """Strongly connected components of nodes 0..n-1 (edges `edge_ptr`/`edges`),
     iteratively; SCC ``s`` is ``scc_nodes[scc_ptr[s]:scc_ptr[s+1]]``, emitted in reverse
@@ -230,15 +242,7 @@ def _tarjan(n, g):
     for root in range(n):
         if g.index[root] >= 0:
             continue
-        g.calls[0] = root
-        g.call_edge[0] = g.edge_ptr[root]
-        depth = 1
-        g.index[root] = counter
-        g.low[root] = counter
-        counter += 1
-        g.stack[n_stack] = root
-        n_stack += 1
-        g.on_stack[root] = 1
+        counter, n_stack, depth = _enter(g, root, counter, n_stack, 0)
         while depth > 0:
             v = g.calls[depth - 1]
             e = g.call_edge[depth - 1]
@@ -246,15 +250,7 @@ def _tarjan(n, g):
                 g.call_edge[depth - 1] = e + 1
                 w = g.edges[e]
                 if g.index[w] < 0:
-                    g.index[w] = counter
-                    g.low[w] = counter
-                    counter += 1
-                    g.stack[n_stack] = w
-                    n_stack += 1
-                    g.on_stack[w] = 1
-                    g.calls[depth] = w
-                    g.call_edge[depth] = g.edge_ptr[w]
-                    depth += 1
+                    counter, n_stack, depth = _enter(g, w, counter, n_stack, depth)
                 elif g.on_stack[w]:
                     g.low[v] = min(g.low[v], g.index[w])
                 continue
@@ -296,7 +292,7 @@ def fine_levels(me, first, end, ops, links, units, progress, sync, timeout_ns, w
             q = links.dep_prev[k]
             if q >= first:
                 why = wait_at_least(progress, STRIDE * links.owner[q], q + 1, sync, deadline,
-                                    waited)  # fmt: skip
+                                    waited, False)  # fmt: skip
                 if why != OK:
                     return why, strata
                 level = max(level, units.level[q] + 1)

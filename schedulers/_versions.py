@@ -190,7 +190,8 @@ def _wait_resolved(t, ops, links, progress, sync, deadline, s):
     whichever executors own them): then ``failed[t]`` is final."""
     for o in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
         if ops.cond[o] > 0:
-            why = wait_at_least(progress, STRIDE * links.owner[o], o + 1, sync, deadline, s.waited)
+            why = wait_at_least(progress, STRIDE * links.owner[o], o + 1, sync, deadline, s.waited,
+                                False)  # fmt: skip
             if why != OK:
                 return why
     return OK
@@ -228,7 +229,8 @@ def redo(me, first, end, n_marked, ops, links, v, fates, state, udf, progress, s
             q = links.dep_prev[k]
             if q >= first and v.redo[q]:
                 owner = links.owner[q]
-                why = wait_at_least(progress, STRIDE * owner, q + 1, sync, deadline, s.waited)
+                why = wait_at_least(progress, STRIDE * owner, q + 1, sync, deadline, s.waited,
+                                    False)  # fmt: skip
                 if why != OK:
                     return why
             if q >= first and ops.txn[q] != t:

@@ -26,7 +26,6 @@ from txstream.config import RunConfig
 from txstream.errors import RuntimeFailure
 from txstream.metrics import Breakdown
 from txstream.schedulers import _explore as ex
-from txstream.schedulers._kernels import collect_results
 from txstream.schedulers._links import (
     CROSS,
     HEADS,
@@ -34,11 +33,9 @@ from txstream.schedulers._links import (
     LINK_STATS,
     PD,
     TD,
-    forget_chunk,
     link_batch,
     txn_fates,
 )
-from txstream.schedulers._links import partition as link_partition
 from txstream.schedulers._tpg import (
     UNIT_ARRAYS,
     Units,
@@ -49,9 +46,9 @@ from txstream.schedulers._tpg import (
     pool_strata,
     reset_units,
 )
-from txstream.schedulers._versions import scratch, undo_aborted_tails
-from txstream.schedulers.aborts import EAGER, LAZY, Repairs, Speculation, chunk_versions
-from txstream.schedulers.base import SET_FULL_MESSAGE, Scheduler
+from txstream.schedulers._versions import scratch
+from txstream.schedulers.aborts import EAGER, LAZY, Speculation
+from txstream.schedulers.base import SET_FULL_MESSAGE
 from txstream.schedulers.decision import (
     BatchStats,
     Choice,
@@ -60,13 +57,13 @@ from txstream.schedulers.decision import (
     Thresholds,
     decide,
 )
-from txstream.schedulers.placement import row_pools
+from txstream.schedulers.speculative import SpeculativeScheduler
 from txstream.schedulers.team import Team
 from txstream.state._kernels import SET_FULL
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
 from txstream.state.operations import OperationBatch
 from txstream.state.segments import ArraySpec
-from txstream.state.sync import STRIDE, add_to
+from txstream.state.sync import PAUSE, STRIDE, add_to
 from txstream.state.tables import SharedState
 from txstream.topologies.api import Topology
 
@@ -77,7 +74,7 @@ the previous batch."""
 STATS = EXPLORE_NS + 1
 
 
-class MorphStreamScheduler(Scheduler):
+class MorphStreamScheduler(SpeculativeScheduler):
     """TPG per batch, adaptive exploration, granularity and abort handling."""
 
     name = "morphstream"
@@ -99,7 +96,7 @@ class MorphStreamScheduler(Scheduler):
         """Links, versions, fates; units; a ready queue per pool."""
         n = dims.operations
         return [
-            *chunk_versions(dims),
+            *super().chunk_arrays(config, dims),
             *[ArraySpec(name, "int64", (n + (name == "merged_ptr"),)) for name in UNIT_ARRAYS],
             ArraySpec("ready", "int64", (dims.pools * n,)),
         ]
@@ -108,17 +105,13 @@ class MorphStreamScheduler(Scheduler):
     def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
         """Progress words (redo, strata), exploration words, statistics per executor."""
         return [
-            ArraySpec("progress", "int64", (STRIDE * dims.parties,)),
+            *super().run_arrays(config, dims),
             ArraySpec("words", "int64", (ex.word_count(dims.pools),)),
             ArraySpec("stats", "int64", (dims.parties, STATS)),
         ]
 
     def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Team):
         super().__init__(config, topology, state, team)
-        layout = state.layout
-        self._row_of_cell = layout.row_of_cell()
-        self._part = link_partition(self._row_of_cell, layout.rows, team.parties)
-        self._row_pool = row_pools(layout.rows, team.seat.pools)
         self._fixed = Choice(config.explore, config.granularity, config.abort)
         self._history = History()
         self._log = DecisionLog()
@@ -127,12 +120,6 @@ class MorphStreamScheduler(Scheduler):
         self._level_ptr = np.zeros(2, np.int64)
         self._listed = np.zeros(1, np.int64)
         self._cycles = cycle_scratch(0, 0)
-        self._repairs: Repairs | None = None
-
-    def map_run(self, arrays: dict[str, np.ndarray]) -> None:
-        """Receive the run arrays; the redo publishes progress in them."""
-        super().map_run(arrays)
-        self._repairs = Repairs(self.team, self.state.arrays, self.udf, arrays["progress"])
 
     def execute(
         self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
@@ -274,8 +261,8 @@ class MorphStreamScheduler(Scheduler):
 
         def paused() -> None:
             if team.rank == 0:
-                words[ex.STRIDE * ex.REPAIR_FLAG] = 0
-            cursor[2] = words[ex.STRIDE * ex.FRESH]
+                team.sync[STRIDE * PAUSE] = 0
+            cursor[2] = words[STRIDE * ex.FRESH]
 
         policy = EAGER if batch.eager else LAZY
         state = self.state.arrays
@@ -301,7 +288,7 @@ class MorphStreamScheduler(Scheduler):
             if why != ex.ALL_DONE:
                 team.check(why)
             break
-        stats.failed = int(words[ex.STRIDE * ex.FRESH])
+        stats.failed = int(words[STRIDE * ex.FRESH])
         if stats.failed > cursor[2]:
             self._repair(policy, spec, txns, s, stats, time, paused)
         return working
@@ -310,22 +297,8 @@ class MorphStreamScheduler(Scheduler):
         stats.repairs += 1
         self._repairs.run(policy, spec, txns[0], txns[1], s, time, paused)
 
-    def finish(
-        self, chunk: ChunkArrays, ops: OperationBatch, first: int, end: int, time: Breakdown
-    ) -> None:
-        """Roll back aborted transactions at the ends of chains; collect results (this
-        executor's share); forget the chunk's links."""
-        spec = Speculation.of(chunk)
-        first_op, stop = int(ops.txn_ptr[first]), int(ops.txn_ptr[end])
-        with time.timing("abort"):
-            undo_aborted_tails(first_op, stop, spec.ops, spec.links, spec.versions, spec.fates,
-                               self.state.arrays)  # fmt: skip
-        with time.timing("useful"):
-            collect_results(first, end, spec.ops, spec.versions, spec.fates, chunk.outcomes)
-        forget_chunk(self._part)
-
     def report(self) -> dict:
         """`decisions` (SPEC §5), per-batch statistics, operations redone."""
         if self._last is not None and self._log.batches and self._log.batches[-1] is self._last:
             self._last.explore_s = self._explore_ns * self.team.parties / 1e9  # estimated
-        return {**self._log.report(), "redone_operations": self._repairs.redone}
+        return {**self._log.report(), **super().report()}

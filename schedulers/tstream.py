@@ -16,13 +16,11 @@ from txstream.config import RunConfig
 from txstream.errors import RuntimeFailure
 from txstream.metrics import Breakdown
 from txstream.schedulers._chains import claim_rows, explore_chains, fill_owners, pool_rows
-from txstream.schedulers._kernels import collect_results
-from txstream.schedulers._links import LINK_STATS, forget_chunk, link_batch, txn_fates
-from txstream.schedulers._links import partition as link_partition
-from txstream.schedulers._versions import scratch, undo_aborted_tails
-from txstream.schedulers.aborts import LAZY, Repairs, Speculation, chunk_versions
-from txstream.schedulers.base import SET_FULL_MESSAGE, Scheduler
-from txstream.schedulers.placement import row_pools
+from txstream.schedulers._links import LINK_STATS, link_batch, txn_fates
+from txstream.schedulers._versions import scratch
+from txstream.schedulers.aborts import LAZY, Speculation
+from txstream.schedulers.base import SET_FULL_MESSAGE
+from txstream.schedulers.speculative import SpeculativeScheduler
 from txstream.schedulers.team import Team
 from txstream.state._kernels import SET_FULL
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
@@ -35,7 +33,7 @@ from txstream.topologies.api import Topology
 UNCAPPED = np.iinfo(np.int64).max
 
 
-class TStreamScheduler(Scheduler):
+class TStreamScheduler(SpeculativeScheduler):
     """Parallel evaluation of operation chains, lazy aborts (module docstring)."""
 
     name = "tstream"
@@ -50,7 +48,7 @@ class TStreamScheduler(Scheduler):
     def chunk_arrays(cls, config: RunConfig, dims: ChunkDims) -> list[ArraySpec]:
         """Links, versions, fates, and the pools' rows (claims, busiest first)."""
         return [
-            *chunk_versions(dims),
+            *super().chunk_arrays(config, dims),
             ArraySpec("claims", "int64", (dims.operations,)),
             ArraySpec("claim_ops", "int64", (dims.operations,)),
             ArraySpec("pool_ptr", "int64", (dims.pools + 1,)),
@@ -61,21 +59,16 @@ class TStreamScheduler(Scheduler):
     def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
         """A progress word per executor, a claim counter per pool."""
         return [
-            ArraySpec("progress", "int64", (STRIDE * dims.parties,)),
+            *super().run_arrays(config, dims),
             ArraySpec("claimed", "int64", (STRIDE * dims.pools,)),
         ]
 
     def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Team):
         super().__init__(config, topology, state, team)
-        layout = state.layout
-        self._row_of_cell = layout.row_of_cell()
-        self._part = link_partition(self._row_of_cell, layout.rows, team.parties)
-        self._row_pool = row_pools(layout.rows, team.seat.pools)
         self._stats = np.zeros(LINK_STATS, np.int64)
         if not team.seat.alone:
-            self._row_ops = np.zeros(layout.rows, np.int64)
+            self._row_ops = np.zeros(state.layout.rows, np.int64)
             self._fill = np.empty(team.seat.pools, np.int64)
-        self._repairs: Repairs | None = None
 
     def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
         """Link the chains (the whole team) and hand every row's chains to an owner."""
@@ -138,31 +131,8 @@ class TStreamScheduler(Scheduler):
         team.check(why)
         team.add_failures(int(s.waited[2]))
         team.barrier(time)
-        if not team.failures_since_last_check():
-            return
-        if self._repairs is None:
-            self._repairs = Repairs(team, self.state.arrays, self.udf, self.run["progress"])
-        self._repairs.run(LAZY, spec, begin, end, s, time)
-
-    def finish(
-        self, chunk: ChunkArrays, ops: OperationBatch, first: int, end: int, time: Breakdown
-    ) -> None:
-        """Roll back aborted transactions at the ends of chains; collect results (this
-        executor's share); forget the chunk's links."""
-        spec = Speculation.of(chunk)
-        first_op, stop = int(ops.txn_ptr[first]), int(ops.txn_ptr[end])
-        with time.timing("abort"):
-            undo_aborted_tails(first_op, stop, spec.ops, spec.links, spec.versions, spec.fates,
-                               self.state.arrays)  # fmt: skip
-        with time.timing("useful"):
-            collect_results(first, end, spec.ops, spec.versions, spec.fates, chunk.outcomes)
-        forget_chunk(self._part)
-
-    def report(self) -> dict:
-        """Operations redone after aborts."""
-        if self._repairs is None:
-            return {}
-        return {"redone_operations": self._repairs.redone}
+        if team.failures_since_last_check():
+            self._repairs.run(LAZY, spec, begin, end, s, time)
 
 
 def _share(total: int, rank: int, parties: int) -> tuple[int, int]:

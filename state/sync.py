@@ -34,10 +34,13 @@ REQUEST, REPLY, STOP, FAILURES, ANSWER, ARGS = 3, 4, 5, 6, 7, 8
 """Coordinator slots: requests posted and answered (counters), the driver's stop word,
 operations that failed so far (counter), the last answer, and a request's arguments."""
 ARG_WORDS = 2 * STRIDE
-FIXED_SLOTS = 10
+PAUSE = 10
+"""Set by an executor that asks its peers to stop at their next safe point (an
+interruptible wait returns INTERRUPTED while it is set)."""
+FIXED_SLOTS = 11
 PUBLISHED = STRIDE
 """Words each executor may publish for its peers (one cache line per executor)."""
-OK, TIMED_OUT, PEER_FAILED = 0, 1, 2
+OK, TIMED_OUT, PEER_FAILED, INTERRUPTED = 0, 1, 2, 3
 SPIN_NS = 50_000
 """How long a waiter busy-waits before it starts sleeping: most waits for a peer end
 within microseconds, and a sleep costs ~60 us however short it is asked to be."""
@@ -98,16 +101,20 @@ def barrier_wait(sync, parties, timeout_ns):
 
 
 @inline
-def wait_at_least(words, index, target, sync, deadline, waited):
+def wait_at_least(words, index, target, sync, deadline, waited, interruptible):
     """Wait until ``words[index] >= target`` (a word of any shared array; ``sync`` is
-    the team's block, whose failure flag ends the wait); the nanoseconds spent waiting
-    are added to ``waited[0]`` (no clock read if there was no wait)."""
+    the team's block, whose failure flag ends the wait, and, if ``interruptible``, its
+    PAUSE word: INTERRUPTED); the nanoseconds spent waiting are added to ``waited[0]``
+    (no clock read if there was no wait)."""
     if load_acquire(words, index) >= target:
         return OK
     start = monotonic_ns()
     spins = 0
     why = OK
     while load_acquire(words, index) < target:
+        if interruptible and load_acquire(sync, STRIDE * PAUSE):
+            why = INTERRUPTED
+            break
         spins += 1
         why = pause(spins, start, deadline, sync)
         if why != OK:
