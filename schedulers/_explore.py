@@ -1,17 +1,19 @@
 """MorphStream's explorations of a TPG (paper 003 §4.1), over fine or coarse units.
 
-- BFS: the strata in order; each executor runs its share of its pool's units of a
-  stratum, then the team meets at a barrier. No dependency is checked: every one is in
-  an earlier stratum.
-- DFS: the same shares, no barrier: before a unit, its executor waits until the
-  operations it depends on are done (their `done` words).
+- BFS: the strata in order; each executor runs the operations of its units of a
+  stratum (`_tpg.work_strata`: its pool's units, shared by hash among the pool's
+  executors; alone in its pool, the operations it linked), then the team meets at a
+  barrier. No dependency is checked: every one is in an earlier stratum.
+- DFS: the same operations, no barrier: before one, its executor waits until the
+  operations it depends on in other units are done (their `done` words).
 - NS: any executor of a pool takes any ready unit of the pool from a shared queue;
   a finished unit counts its dependents down (atomics) and queues those that reach 0.
 
-Units run speculatively (`explore_op`). With eager aborts a failure raises the team's
-*repair* flag; executors leave the kernel at their next safe point (between units, or
-while waiting) with REPAIR, resolve the failure with the Coordinator, and call the
-kernel again: it resumes from its ``cursor``. BFS checks for failures at its
+Units run speculatively (`explore_op`). With eager aborts a failure of a transaction
+that already wrote something raises the team's *repair* flag; executors leave the
+kernel at their next safe point (between units, or while waiting) with REPAIR, resolve
+the failure with the Coordinator, and call the kernel again: it resumes from its
+``cursor``. BFS checks for failures at its
 barriers instead. An executor done with its work waits in `_finish` until all are
 (or a repair is asked for). Kernels return ALL_DONE, REPAIR, a `txstream.state.sync`
 error code or SET_FULL.
@@ -23,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 from txstream._numba import fetch_add, inline, jit, load_acquire, monotonic_ns, store_release
-from txstream.schedulers._tpg import unit_next, unit_start
-from txstream.schedulers._versions import FAILED, explore_op
+from txstream.schedulers._tpg import pool_of, unit_next, unit_start
+from txstream.schedulers._versions import FAILED, explore_op, wrote
 from txstream.state._kernels import SET_FULL
 from txstream.state.sync import (
     INTERRUPTED,
@@ -96,7 +98,7 @@ class Seat(NamedTuple):
 
 
 class Strata(NamedTuple):
-    """This executor's pool's units by stratum (`_tpg.pool_strata`)."""
+    """This executor's operations by stratum of their unit (`_tpg.work_strata`)."""
 
     count: int
     level_ptr: np.ndarray
@@ -104,55 +106,47 @@ class Strata(NamedTuple):
 
 
 @inline
-def _pool_of(u, g, seat):
-    return seat.row_pool[seat.row_of_cell[g.ops.cell[u]]]
+def _ran(o, status, b, g, seat):
+    """After operation ``o`` ran with ``status``: a failure is counted, and, when aborts
+    are eager and the failed transaction already wrote something others may have read,
+    the team is asked to pause for a repair (a failure that changed nothing yet needs
+    none now: its later statements are skipped; the batch's last repair resolves it).
+    Whether it failed."""
+    if status != FAILED:
+        return False
+    fetch_add(seat.words, STRIDE * FRESH, 1)
+    if b.eager and wrote(g.ops.txn[o], g.ops, g.versions):
+        store_release(seat.sync, STRIDE * PAUSE, 1)
+    return True
 
 
 @inline
 def run_unit(u, b, g, state, udf, s, seat):
-    """Run unit ``u`` (its operations in ts order); a failure is counted, and raises
-    the repair flag when aborts are eager. OK, FAILED or SET_FULL."""
+    """Run unit ``u`` (its operations in ts order): OK, FAILED or SET_FULL."""
     failed = False
-    if b.fine:
-        status = explore_op(u, g.ops, g.links, g.versions, g.fates, state, udf, s)
+    x, i = (u, -1) if b.fine else unit_start(u, g.units)
+    while x >= 0:
+        status = explore_op(x, g.ops, g.links, g.versions, g.fates, state, udf, s)
         if status == SET_FULL:
             return SET_FULL
-        failed = status == FAILED
-    else:
-        x, i = unit_start(u, g.units)
-        while x >= 0:
-            status = explore_op(x, g.ops, g.links, g.versions, g.fates, state, udf, s)
-            if status == SET_FULL:
-                return SET_FULL
-            failed = failed or status == FAILED
-            x, i = unit_next(u, x, i, g.links, g.units)
-    if not failed:
-        return OK
-    fetch_add(seat.words, STRIDE * FRESH, 1)
-    if b.eager:
-        store_release(seat.sync, STRIDE * PAUSE, 1)
-    return FAILED
-
-
-@inline
-def _share(strata, level, seat):
-    """This executor's share of its pool's units of stratum ``level``."""
-    a, b = strata.level_ptr[level], strata.level_ptr[level + 1]
-    return a + (b - a) * seat.index // seat.size, a + (b - a) * (seat.index + 1) // seat.size
+        failed = _ran(x, status, b, g, seat) or failed
+        x, i = (-1, -1) if b.fine else unit_next(u, x, i, g.links, g.units)
+    return FAILED if failed else OK
 
 
 @jit
 def explore_bfs(b, g, state, udf, s, seat, strata, cursor):
-    """BFS from stratum ``cursor[0]``; eager: REPAIR after a stratum in which an
-    operation failed (``cursor[4 + parity]``: failures of that parity seen)."""
+    """BFS from stratum ``cursor[0]`` over this executor's operations by stratum (ts
+    order within); eager: REPAIR after a stratum in which an operation failed
+    (``cursor[4 + parity]``: failures of that parity seen)."""
     for level in range(cursor[0], strata.count):
         parity = STRIDE * (BY_STRATUM + level % 2)
-        lo, hi = _share(strata, level, seat)
-        for i in range(lo, hi):
-            status = run_unit(strata.listed[i], b, g, state, udf, s, seat)
+        for i in range(strata.level_ptr[level], strata.level_ptr[level + 1]):
+            o = strata.listed[i]
+            status = explore_op(o, g.ops, g.links, g.versions, g.fates, state, udf, s)
             if status == SET_FULL:
                 return SET_FULL
-            if status == FAILED:
+            if _ran(o, status, b, g, seat):
                 fetch_add(seat.words, parity, 1)
         start = monotonic_ns()
         why = barrier_wait(seat.sync, seat.parties, seat.timeout_ns)
@@ -181,31 +175,23 @@ def _wait_done(q, g, seat, deadline, s):
 
 
 @inline
-def _wait_dependencies(u, b, g, seat, deadline, s):
-    """DFS: wait until every operation unit ``u`` depends on is done."""
+def _wait_dependencies(o, b, g, seat, deadline, s):
+    """DFS: wait until the operations ``o`` depends on in other units are done (those of
+    its own unit ran before it, on this executor)."""
     ops, links, units = g.ops, g.links, g.units
     if b.fine:
-        p = links.chain_prev[u]
+        p = links.chain_prev[o]
         if p >= b.first:
             why = _wait_done(p, g, seat, deadline, s)
             if why != OK:
                 return why
-        for k in range(ops.dep_ptr[u], ops.dep_ptr[u + 1]):
-            q = links.dep_prev[k]
-            if q >= b.first:
-                why = _wait_done(q, g, seat, deadline, s)
-                if why != OK:
-                    return why
-        return OK
-    x, i = unit_start(u, units)
-    while x >= 0:
-        for k in range(ops.dep_ptr[x], ops.dep_ptr[x + 1]):
-            q = links.dep_prev[k]
-            if q >= b.first and units.rep[links.head[q]] != u:
-                why = _wait_done(q, g, seat, deadline, s)
-                if why != OK:
-                    return why
-        x, i = unit_next(u, x, i, links, units)
+    u = o if b.fine else units.rep[links.head[o]]
+    for k in range(ops.dep_ptr[o], ops.dep_ptr[o + 1]):
+        q = links.dep_prev[k]
+        if q >= b.first and (b.fine or units.rep[links.head[q]] != u):
+            why = _wait_done(q, g, seat, deadline, s)
+            if why != OK:
+                return why
     return OK
 
 
@@ -223,27 +209,27 @@ def _finish(seat, cursor, deadline, s):
 
 @jit
 def explore_dfs(b, g, state, udf, s, seat, strata, cursor):
-    """DFS from unit ``cursor[3]`` of stratum ``cursor[0]`` of this executor's shares."""
+    """DFS over this executor's operations by stratum, from the ``cursor[3]``-th: each
+    waits for its dependencies, not for the stratum."""
     deadline = monotonic_ns() + seat.timeout_ns
-    for level in range(cursor[0], strata.count):
-        lo, hi = _share(strata, level, seat)
-        for i in range(max(lo, cursor[3]), hi):
-            u = strata.listed[i]
-            why = REPAIR if _repair_asked(seat) else _wait_dependencies(u, b, g, seat, deadline, s)
-            if why != OK:
-                cursor[0], cursor[3] = level, i
-                return why
-            if run_unit(u, b, g, state, udf, s, seat) == SET_FULL:
-                return SET_FULL
-            cursor[3] = i + 1
-        cursor[0], cursor[3] = level + 1, 0
+    for i in range(cursor[3], strata.level_ptr[strata.count]):
+        o = strata.listed[i]
+        why = REPAIR if _repair_asked(seat) else _wait_dependencies(o, b, g, seat, deadline, s)
+        if why != OK:
+            cursor[3] = i
+            return why
+        status = explore_op(o, g.ops, g.links, g.versions, g.fates, state, udf, s)
+        if status == SET_FULL:
+            return SET_FULL
+        _ran(o, status, b, g, seat)
+    cursor[3] = strata.level_ptr[strata.count]
     return _finish(seat, cursor, deadline, s)
 
 
 @inline
 def _queue(x, g, seat):
     """Put unit ``x`` (all its dependencies done) in its pool's ready queue."""
-    pool = _pool_of(x, g, seat)
+    pool = pool_of(x, g.ops, seat)
     i = fetch_add(seat.words, STRIDE * (QUEUE + 3 * pool + 1), 1)
     store_release(seat.ready, pool * seat.capacity + i, x + 1)
 

@@ -73,7 +73,11 @@ class Partition(NamedTuple):
     batch_len: np.ndarray
     """Per cell: operations on it so far in the batch (valid once one is)."""
     touched: np.ndarray
-    """Cells this executor linked in the chunk (to reset `last`), then their count."""
+    """Cells this executor linked in the chunk (to reset `last`)."""
+    mine: np.ndarray
+    """The operations this executor linked in the chunk, in ts order."""
+    counts: np.ndarray
+    """[0] cells in `touched`, [1] operations in `mine`."""
 
 
 def partition(row_of_cell: np.ndarray, rows: int, parties: int) -> Partition:
@@ -85,8 +89,17 @@ def partition(row_of_cell: np.ndarray, rows: int, parties: int) -> Partition:
         last=np.full(cells, -1, np.int64),
         last_row=np.full(rows, -1, np.int64),
         batch_len=np.zeros(cells, np.int64),
-        touched=np.zeros(cells + 1, np.int64),
+        touched=np.zeros(cells, np.int64),
+        mine=np.zeros(0, np.int64),
+        counts=np.zeros(2, np.int64),
     )
+
+
+def with_room(part: Partition, operations: int) -> Partition:
+    """``part``, with room to list a chunk of ``operations`` operations (before a chunk)."""
+    if len(part.mine) >= operations:
+        return part
+    return part._replace(mine=np.zeros(int(operations * 1.5) + 1, np.int64))
 
 
 TD, PD, CROSS, HEADS, HOT = range(5)
@@ -99,8 +112,10 @@ LINK_STATS = 5
 @jit
 def link_batch(me, first, end, ops, part, links, values, stats):
     """Link operations first..end-1 (one batch, after every earlier batch of the chunk)
-    whose cells executor ``me`` owns; add their statistics to ``stats`` (`TD` ...)."""
-    n_touched = part.touched[len(part.touched) - 1]
+    whose cells executor ``me`` owns, and list them (`Partition.mine`); add their
+    statistics to ``stats`` (`TD` ...)."""
+    n_touched = part.counts[0]
+    n_mine = part.counts[1]
     for o in range(first, end):
         c = ops.cell[o]
         mine = part.part[c] == me
@@ -123,6 +138,8 @@ def link_batch(me, first, end, ops, part, links, values, stats):
                     stats[CROSS] += 1
         if not mine:
             continue
+        part.mine[n_mine] = o
+        n_mine += 1
         p = part.last[c]
         links.chain_prev[o] = p
         links.chain_next[o] = -1
@@ -149,18 +166,18 @@ def link_batch(me, first, end, ops, part, links, values, stats):
             links.head[o] = o
             stats[HEADS] += 1
         part.last_row[r] = o
-    part.touched[len(part.touched) - 1] = n_touched
+    part.counts[0] = n_touched
+    part.counts[1] = n_mine
 
 
 @jit
 def forget_chunk(part):
-    """After a chunk: the cells linked are free again (``last`` all -1)."""
-    n = part.touched[len(part.touched) - 1]
-    for i in range(n):
+    """After a chunk: the cells linked are free again (``last`` all -1), none listed."""
+    for i in range(part.counts[0]):
         c = part.touched[i]
         part.last[c] = -1
         part.last_row[part.row[c]] = -1
-    part.touched[len(part.touched) - 1] = 0
+    part.counts[:] = 0
 
 
 @jit

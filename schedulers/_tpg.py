@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 from txstream._numba import inline, jit, monotonic_ns, store_release
+from txstream.state._kernels import hash64
 from txstream.state.sync import OK, STRIDE, wait_at_least
 
 
@@ -359,24 +360,64 @@ def count_pending(me, first, end, fine, ops, links, units, row_pool, row_of_cell
         store_release(units.pending, u, n)
 
 
+@inline
+def _unit(o, fine, links, units):
+    return o if fine else units.rep[links.head[o]]
+
+
 @jit
-def pool_strata(first, end, fine, pool, strata, ops, links, units, row_pool, row_of_cell,
+def work_strata(first, end, fine, own, alone, seat, strata, ops, links, units, n_merged,
                 level_ptr, listed):  # fmt: skip
-    """The units of ``pool`` among operations first..end-1, by stratum (`level_ptr`
-    over `listed`), in ts order within a stratum. Returns how many."""
+    """This executor's operations of a batch for structured exploration, by stratum of
+    their unit, in ts order within a stratum (`level_ptr` over `listed`; units of a
+    stratum are independent, so their operations may interleave). ``alone`` (every pool
+    has one executor): the operations it linked (``own``), with merged units (there are
+    ``n_merged``) taken whole by their pool's executor; otherwise its pool's units that
+    hash to it (``seat``: pool, index in pool, pool size). Returns how many."""
     level_ptr[: strata + 1] = 0
-    for o in range(first, end):
-        if is_unit(o, fine, links, units) and row_pool[row_of_cell[ops.cell[o]]] == pool:
-            level_ptr[units.level[o] + 1] += 1
-    for s in range(strata):
-        level_ptr[s + 1] += level_ptr[s]
-    total = level_ptr[strata]
-    for o in range(first, end):
-        if is_unit(o, fine, links, units) and row_pool[row_of_cell[ops.cell[o]]] == pool:
-            level = units.level[o]
-            listed[level_ptr[level]] = o
-            level_ptr[level] += 1
+    for phase in range(2):
+        for i in range(len(own) if alone else end - first):
+            o = own[i] if alone else first + i
+            u = _unit(o, fine, links, units)
+            if alone and not fine and units.merged[u] >= 0:
+                continue
+            if not alone and not _assigned(u, ops, seat):
+                continue
+            _count_or_place(phase, units.level[u], o, level_ptr, listed)
+        if alone and not fine:
+            for m in range(n_merged):
+                u = units.merged_ops[units.merged_ptr[m]]  # its first operation: its id
+                if pool_of(u, ops, seat) != seat.pool:
+                    continue
+                for i in range(units.merged_ptr[m], units.merged_ptr[m + 1]):
+                    _count_or_place(phase, units.level[u], units.merged_ops[i], level_ptr, listed)
+        if phase == 0:
+            for s in range(strata):
+                level_ptr[s + 1] += level_ptr[s]
     for s in range(strata, 0, -1):
         level_ptr[s] = level_ptr[s - 1]
     level_ptr[0] = 0
-    return total
+    return level_ptr[strata]
+
+
+@inline
+def _count_or_place(phase, level, o, level_ptr, listed):
+    """Counting sort by stratum: count (phase 0), then place (phase 1: ``level_ptr``
+    holds each stratum's next free place)."""
+    if phase == 0:
+        level_ptr[level + 1] += 1
+    else:
+        listed[level_ptr[level]] = o
+        level_ptr[level] += 1
+
+
+@inline
+def pool_of(o, ops, seat):
+    """The pool of operation ``o``'s row (``seat``: `_explore.Seat`)."""
+    return seat.row_pool[seat.row_of_cell[ops.cell[o]]]
+
+
+@inline
+def _assigned(u, ops, seat):
+    """Whether unit ``u`` is this executor's: its pool, and its share by hash."""
+    return pool_of(u, ops, seat) == seat.pool and hash64(u) % seat.size == seat.index

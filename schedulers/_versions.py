@@ -293,6 +293,15 @@ def _changed(o, v):
 
 
 @inline
+def wrote(t, ops, v):
+    """Whether an executed operation of transaction `t` changed something."""
+    for o in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
+        if v.done[o] and _changed(o, v):
+            return True
+    return False
+
+
+@inline
 def _push_successors(o, skip, first, end, ops, links, v, stack, n):
     """Push the executed operations that read the version `o` left (the next one on its
     cell, its parametric readers) onto ``stack[n:]``, except those of transaction

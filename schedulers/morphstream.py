@@ -43,8 +43,8 @@ from txstream.schedulers._tpg import (
     cycle_scratch,
     fine_levels,
     merge_cycles,
-    pool_strata,
     reset_units,
+    work_strata,
 )
 from txstream.schedulers._versions import scratch
 from txstream.schedulers.aborts import EAGER, LAZY, Speculation
@@ -120,6 +120,8 @@ class MorphStreamScheduler(SpeculativeScheduler):
         self._level_ptr = np.zeros(2, np.int64)
         self._listed = np.zeros(1, np.int64)
         self._cycles = cycle_scratch(0, 0)
+        self._own = np.zeros(0, np.int64)
+        """The operations this executor linked in the current batch, in ts order."""
 
     def execute(
         self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
@@ -169,8 +171,10 @@ class MorphStreamScheduler(SpeculativeScheduler):
         with time.timing("construct"):
             row[:] = 0
             row[EXPLORE_NS] = self._explore_ns
+            listed = int(self._part.counts[1])
             link_batch(rank, first, stop, ops, self._part, spec.links, self.state.values,
                        row[:LINK_STATS])  # fmt: skip
+            self._own = self._part.mine[listed : self._part.counts[1]]
             txn_fates(t0, t1, ops, spec.fates)
             row[LD] = (o1 - o0) - int(np.count_nonzero(np.diff(ops.txn_ptr[t0 : t1 + 1])))
             spec.versions.done[o0:o1] = 0
@@ -240,8 +244,9 @@ class MorphStreamScheduler(SpeculativeScheduler):
                 self._level_ptr = np.zeros(2 * strata + 1, np.int64)
             if len(self._listed) < batch.end - batch.first:
                 self._listed = np.zeros(2 * (batch.end - batch.first), np.int64)
-            pool_strata(batch.first, batch.end, batch.fine, team.seat.pool, strata, ops, links,
-                        units, self._row_pool, self._row_of_cell, self._level_ptr,
+            n_merged = int(table[0, CYCLIC]) if not batch.fine and stats.cross else 0
+            work_strata(batch.first, batch.end, batch.fine, self._own, team.seat.alone, seat,
+                        strata, ops, links, units, n_merged, self._level_ptr,
                         self._listed)  # fmt: skip
         return ex.Strata(strata, self._level_ptr, self._listed)
 

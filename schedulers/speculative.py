@@ -9,7 +9,7 @@ import numpy as np
 from txstream.config import RunConfig
 from txstream.metrics import Breakdown
 from txstream.schedulers._kernels import collect_results
-from txstream.schedulers._links import forget_chunk
+from txstream.schedulers._links import forget_chunk, with_room
 from txstream.schedulers._links import partition as link_partition
 from txstream.schedulers._versions import undo_aborted_tails
 from txstream.schedulers.aborts import Repairs, Speculation, chunk_versions
@@ -49,6 +49,10 @@ class SpeculativeScheduler(Scheduler):
         """Receive the run arrays; repairs publish their progress there."""
         super().map_run(arrays)
         self._repairs = Repairs(self.team, self.state.arrays, self.udf, arrays["progress"])
+
+    def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
+        """Room to list the operations this executor links in the chunk."""
+        self._part = with_room(self._part, len(ops))
 
     def finish(
         self, chunk: ChunkArrays, ops: OperationBatch, first: int, end: int, time: Breakdown

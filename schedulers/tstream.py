@@ -72,6 +72,7 @@ class TStreamScheduler(SpeculativeScheduler):
 
     def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
         """Link the chains (the whole team) and hand every row's chains to an owner."""
+        super().prepare(chunk, ops, time)
         team, seat = self.team, self.team.seat
         spec = Speculation.of(chunk)
         first_txn, end_txn = _share(len(ops.txn_ptr) - 1, team.rank, team.parties)

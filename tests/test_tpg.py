@@ -73,7 +73,9 @@ def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None):
             np.full(CELLS, -1, np.int64),
             np.full(CELLS, -1, np.int64),
             np.zeros(CELLS, np.int64),
-            np.zeros(CELLS + 1, np.int64),
+            np.zeros(CELLS, np.int64),
+            np.zeros(n, np.int64),
+            np.zeros(2, np.int64),
         )  # fmt: skip
         for _ in range(parties)
     ]
@@ -83,7 +85,10 @@ def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None):
         total = np.zeros(LINK_STATS, np.int64)
         for me in range(parties):
             row = np.zeros(LINK_STATS, np.int64)
+            listed = int(parts[me].counts[1])
             link_batch(me, first, end, ops, parts[me], links, values, row)
+            mine = parts[me].mine[listed : parts[me].counts[1]]
+            assert mine.tolist() == [o for o in range(first, end) if part_of[ops.cell[o]] == me]
             total[:HOT] += row[:HOT]
             total[HOT] = max(total[HOT], row[HOT])
         stats.append(total)
