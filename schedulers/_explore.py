@@ -42,9 +42,9 @@ ALL_DONE, REPAIR = 10, INTERRUPTED
 asks for a repair."""
 FINISHED, FRESH, BY_STRATUM = 0, 1, 2
 """Words (index / STRIDE) of the team's exploration words: how many executors finished
-the batch, failures so far in the batch, and (BFS) failures in even and odd strata: a
-stratum's count is read after its barrier and not written again before the next one,
-so every executor reads the same."""
+the batch, failures so far in the batch, and (BFS) failures that asked for a repair
+(eager) in even and odd strata: a stratum's count is read after its barrier and not
+written again before the next one, so every executor reads the same."""
 QUEUE = 4
 """Then per pool: its ready queue's head (units taken), tail (units queued), total."""
 
@@ -111,34 +111,34 @@ def _ran(o, status, b, g, seat):
     are eager and the failed transaction already wrote something others may have read,
     the team is asked to pause for a repair (a failure that changed nothing yet needs
     none now: its later statements are skipped; the batch's last repair resolves it).
-    Whether it failed."""
+    Whether a repair was asked for."""
     if status != FAILED:
         return False
     fetch_add(seat.words, STRIDE * FRESH, 1)
     if b.eager and wrote(g.ops.txn[o], g.ops, g.versions):
         store_release(seat.sync, STRIDE * PAUSE, 1)
-    return True
+        return True
+    return False
 
 
 @inline
 def run_unit(u, b, g, state, udf, s, seat):
-    """Run unit ``u`` (its operations in ts order): OK, FAILED or SET_FULL."""
-    failed = False
+    """Run unit ``u`` (its operations in ts order): OK or SET_FULL."""
     x, i = (u, -1) if b.fine else unit_start(u, g.units)
     while x >= 0:
         status = explore_op(x, g.ops, g.links, g.versions, g.fates, state, udf, s)
         if status == SET_FULL:
             return SET_FULL
-        failed = _ran(x, status, b, g, seat) or failed
+        _ran(x, status, b, g, seat)
         x, i = (-1, -1) if b.fine else unit_next(u, x, i, g.links, g.units)
-    return FAILED if failed else OK
+    return OK
 
 
 @jit
 def explore_bfs(b, g, state, udf, s, seat, strata, cursor):
     """BFS from stratum ``cursor[0]`` over this executor's operations by stratum (ts
-    order within); eager: REPAIR after a stratum in which an operation failed
-    (``cursor[4 + parity]``: failures of that parity seen)."""
+    order within); eager: REPAIR after a stratum in which a failure asked for one
+    (``cursor[4 + parity]``: such failures of that parity seen)."""
     for level in range(cursor[0], strata.count):
         parity = STRIDE * (BY_STRATUM + level % 2)
         for i in range(strata.level_ptr[level], strata.level_ptr[level + 1]):
@@ -157,8 +157,7 @@ def explore_bfs(b, g, state, udf, s, seat, strata, cursor):
         failures = load_acquire(seat.words, parity)
         if failures > cursor[4 + level % 2]:
             cursor[4 + level % 2] = failures
-            if b.eager:
-                return REPAIR
+            return REPAIR
     return ALL_DONE
 
 

@@ -5,9 +5,10 @@ what the paper's model reads (Table 3): temporal, parametric and logical depende
 how skewed the operations are over the cells (the hottest cell's operations against
 the average), how many dependencies cross rows (the edges between coarse units);
 recent batches tell the rest: the share of rows coarse units had to merge into
-cycles, the share of transactions whose operations failed, and the time one operation
-took. `decide` is a small pure function of those; every executor computes it from the
-same shared numbers, so the team agrees without a message.
+cycles, the share of transactions whose operations failed, the operations redone per
+failure, and the time one operation took. `decide` is a small pure function of those;
+every executor computes it from the same shared numbers, so the team agrees without a
+message.
 
 The thresholds (`Thresholds`) were calibrated on this engine with bench/morphstream.py
 (see README, "MorphStream"): they are configuration, documented field by field.
@@ -39,11 +40,15 @@ class Thresholds:
     """BFS (a barrier per stratum, nothing else) while strata are at most this share of
     the units; DFS (per-dependency checks, no barrier) beyond it. The strata of fine
     units are at least the hottest cell's operations."""
-    lazy_max_cost_us: float = 2.0
-    """Lazy aborts only while an operation costs at most this (redo is cheap) ..."""
-    lazy_min_abort: float = 0.05
-    """... and at least this share of transactions fails in exploration (resolving them
-    together saves pauses); eager otherwise."""
+    eager_min_late_us: float = 1000.0
+    """Eager aborts only when a failure resolved after the batch costs at least this
+    much redo (measured time per operation x operations redone per failure in lazy
+    batches): each eager pause costs the team 0.2-1.5 ms of barriers and a Coordinator
+    round trip on this host (bench/morphstream.py: abort time / repairs) ..."""
+    eager_max_failures: float = 64.0
+    """... and while at most this many failures are expected in the batch (observed
+    abort ratio x its transactions): every failure that wrote pauses the team, and
+    900-33,000 pauses per run made eager 2-40x slower than lazy at 10-50% aborts."""
     memory: float = 0.5
     """Weight of the newest batch in the running averages of measured quantities."""
 
@@ -94,6 +99,8 @@ class History:
 
     abort_ratio: float | None = None
     cost_us: float | None = None
+    redo_per_failure: float | None = None
+    """Operations redone per failed operation, in batches resolved lazily."""
     merged_share: float | None = None
     """Rows merged into cycles / rows, when coarse units were last built."""
 
@@ -104,6 +111,9 @@ class History:
         if stats.operations:
             per_op = stats.explore_s / stats.operations * 1e6
             self.cost_us = _average(self.cost_us, per_op, memory)
+        if stats.abort == "lazy" and stats.failed:
+            per_failure = stats.redone / stats.failed
+            self.redo_per_failure = _average(self.redo_per_failure, per_failure, memory)
         if stats.granularity == "coarse" and stats.rows:
             self.merged_share = _average(self.merged_share, stats.merged / stats.rows, memory)
 
@@ -141,9 +151,10 @@ def decide(stats: BatchStats, history: History, fixed: Choice, th: Thresholds) -
             explore = "dfs"
     abort = fixed.abort
     if abort == "auto":
-        cheap = history.cost_us is not None and history.cost_us <= th.lazy_max_cost_us
-        frequent = history.abort_ratio is not None and history.abort_ratio >= th.lazy_min_abort
-        abort = "lazy" if cheap and frequent else "eager"
+        late = (history.cost_us or 0.0) * (history.redo_per_failure or 0.0)
+        failures = (history.abort_ratio or 0.0) * stats.transactions
+        costly = late >= th.eager_min_late_us
+        abort = "eager" if costly and failures <= th.eager_max_failures else "lazy"
     return Choice(explore, granularity, abort)
 
 

@@ -54,22 +54,28 @@ def test_exploration_is_bfs_with_few_strata_ns_when_skewed_dfs_otherwise():
     assert decide(_stats(td=1700, hot=few_strata + 1), History(), fine, TH).explore == "dfs"
 
 
-def test_aborts_are_lazy_when_operations_are_cheap_and_failures_frequent_else_eager():
-    cheap, costly = TH.lazy_max_cost_us / 2, TH.lazy_max_cost_us * 2
-    frequent, rare = TH.lazy_min_abort * 2, TH.lazy_min_abort / 2
-    for cost, ratio, want in [(cheap, frequent, "lazy"), (costly, frequent, "eager"),
-                              (cheap, rare, "eager"), (None, None, "eager")]:  # fmt: skip
-        history = History(abort_ratio=ratio, cost_us=cost)
+def test_aborts_are_eager_when_late_repairs_cost_more_than_pauses_and_failures_are_few():
+    costly = (TH.eager_min_late_us / 10) * 2  # us per operation, with 10 redone per failure
+    cheap = (TH.eager_min_late_us / 10) / 2
+    few = TH.eager_max_failures / 2 / 1000  # abort ratios of the 1000-transaction batch
+    many = TH.eager_max_failures * 2 / 1000
+    for cost, ratio, want in [(costly, few, "eager"), (costly, many, "lazy"),
+                              (cheap, few, "lazy"), (None, None, "lazy")]:  # fmt: skip
+        history = History(abort_ratio=ratio, cost_us=cost, redo_per_failure=10.0)
         assert decide(_stats(), history, AUTO, TH).abort == want
 
 
 def test_history_folds_in_what_batches_measured():
     history = History()
-    stats = _stats(failed=100, explore_s=0.004, granularity="coarse", merged=150)
+    stats = _stats(failed=100, redone=400, explore_s=0.004, granularity="coarse", merged=150,
+                   abort="lazy")  # fmt: skip
     history.update(stats, memory=0.5)
     assert (history.abort_ratio, history.cost_us, history.merged_share) == (0.1, 2.0, 0.1)
+    assert history.redo_per_failure == 4.0
     history.update(_stats(failed=0, explore_s=0.0, granularity="fine"), memory=0.5)
     assert (history.abort_ratio, history.cost_us, history.merged_share) == (0.05, 1.0, 0.1)
+    history.update(_stats(failed=10, redone=0, abort="eager"), memory=0.5)  # eager: not folded
+    assert history.redo_per_failure == 4.0
 
 
 def test_the_log_counts_every_batch_and_keeps_its_statistics_up_to_a_limit():
@@ -97,7 +103,7 @@ def test_auto_decides_from_the_measured_graph_of_each_batch():
     gs = _decisions("gs", WorkloadSpec(events=3000, keys=500, deps=4, seed=1))
     assert gs["decisions"]["granularity"]["fine"] == 3
     assert all(c > 0 for c in gs["decision_batches"]["cross"])
-    # many failures on cheap operations: lazy once measured (the first batch has no history)
+    # many failures on cheap operations: lazy, and what they cost is measured
     aborts = _decisions("sl", WorkloadSpec(events=4000, keys=500, abort_ratio=0.5, seed=1))
-    assert aborts["decision_batches"]["abort"][0] == "eager"
-    assert aborts["decision_batches"]["abort"][-1] == "lazy"
+    assert aborts["decisions"]["abort"] == {"eager": 0, "lazy": 4}
+    assert all(f > 0 for f in aborts["decision_batches"]["failed"])
