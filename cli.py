@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from txstream.config import PLACEMENTS, SOURCES, RunConfig
+from txstream.config import ABORT, EXPLORE, GRANULARITY, PLACEMENTS, SOURCES, RunConfig
 from txstream.errors import SchemaError, TxstreamError, UsageError
 from txstream.logs import LEVELS, log_of, version
 from txstream.schedulers import SCHEDULERS
@@ -128,21 +128,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--explore",
-        choices=("auto", "bfs", "dfs", "ns"),
-        default=defaults.explore,
-        help="morphstream: how the task graph is explored",
+        choices=EXPLORE,
+        default=None,
+        help="morphstream only: how the task graph is explored (default: auto)",
     )
     run.add_argument(
         "--granularity",
-        choices=("auto", "fine", "coarse"),
-        default=defaults.granularity,
-        help="morphstream: operations or operation chains as scheduling units",
+        choices=GRANULARITY,
+        default=None,
+        help="morphstream only: operations or operation chains as scheduling units (default: auto)",
     )
     run.add_argument(
         "--abort",
-        choices=("auto", "eager", "lazy"),
-        default=defaults.abort,
-        help="morphstream: when aborts are handled",
+        choices=ABORT,
+        default=None,
+        help="morphstream only: when aborts are handled (default: auto)",
     )
     run.add_argument(
         "--executors",
@@ -155,8 +155,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--placement",
         choices=PLACEMENTS,
-        default=defaults.placement,
-        help="tstream: which executor evaluates which operation chains",
+        default=None,
+        help="tstream and morphstream: which executors share which keys' work (default: "
+        "shared-nothing)",
     )
     run.add_argument(
         "--sockets",

@@ -6,9 +6,12 @@ from dataclasses import asdict, dataclass
 
 from txstream.errors import UsageError
 from txstream.logs import LEVELS
+from txstream.schedulers.placement import PLACEMENTS
 from txstream.topologies import BUNDLED, is_valid_name
 
-PLACEMENTS = ("shared-nothing", "shared-per-socket", "shared-everything")
+EXPLORE = ("auto", "bfs", "dfs", "ns")
+GRANULARITY = ("auto", "fine", "coarse")
+ABORT = ("auto", "eager", "lazy")
 SOURCES = ("spark", "arrow")
 LATENCY_TARGET_MS = 500.0
 """Default push-to-output latency target (bench/latency: see README, Sessions)."""
@@ -20,15 +23,22 @@ PUNCTUATION_MS = 50.0
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything `txstream run` can be told (SPEC §4), with its defaults."""
+    """Everything `txstream run` can be told (SPEC §4), with its defaults.
+
+    ``explore``, ``granularity``, ``abort`` and ``placement`` apply to some schedulers
+    only (see `txstream.schedulers.base.Scheduler.defaults`): None means "not given";
+    giving one to a scheduler that does not honour it is a UsageError. Once
+    validated, they hold the effective values (the scheduler's defaults where not
+    given, None where they do not apply), which metrics.json records.
+    """
 
     topology: str = "sl"
     scheduler: str = "serial"
-    explore: str = "auto"
-    granularity: str = "auto"
-    abort: str = "auto"
+    explore: str | None = None
+    granularity: str | None = None
+    abort: str | None = None
     executors: int = 1
-    placement: str = "shared-nothing"
+    placement: str | None = None
     sockets: int | None = None
     punctuation_interval: int = 10240
     udf_cost_us: float = 0.0
@@ -52,14 +62,20 @@ class RunConfig:
                 f"topology must be one of {', '.join(BUNDLED)} or module:function",
             ),
             (self.executors >= 1, "--executors must be >= 1"),
-            (self.placement in PLACEMENTS, f"--placement must be one of {', '.join(PLACEMENTS)}"),
+            (
+                _among(self.placement, PLACEMENTS),
+                f"--placement must be one of {', '.join(PLACEMENTS)}",
+            ),
             (self.sockets is None or self.sockets >= 1, "--sockets must be >= 1"),
             (self.punctuation_interval >= 1, "--punctuation-interval must be >= 1"),
             (self.udf_cost_us >= 0, "--udf-cost-us must be >= 0"),
             (self.source in SOURCES, f"--source must be one of {', '.join(SOURCES)}"),
-            (self.explore in ("auto", "bfs", "dfs", "ns"), "--explore must be auto|bfs|dfs|ns"),
-            (self.granularity in ("auto", "fine", "coarse"), "--granularity: auto|fine|coarse"),
-            (self.abort in ("auto", "eager", "lazy"), "--abort must be auto|eager|lazy"),
+            (_among(self.explore, EXPLORE), f"--explore must be one of {', '.join(EXPLORE)}"),
+            (
+                _among(self.granularity, GRANULARITY),
+                f"--granularity must be one of {', '.join(GRANULARITY)}",
+            ),
+            (_among(self.abort, ABORT), f"--abort must be one of {', '.join(ABORT)}"),
             (self.timeout_s > 0, "timeout must be > 0"),
             (
                 self.punctuation_ms is None or self.punctuation_ms > 0,
@@ -81,7 +97,9 @@ class RunConfig:
                 raise UsageError(message)
         from txstream.schedulers import get as get_scheduler
 
-        get_scheduler(self.scheduler)
+        effective = get_scheduler(self.scheduler).check_options(self)
+        for option, value in effective.items():
+            object.__setattr__(self, option, value)
 
     @property
     def checkpoint_interval(self) -> int:
@@ -91,3 +109,7 @@ class RunConfig:
     def as_dict(self) -> dict:
         """The configuration as JSON-ready values."""
         return asdict(self)
+
+
+def _among(value: str | None, choices: tuple[str, ...]) -> bool:
+    return value is None or value in choices

@@ -92,6 +92,7 @@ def run_metrics(summary: dict, run_info: dict, seconds: float) -> dict[str, Any]
         "punctuations": run_info["punctuations"],
         "cpu_s": {"progress_controller": run_info["cpu_s"], "sink": summary["cpu_s"]},
         "operations": sum(e["operations"] for e in run_info["executors"]),
+        **run_info["executors"][0]["scheduler"],  # what the scheduler reports (decisions)
     }
 
 

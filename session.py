@@ -65,16 +65,18 @@ from txstream.recovery import (
     resume_point,
 )
 from txstream.result import Result
-from txstream.schedulers._kernels import STATUS_NAMES
+from txstream.schedulers.placement import seats
 from txstream.sources import ArrowSource, Source
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer, CheckpointStore
 from txstream.state.chunk import sweep_segments
 from txstream.state.init import InitState, read_init_state
+from txstream.state.layout import Layout
+from txstream.state.operations import STATUS_NAMES
 from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
 from txstream.state.snapshots import SnapshotRing
-from txstream.state.sync import ask_to_stop, seats, slots
+from txstream.state.sync import ask_to_stop, slots
 from txstream.state.tables import SharedState
-from txstream.topologies.api import Layout, Topology
+from txstream.topologies.api import Topology
 
 DEFAULT_SET_CAPACITY = 1 << 20
 """Distinct-set slots when the number of events is not known in advance (a session)."""
@@ -261,7 +263,7 @@ class Session:
         self._watermark = SharedArray.create(run_id, "watermark", (2,), "int64")
         stack.callback(self._watermark.close)
         self._team = seats(cfg.placement, [socket for socket, _ in plan.cores])
-        words = slots(len(self._team), self._team[0].pools)
+        words = slots(len(self._team))
         self._sync = SharedArray.create(run_id, "sync", (words,), "int64")
         stack.callback(self._sync.close)
         self._snapshots = SnapshotRing.create(run_id, plan.layout.cells)
@@ -329,10 +331,8 @@ class Session:
         ]
         self._actors += executors
         self._serving = None
-        if schedulers.get(cfg.scheduler).coordinated:
-            coordinator = start_actor(
-                Coordinator, cfg, self._sync.handle, self._prefix, plan.layout.cells
-            )
+        if schedulers.get(cfg.scheduler).coordinator_policies(cfg):
+            coordinator = start_actor(Coordinator, cfg, self._sync.handle, self._prefix)
             self._actors.append(coordinator)
             self._serving = coordinator.serve.remote()
         self._controller = start_actor(

@@ -22,12 +22,15 @@ from txstream import schedulers, topologies
 from txstream.cluster.topology import pin_process
 from txstream.config import RunConfig
 from txstream.metrics import Breakdown
-from txstream.schedulers._kernels import STATUS_NAMES
+from txstream.schedulers.aborts import MAP_SEGMENT
+from txstream.schedulers.placement import Seat
+from txstream.schedulers.team import Team
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
-from txstream.state.chunk import ChunkArrays, ChunkShape, segment_name
+from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims, TeamSegment, segment_name
+from txstream.state.operations import STATUS_NAMES
+from txstream.state.segments import SegmentLayout
 from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
-from txstream.state.sync import MAP_SEGMENT, Seat, Team
 from txstream.state.tables import SharedState, StateHandle
 from txstream.topologies.api import EventBatch, Outputs, Topology, Transactions
 
@@ -89,7 +92,8 @@ class Executor:
     With ``cpu``, every thread of the process is pinned to that core first (before any
     kernel runs, so a numba thread pool would size itself to it). ``sync`` is the
     team's sync block: a shared-memory handle, or an array when executors are threads.
-    A coordinated scheduler needs the run's `Coordinator` serving that block. Executor 0
+    A scheduler that declares Coordinator policies needs the run's `Coordinator` serving
+    that block. Executor 0
     copies the state into the ``snapshots`` ring at the end of every chunk (queries read it).
     """
 
@@ -113,10 +117,8 @@ class Executor:
         self.state = SharedState.attach(state)
         self._sync = SharedArray.attach(sync) if isinstance(sync, ArrayHandle) else None
         self.team = Team(seat, self._sync.array if self._sync else sync, config.timeout_s)
-        spin_ns = int(round(config.udf_cost_us * 1000))
-        self.scheduler = schedulers.get(config.scheduler)(
-            self.topology, self.state, spin_ns, self.team
-        )
+        self.scheduler_class = schedulers.get(config.scheduler)
+        self.scheduler = self.scheduler_class(config, self.topology, self.state, self.team)
         self.segment_prefix = segment_prefix
         self.snapshots = (
             SnapshotRing.attach(snapshots) if isinstance(snapshots, SnapshotHandle) else snapshots
@@ -129,6 +131,7 @@ class Executor:
         self.operations = 0
         self._pending: deque = deque()
         self._chunk: ChunkArrays | None = None
+        self._run: TeamSegment | None = None
 
     def __repr__(self) -> str:
         """How Ray names this actor in its logs and errors (errors of an executor that
@@ -183,7 +186,6 @@ class Executor:
             topology.state_access(batch, txn)
             mine = txn.build()
         self.operations += len(mine)
-        team.reset_progress()
         team.publish_counts(len(mine), len(mine.dep_cell), mine.args.shape[1])
         self.team.barrier(time)
         chunk = self._map_chunk(seq, events, time)
@@ -218,34 +220,53 @@ class Executor:
 
     def _map_chunk(self, seq: int, events: int, time: Breakdown) -> ChunkArrays:
         """The chunk segment laid out for this chunk; when the chunk does not fit,
-        executor 0 replaces the segment by a larger one and the others map it."""
-        team = self.team
-        shape = ChunkShape(
+        executor 0 replaces the segment by a larger one and the others map it. The
+        first time, the run segment too."""
+        team, layout = self.team, self.state.layout
+        dims = ChunkDims(
             operations=sum(team.counts(0)),
             reads=sum(team.counts(1)),
             transactions=events,
             arg_width=max(1, *team.counts(2)),
             outputs=max(1, len(self.topology.outputs)),
+            parties=team.parties,
             pools=team.seat.pools,
-            keys=max(self.state.layout.sizes.values(), default=0),
+            rows=layout.rows,
         )
-        if self._chunk is None or not shape.fits(self._chunk.capacity):
+        chunk_layout = self.scheduler_class.chunk_layout(self.config, dims)
+        run_dims = RunDims(layout.cells, layout.rows, team.parties, team.seat.pools)
+        run_layout = SegmentLayout(self.scheduler_class.run_arrays(self.config, run_dims))
+        if self._run is None and run_layout.specs:
+            self._run = self._shared_segment(TeamSegment, "run", run_layout, None, time)
+            self._run.use(run_layout)
+            if team.rank == 0:
+                run_layout.fill(self._run.arrays)
+            self.scheduler.map_run(self._run.arrays)
+            team.barrier(time)  # the run arrays hold their initial values
+        if self._chunk is None or not chunk_layout.fits(self._chunk.capacity):
             if self._chunk is not None:
                 self._chunk.close()
-            capacity = shape.grown()
-            name = segment_name(self.segment_prefix, seq)
-            if team.rank == 0:
-                self._chunk = ChunkArrays.create(name, capacity)
-            if self.scheduler.coordinated:
-                team.ask_coordinator(MAP_SEGMENT, [seq, *capacity.words()], time, "sync")
-            self.team.barrier(time)
-            if team.rank != 0:
-                self._chunk = ChunkArrays.attach(name, capacity)
-            self.team.barrier(time)
-            if team.rank == 0:
-                self._chunk.unlink()  # every executor (and the Coordinator) has it mapped
-        self._chunk.use(shape)
+            self._chunk = self._shared_segment(
+                ChunkArrays, seq, chunk_layout.grown(), [seq, *dims.words()], time
+            )
+        self._chunk.use_chunk(dims, chunk_layout)
         return self._chunk
+
+    def _shared_segment(self, kind, what, capacity: SegmentLayout, coordinator_args, time):
+        """A segment executor 0 creates and every executor maps (the Coordinator too,
+        with ``coordinator_args``, if the scheduler has one), then unlinked."""
+        team = self.team
+        name = segment_name(self.segment_prefix, what)
+        segment = kind.create(name, capacity) if team.rank == 0 else None
+        if coordinator_args is not None and self.scheduler_class.coordinator_policies(self.config):
+            team.ask_coordinator(MAP_SEGMENT, coordinator_args, time, "sync")
+        team.barrier(time)
+        if team.rank != 0:
+            segment = kind.attach(name, capacity)
+        team.barrier(time)
+        if team.rank == 0:
+            segment.unlink()  # every executor (and the Coordinator) has it mapped
+        return segment
 
     def flush(self) -> dict:
         """Wait for all writes to the sink; returns this executor's time breakdown (in
@@ -259,6 +280,7 @@ class Executor:
             "batch_seconds": self.batch_seconds,
             "operations": self.operations,
             "cpus": sorted(os.sched_getaffinity(0)),
+            "scheduler": self.scheduler.report(),
         }
 
     def _wait(self, ref: object) -> None:
@@ -269,8 +291,9 @@ class Executor:
 
     def close(self) -> None:
         """Detach from shared state."""
-        if self._chunk is not None:
-            self._chunk.close()
+        for segment in (self._chunk, self._run):
+            if segment is not None:
+                segment.close()
         self.state.close()
         self.snapshots.close()
         if self.checkpoints is not None:

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from txstream.cluster.topology import yield_to_executors
 from txstream.metrics import LatencyHistogram
 from txstream.output import OutputDir
-from txstream.schedulers._kernels import STATUS_NAMES
+from txstream.state.operations import STATUS_NAMES
 from txstream.state.shared import ArrayHandle, SharedArray
 
 DICTIONARY_COLUMNS = ["status", "reason"]

@@ -47,7 +47,7 @@ def _measure(name, events, init, scheduler, executors, placement, cost, repeat) 
             name,
             scheduler=scheduler,
             executors=executors,
-            placement=placement,
+            placement=None if scheduler == "serial" else placement,
             udf_cost_us=cost,
             punctuation_interval=40960 if name == "tp" else 10240,
             source="arrow",

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from txstream.errors import UsageError
 from txstream.schedulers.base import Scheduler
+from txstream.schedulers.morphstream import MorphStreamScheduler
 from txstream.schedulers.serial import SerialScheduler
 from txstream.schedulers.tstream import TStreamScheduler
 
-SCHEDULERS: dict[str, type[Scheduler]] = {"serial": SerialScheduler, "tstream": TStreamScheduler}
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    "serial": SerialScheduler,
+    "tstream": TStreamScheduler,
+    "morphstream": MorphStreamScheduler,
+}
 """Schedulers this build can run, by `--scheduler` name."""
 
-PLANNED = ("morphstream", "sstore", "lock", "mvlk", "nolock")
+PLANNED = ("sstore", "lock", "mvlk", "nolock")
 """Names SPEC.md reserves for schedulers not built yet (a clear error, not a fallback)."""
 
 __all__ = ["PLANNED", "SCHEDULERS", "Scheduler", "get"]

@@ -1,5 +1,13 @@
 """The scheduler interface: how a team of executors executes a chunk's operations.
 
+A scheduler class *declares* what it needs, so that the engine around it stays
+generic: the options it honours (any other given option is a usage error) and their
+defaults, whether its results equal serial execution, the Coordinator policies it
+asks for, and the shared arrays it uses - per chunk (sized from the chunk's
+operations, reads and transactions) and per run (sized from the state's cells and
+rows; its progress counters, locks, ... live there). The executor lays those arrays
+out in shared memory and hands them over.
+
 Every executor of the team calls the same methods in the same order (they may
 synchronise inside them): ``prepare`` once the chunk's operations are in shared
 memory, ``execute`` for each punctuation batch (a barrier follows each), ``finish``
@@ -9,30 +17,82 @@ after the last batch. Results end up in the chunk's per-transaction arrays.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
 
+import numpy as np
+from txstream.errors import UsageError
 from txstream.metrics import Breakdown
-from txstream.state.chunk import ChunkArrays
-from txstream.state.sync import Team
+from txstream.schedulers.team import Team
+from txstream.state._kernels import Udf
+from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims, chunk_layout
+from txstream.state.operations import OperationBatch
+from txstream.state.segments import ArraySpec, SegmentLayout
 from txstream.state.tables import SharedState
-from txstream.topologies.api import OperationBatch, Topology
+
+if TYPE_CHECKING:
+    from txstream.config import RunConfig
+    from txstream.topologies.api import Topology
 
 SET_FULL_MESSAGE = "a distinct-set table is full; its capacity is sized per event"
 
+OPTIONS = ("explore", "granularity", "abort", "placement")
+"""Options a scheduler may honour; the others apply to every scheduler."""
+
 
 class Scheduler(ABC):
-    """Executes batches of operations on the shared state, serial-equivalently."""
+    """Executes batches of operations on the shared state (see module docstring)."""
 
-    name: str
-    coordinated: bool = False
-    """Whether it needs the run's Coordinator (abort handling across the team)."""
+    name: ClassVar[str]
+    serial_equivalent: ClassVar[bool] = True
+    """Whether its outputs and state equal `serial`'s (SPEC §5)."""
+    defaults: ClassVar[dict[str, str]] = {}
+    """The options of `OPTIONS` it honours, with their defaults."""
 
-    def __init__(self, topology: Topology, state: SharedState, spin_ns: int, team: Team):
+    @classmethod
+    def check_options(cls, config: RunConfig) -> dict[str, str | None]:
+        """The effective value of every option of `OPTIONS` (None where not honoured);
+        a UsageError if ``config`` gives one it does not honour."""
+        for option in OPTIONS:
+            if option not in cls.defaults and getattr(config, option) is not None:
+                raise UsageError(f"--{option} does not apply to scheduler {cls.name!r}")
+        return {o: getattr(config, o) or cls.defaults.get(o) for o in OPTIONS}
+
+    @classmethod
+    def coordinator_policies(cls, config: RunConfig) -> tuple[str, ...]:
+        """The abort policies (`txstream.schedulers.aborts`) the run's Coordinator must
+        serve for it; none: no Coordinator."""
+        return ()
+
+    @classmethod
+    def chunk_arrays(cls, config: RunConfig, dims: ChunkDims) -> list[ArraySpec]:
+        """Arrays it shares per chunk, besides the operations and results."""
+        return []
+
+    @classmethod
+    def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
+        """Arrays it shares for the whole run."""
+        return []
+
+    @classmethod
+    def chunk_layout(cls, config: RunConfig, dims: ChunkDims) -> SegmentLayout:
+        """The chunk segment: operations and results, then `chunk_arrays`."""
+        return chunk_layout(dims, cls.chunk_arrays(config, dims))
+
+    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Team):
+        self.config = config
         self.topology = topology
         self.state = state
-        self.spin_ns = spin_ns
         self.team = team
-        self.fun_addr = topology.function_addresses
-        self.cond_addr = topology.condition_addresses
+        self.udf = Udf(
+            topology.function_addresses,
+            topology.condition_addresses,
+            int(round(config.udf_cost_us * 1000)),
+        )
+        self.run: dict[str, np.ndarray] = {}
+
+    def map_run(self, arrays: dict[str, np.ndarray]) -> None:
+        """Receive the run segment's arrays (before the first chunk)."""
+        self.run = arrays
 
     def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
         """Restructure the chunk's operations before its first batch (default: nothing)."""
@@ -50,3 +110,7 @@ class Scheduler(ABC):
         """After the last batch: complete the results of transactions ``first..end-1``
         (this executor's share) in the chunk (default: nothing left to do)."""
         return None
+
+    def report(self) -> dict:
+        """What it adds to metrics.json (executor 0's is used; default: nothing)."""
+        return {}

@@ -11,8 +11,9 @@ from txstream.errors import RuntimeFailure
 from txstream.metrics import Breakdown
 from txstream.schedulers._kernels import run_transactions
 from txstream.schedulers.base import SET_FULL_MESSAGE, Scheduler
+from txstream.state._kernels import undo_log
 from txstream.state.chunk import ChunkArrays
-from txstream.topologies.api import OperationBatch
+from txstream.state.operations import OperationBatch
 
 
 class SerialScheduler(Scheduler):
@@ -26,36 +27,11 @@ class SerialScheduler(Scheduler):
         """Run the batch in one kernel call (executor 0)."""
         if self.team.rank != 0:
             return
-        width = max(1, ops.max_txn_ops)
-        st = self.state
+        reads = np.empty(max(1, ops.max_reads), np.int64)
         with time.timing("useful"):
             error = run_transactions(
-                begin,
-                end,
-                ops.txn_ptr,
-                st.values,
-                st.set_cells,
-                st.set_members,
-                ops.kind,
-                ops.cell,
-                ops.fun,
-                ops.cond,
-                ops.reason,
-                ops.out,
-                ops.args,
-                ops.dep_ptr,
-                ops.dep_cell,
-                self.fun_addr,
-                self.cond_addr,
-                self.spin_ns,
-                np.empty(max(1, ops.max_reads), np.int64),
-                np.empty(width, np.int64),
-                np.empty(width, np.int64),
-                np.empty(width, np.int64),
-                chunk.status,
-                chunk.status_reason,
-                chunk.out_values,
-                chunk.out_set,
-            )
+                begin, end, ops.arrays, self.state.arrays, self.udf, reads,
+                undo_log(ops.max_txn_ops), chunk.outcomes,
+            )  # fmt: skip
         if error:
             raise RuntimeFailure(SET_FULL_MESSAGE)

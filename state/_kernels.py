@@ -1,36 +1,64 @@
-"""Kernels over the flat state: applying one operation, distinct sets, rollback.
+"""Kernels over the flat state: applying one operation, distinct sets, undoing a write.
 
 Every scheduler executes operations through :func:`apply_operation`, so the
-semantics of READ / WRITE / READ_MODIFY / SET_ADD live in exactly one place.
+semantics of READ / WRITE / READ_MODIFY / SET_ADD live in exactly one place, and
+undoes a write through :func:`undo_write`. :func:`hash64` is the engine's one hash.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from txstream._numba import call_user, compare_exchange, element_pointer, inline, monotonic_ns
+from txstream.state.operations import READ, SET_ADD
 from txstream.state.tables import EMPTY, TOMBSTONE
-from txstream.topologies.api import READ, SET_ADD
 
 SET_FULL = -3
 """`set_insert` result when a distinct set has no free slot left."""
 
 
-@inline
-def _slot(cell, member, mask):
-    h = (cell * np.int64(-7046029254386353131)) ^ (member * np.int64(-4658895280553007687))
-    h ^= h >> np.int64(29)
-    return h & mask
+class Udf(NamedTuple):
+    """The topology's user functions as kernels call them, and the UDF cost."""
+
+    fun_addr: np.ndarray
+    """Addresses of the compiled functions, by function id."""
+    cond_addr: np.ndarray
+    """Addresses of the compiled conditions, by condition id (0: none)."""
+    spin_ns: int
+    """Busy work added to every operation (``--udf-cost-us``)."""
+
+
+class UndoLog(NamedTuple):
+    """Scratch where `apply_operation` logs what its writes overwrote (one entry each)."""
+
+    cell: np.ndarray
+    value: np.ndarray
+    slot: np.ndarray
+
+
+def undo_log(width: int) -> UndoLog:
+    """An undo log for transactions of up to ``width`` operations."""
+    return UndoLog(*(np.empty(max(1, width), np.int64) for _ in range(3)))
 
 
 @inline
-def set_insert(set_cells, set_members, cell, member):
+def hash64(x):
+    """Well-spread hash of an int64 (non-negative): for owners, pools and set slots."""
+    h = x * np.int64(-7046029254386353131)
+    return (h ^ (h >> np.int64(31))) & np.int64(0x7FFFFFFFFFFFFFFF)
+
+
+@inline
+def set_insert(state, cell, member):
     """Insert (cell, member); the new slot, -1 if already present, SET_FULL if full.
 
     A free slot is claimed by compare-and-swap: executors insert concurrently, each
     for cells it owns (so a claimed slot of another cell is simply probed past).
     """
+    set_cells, set_members = state.set_cells, state.set_members
     mask = len(set_cells) - 1
-    slot = _slot(cell, member, mask)
+    slot = hash64(hash64(cell) ^ member) & mask
     for _ in range(len(set_cells)):
         c = set_cells[slot]
         if c == EMPTY:
@@ -54,75 +82,66 @@ def busy_wait(spin_ns):
 
 
 @inline
-def apply_operation(
-    o,
-    values,
-    set_cells,
-    set_members,
-    kind,
-    cell,
-    fun,
-    cond,
-    args,
-    n_reads,
-    fun_addr,
-    cond_addr,
-    reads,
-    spin_ns,
-    undo_cell,
-    undo_value,
-    undo_slot,
-    n_undo,
-):
-    """Execute operation `o` on `values`, logging what it overwrote; its parametric
-    reads are ``reads[:n_reads]`` (the caller decides which version they see).
+def apply_operation(o, ops, state, udf, reads, n_reads, log, n_log):
+    """Execute operation `o` on the state, logging what it overwrote at ``log[n_log]``;
+    its parametric reads are ``reads[:n_reads]`` (the caller decides which version
+    they see).
 
-    Returns (ok, result, n_undo): ok is False when the condition failed (nothing
+    Returns (ok, result, n_log): ok is False when the condition failed (nothing
     written) or a distinct set is full (result = SET_FULL).
     """
-    c = cell[o]
+    values = state.values
+    c = ops.cell[o]
     value = values[c]
     r = element_pointer(reads, 0)
-    a = element_pointer(args, o * args.shape[1])
-    busy_wait(spin_ns)
-    if cond[o] > 0 and call_user(cond_addr[cond[o]], value, a, r, n_reads) == 0:
-        return False, 0, n_undo
-    k = kind[o]
+    a = element_pointer(ops.args, o * ops.args.shape[1])
+    busy_wait(udf.spin_ns)
+    cond = ops.cond[o]
+    if cond > 0 and call_user(udf.cond_addr[cond], value, a, r, n_reads) == 0:
+        return False, 0, n_log
+    k = ops.kind[o]
     if k == READ:
-        return True, call_user(fun_addr[fun[o]], value, a, r, n_reads), n_undo
+        return True, call_user(udf.fun_addr[ops.fun[o]], value, a, r, n_reads), n_log
     if k == SET_ADD:
-        slot = set_insert(set_cells, set_members, c, args[o, 0])
+        slot = set_insert(state, c, ops.args[o, 0])
         if slot == SET_FULL:
-            return False, SET_FULL, n_undo
+            return False, SET_FULL, n_log
         if slot >= 0:
-            undo_cell[n_undo] = c
-            undo_value[n_undo] = value
-            undo_slot[n_undo] = slot
+            log.cell[n_log] = c
+            log.value[n_log] = value
+            log.slot[n_log] = slot
             values[c] = value + 1
-            n_undo += 1
-        return True, values[c], n_undo
-    new = call_user(fun_addr[fun[o]], value, a, r, n_reads)
-    undo_cell[n_undo] = c
-    undo_value[n_undo] = value
-    undo_slot[n_undo] = -1
+            n_log += 1
+        return True, values[c], n_log
+    new = call_user(udf.fun_addr[ops.fun[o]], value, a, r, n_reads)
+    log.cell[n_log] = c
+    log.value[n_log] = value
+    log.slot[n_log] = -1
     values[c] = new
-    return True, new, n_undo + 1
+    return True, new, n_log + 1
 
 
 @inline
-def read_current(o, values, dep_ptr, dep_cell, reads):
+def read_current(o, ops, values, reads):
     """Fill ``reads`` with the current values of `o`'s parametric reads; their count."""
-    first = dep_ptr[o]
-    n_reads = dep_ptr[o + 1] - first
+    first = ops.dep_ptr[o]
+    n_reads = ops.dep_ptr[o + 1] - first
     for d in range(n_reads):
-        reads[d] = values[dep_cell[first + d]]
+        reads[d] = values[ops.dep_cell[first + d]]
     return n_reads
 
 
 @inline
-def roll_back(values, set_cells, undo_cell, undo_value, undo_slot, n_undo):
-    """Undo the logged writes, newest first (and remove inserted set members)."""
-    for u in range(n_undo - 1, -1, -1):
-        values[undo_cell[u]] = undo_value[u]
-        if undo_slot[u] >= 0:
-            set_cells[undo_slot[u]] = TOMBSTONE
+def undo_write(state, cell, value, slot):
+    """Undo one write: the cell gets back ``value``; a set member it added (``slot``
+    >= 0) is removed."""
+    state.values[cell] = value
+    if slot >= 0:
+        state.set_cells[slot] = TOMBSTONE
+
+
+@inline
+def roll_back(state, log, n_log):
+    """Undo the logged writes, newest first."""
+    for u in range(n_log - 1, -1, -1):
+        undo_write(state, log.cell[u], log.value[u], log.slot[u])

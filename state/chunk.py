@@ -1,147 +1,126 @@
-"""The operations of a chunk, and what executors record about them, in one segment.
+"""The segments the executors of a team create between them: one per chunk of events
+(the chunk's operations, the arrays its scheduler declares per chunk, per-event
+results) and one per run (the arrays its scheduler declares per run).
 
 Every executor pre-processes its share of the chunk's events and copies its
-operations into its part of this segment; after a barrier each sees the whole
+operations into its part of the chunk segment; after a barrier each sees the whole
 chunk as plain numpy arrays in (transaction, statement) order, with no copy. The
-same segment holds the per-operation versions and per-transaction results the
-executors write while they execute the chunk together.
+scheduler's arrays (versions, graphs, ...) and the per-transaction results live in
+the same segment.
 
-The segment is reused from chunk to chunk (fresh pages would cost a page fault
-each) and replaced by a larger one when a chunk does not fit; every executor
-decides that alike from the published counts. Executor 0 creates each segment and
-unlinks its name as soon as every peer has mapped it: the memory lives exactly as
-long as the last mapping, even if an executor dies.
+A segment is reused from chunk to chunk and replaced by a larger one when a chunk
+does not fit; every executor decides that alike from the published counts.
+Executor 0 creates each segment and unlinks its name as soon as every peer has
+mapped it: the memory lives exactly as long as the last mapping, even if an executor
+dies.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass, fields
 from multiprocessing import shared_memory
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
-from txstream.schedulers._kernels import COMMITTED, REJECTED
+from txstream.state.operations import COMMITTED, REJECTED, OperationBatch, Ops
+from txstream.state.segments import ArraySpec, SegmentLayout
 from txstream.state.shared import attach_segment, create_segment, unlink_segment
-from txstream.topologies.api import OperationBatch
-
-GROWTH = 1.5
-"""A new segment has room for this many times the chunk that did not fit."""
-ALIGN = 64
 
 
-def segment_name(run_prefix: str, seq: int | str) -> str:
-    """Name of the segment of chunk ``seq`` of a run."""
-    return f"{run_prefix}_chunk{seq}"
+def segment_name(run_prefix: str, what: str | int) -> str:
+    """Name of a segment the team creates (``what``: "run" or a chunk number)."""
+    return f"{run_prefix}_team{what}"
 
 
 def sweep_segments(run_prefix: str, shm_dir: str = "/dev/shm") -> None:
-    """Remove chunk segments of a run whose creator died before unlinking them."""
+    """Remove team segments of a run whose creator died before unlinking them."""
     for path in Path(shm_dir).glob(segment_name(run_prefix, "*")):
         path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
-class ChunkShape:
-    """Sizes that fix the segment's layout; every executor derives the same."""
+class ChunkDims:
+    """The sizes a chunk segment is laid out from; every executor derives the same."""
 
     operations: int
     reads: int
     transactions: int
     arg_width: int
     outputs: int
+    parties: int
     pools: int
-    keys: int
-
-    WORDS = 7
-    """How many ints `words` gives."""
+    rows: int
 
     def words(self) -> list[int]:
-        """The shape as ints (to pass it through shared memory)."""
-        return [getattr(self, f.name) for f in fields(self)]
+        """The dims as ints (to pass them through shared memory)."""
+        return list(astuple(self))
 
     @classmethod
-    def from_words(cls, words: list[int]) -> ChunkShape:
-        """The shape whose `words` begin ``words``."""
-        return cls(*words[: cls.WORDS])
+    def from_words(cls, words: Sequence[int]) -> ChunkDims:
+        """The dims whose `words` begin ``words``."""
+        return cls(*(int(w) for w in words[: len(fields(cls))]))
 
-    def arrays(self) -> list[tuple[str, str, tuple[int, ...]]]:
-        """(name, dtype, shape) of every array in the segment, in layout order."""
-        n, r, t = self.operations, self.reads, self.transactions
-        per_op = ["txn", "cell", "owner", "chain_prev", "before", "after", "result", "slot"]
-        per_op += ["tails"]
-        per_op += ["claims", "claim_ops"]
-        return [
-            *[(name, "int64", (n,)) for name in per_op],
-            ("args", "int64", (n, self.arg_width)),
-            ("dep_ptr", "int64", (n + 1,)),
-            ("dep_cell", "int64", (r,)),
-            ("dep_prev", "int64", (r,)),
-            ("dep_initial", "int64", (r,)),
-            ("txn_ptr", "int64", (t + 1,)),
-            ("out_values", "int64", (t, self.outputs)),
-            ("last_cond", "int64", (t,)),
-            ("pool_ptr", "int64", (self.pools + 1,)),
-            ("key_owner", "int64", (self.keys if self.pools else 0,)),
-            ("meta", "int64", (8,)),
-            *[(name, "int32", (n,)) for name in ("fun", "cond", "reason", "out")],
-            ("status_reason", "int32", (t,)),
-            ("kind", "int8", (n,)),
-            ("ok", "int8", (n,)),
-            ("failed", "int8", (t,)),
-            ("affected", "int8", (t,)),
-            ("status", "int8", (t,)),
-            ("out_set", "bool", (t, self.outputs)),
-        ]
-
-    def fits(self, capacity: ChunkShape) -> bool:
-        """Whether every array of this shape fits the arrays of ``capacity``."""
-        return all(
-            int(np.prod(mine)) <= int(np.prod(room))
-            for (_, _, mine), (_, _, room) in zip(self.arrays(), capacity.arrays(), strict=True)
-        )
-
-    def grown(self) -> ChunkShape:
-        """A capacity with room to spare beyond this shape."""
-        return ChunkShape(**{f.name: int(getattr(self, f.name) * GROWTH) + 1 for f in fields(self)})
-
-    def nbytes(self) -> int:
-        """Bytes of a segment with this capacity."""
-        return self._offsets()[-1]
-
-    def _offsets(self) -> list[int]:
-        offsets = [0]
-        for _, dtype, shape in self.arrays():
-            size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-            offsets.append(offsets[-1] + -(-size // ALIGN) * ALIGN)
-        return offsets
-
-    def views(self, buffer: memoryview, capacity: ChunkShape) -> dict[str, np.ndarray]:
-        """The arrays of this shape in a segment laid out for ``capacity`` (each array a
-        C-contiguous prefix of its region)."""
-        return {
-            name: np.ndarray(shape, dtype, buffer=buffer, offset=offset)
-            for (name, dtype, shape), offset in zip(
-                self.arrays(), capacity._offsets(), strict=False
-            )
-        }
+    @classmethod
+    def word_count(cls) -> int:
+        """How many ints `words` gives."""
+        return len(fields(cls))
 
 
-class ChunkArrays:
-    """The chunk segment as mapped into this process (see module docstring)."""
+@dataclass(frozen=True)
+class RunDims:
+    """The sizes a run segment is laid out from (fixed for a run)."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, capacity: ChunkShape):
+    cells: int
+    rows: int
+    parties: int
+    pools: int
+
+
+def chunk_layout(dims: ChunkDims, declared: Sequence[ArraySpec]) -> SegmentLayout:
+    """The chunk's operations and results, then the scheduler's ``declared`` arrays."""
+    n, r, t = dims.operations, dims.reads, dims.transactions
+    common = [
+        *[ArraySpec(name, "int64", (n,)) for name in ("txn", "cell")],
+        ArraySpec("args", "int64", (n, dims.arg_width)),
+        ArraySpec("dep_ptr", "int64", (n + 1,)),
+        ArraySpec("dep_cell", "int64", (r,)),
+        ArraySpec("txn_ptr", "int64", (t + 1,)),
+        ArraySpec("out_values", "int64", (t, dims.outputs)),
+        *[ArraySpec(name, "int32", (n,)) for name in ("fun", "cond", "reason", "out")],
+        ArraySpec("status_reason", "int32", (t,)),
+        ArraySpec("kind", "int8", (n,)),
+        ArraySpec("status", "int8", (t,)),
+        ArraySpec("out_set", "bool", (t, dims.outputs)),
+    ]
+    return SegmentLayout([*common, *declared])
+
+
+class Outcomes(NamedTuple):
+    """Per-transaction results of a chunk, as kernels see them."""
+
+    status: np.ndarray
+    status_reason: np.ndarray
+    out_values: np.ndarray
+    out_set: np.ndarray
+
+
+class TeamSegment:
+    """A segment of named arrays as mapped into this process."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, capacity: SegmentLayout):
         self._shm = shm
         self.capacity = capacity
-        self.shape = capacity
         self.arrays: dict[str, np.ndarray] = {}
 
     @classmethod
-    def create(cls, name: str, capacity: ChunkShape) -> ChunkArrays:
+    def create(cls, name: str, capacity: SegmentLayout) -> TeamSegment:
         """Create a segment (executor 0)."""
-        return cls(create_segment(name, capacity.nbytes()), capacity)
+        return cls(create_segment(name, capacity.nbytes), capacity)
 
     @classmethod
-    def attach(cls, name: str, capacity: ChunkShape) -> ChunkArrays:
+    def attach(cls, name: str, capacity: SegmentLayout) -> TeamSegment:
         """Map the segment executor 0 created."""
         return cls(attach_segment(name), capacity)
 
@@ -149,32 +128,56 @@ class ChunkArrays:
         """Remove the name (the memory stays until every mapping is closed)."""
         unlink_segment(self._shm)
 
-    def use(self, shape: ChunkShape) -> None:
-        """Lay out the next chunk (it must fit)."""
-        self.shape = shape
-        self.arrays = shape.views(self._shm.buf, self.capacity)
-        self.__dict__.update(self.arrays)
+    def use(self, layout: SegmentLayout) -> None:
+        """Lay the arrays out as ``layout`` (which must fit the capacity)."""
+        self.arrays = layout.views(self._shm.buf, self.capacity)
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            return self.__dict__["arrays"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def close(self) -> None:
+        """Unmap (views into the segment must not be used afterwards)."""
+        self.arrays = {}
+        try:
+            self._shm.close()
+        except BufferError:
+            pass
+
+
+class ChunkArrays(TeamSegment):
+    """The chunk segment (see module docstring)."""
+
+    dims: ChunkDims
+
+    def use_chunk(self, dims: ChunkDims, layout: SegmentLayout) -> None:
+        """Lay out the next chunk, of ``dims`` (``layout`` must fit the capacity)."""
+        self.dims = dims
+        self.use(layout)
+
+    @property
+    def ops(self) -> Ops:
+        """The chunk's operations as one kernel argument."""
+        return Ops(*(self.arrays[name] for name in Ops._fields))
+
+    @property
+    def outcomes(self) -> Outcomes:
+        """The per-transaction results as one kernel argument."""
+        return Outcomes(self.status, self.status_reason, self.out_values, self.out_set)
 
     def start_share(self, share: slice, rejection_reason: np.ndarray) -> None:
         """Initial results of a share's transactions: rejected ones are final, all
         others committed until they abort."""
         self.status[share] = np.where(rejection_reason != 0, REJECTED, COMMITTED)
         self.status_reason[share] = rejection_reason
-        self.failed[share] = 0
-        self.affected[share] = 0
         self.out_values[share] = 0
         self.out_set[share] = False
 
     def operations(self) -> OperationBatch:
         """The chunk's operations, as views."""
-        a = self.arrays
-        return OperationBatch(
-            txn=a["txn"], cell=a["cell"], kind=a["kind"], fun=a["fun"], cond=a["cond"],
-            reason=a["reason"], out=a["out"], args=a["args"], dep_ptr=a["dep_ptr"],
-            dep_cell=a["dep_cell"], txn_ptr=a["txn_ptr"],
-            max_txn_ops=int(np.diff(a["txn_ptr"]).max(initial=0)),
-            max_reads=int(np.diff(a["dep_ptr"]).max(initial=0)),
-        )  # fmt: skip
+        return OperationBatch(self.ops)
 
     def copy_in(self, ops: OperationBatch, first_txn: int, first_op: int, first_read: int) -> None:
         """Copy one share's operations to their place (indices made chunk-global)."""
@@ -189,13 +192,3 @@ class ChunkArrays:
         a["dep_ptr"][first_op : first_op + n + 1] = ops.dep_ptr + first_read
         a["dep_cell"][reads_range] = ops.dep_cell
         a["txn_ptr"][first_txn : first_txn + t + 1] = ops.txn_ptr + first_op
-
-    def close(self) -> None:
-        """Unmap (views into the segment must not be used afterwards)."""
-        for name in self.arrays:
-            del self.__dict__[name]
-        self.arrays = {}
-        try:
-            self._shm.close()
-        except BufferError:
-            pass

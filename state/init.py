@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from txstream.errors import SchemaError
-from txstream.topologies.api import Table, Topology
+
+if TYPE_CHECKING:
+    from txstream.topologies.api import Table, Topology
 
 InitState = str | Path | dict[str, pa.Table]
 

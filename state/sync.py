@@ -1,18 +1,19 @@
-"""Synchronisation between executors in shared memory: a barrier, progress counters,
-published counts, work-pool counters and the request/reply words of the Coordinator,
-each on its own cache line.
+"""Synchronisation between executors in shared memory: the team's barrier, its failure
+flag, the words each executor publishes for its peers, and the request/reply words of
+the Coordinator, each on its own cache line; and waiting on any shared word.
 
-Executors never make a Ray call to synchronise: they spin on these words (atomic
+Executors never make a Ray call to synchronise: they spin on shared words (atomic
 load-acquire / store-release), then sleep in short steps so that a long wait leaves
 the core to the processes that feed them, and give up with an error code when a
-peer reports a failure or the run's timeout passes.
+peer reports a failure or the run's timeout passes. Words a scheduler needs besides
+these (progress counters, work-pool counters, ...) it declares itself, in its run
+segment (`txstream.state.chunk`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import platform
-from dataclasses import dataclass
 from time import monotonic_ns as clock_ns
 
 import numpy as np
@@ -25,7 +26,6 @@ from txstream._numba import (
     sleep_us,
     store_release,
 )
-from txstream.metrics import Breakdown
 
 STRIDE = 8
 """int64 words per slot: one 64-byte cache line, so executors never share a line."""
@@ -33,12 +33,14 @@ ARRIVE, EPOCH, FAILED = 0, 1, 2
 REQUEST, REPLY, STOP, FAILURES, ANSWER, ARGS = 3, 4, 5, 6, 7, 8
 """Coordinator slots: requests posted and answered (counters), the driver's stop word,
 operations that failed so far (counter), the last answer, and a request's arguments."""
-MAP_SEGMENT, RESOLVE_BATCH = 1, 2
-"""Requests to the Coordinator: map a new chunk segment; resolve an explored batch."""
 ARG_WORDS = 2 * STRIDE
-FIXED_SLOTS = 10
-PER_EXECUTOR = 4  # progress, then three published counts
-OK, TIMED_OUT, PEER_FAILED = 0, 1, 2
+PAUSE = 10
+"""Set by an executor that asks its peers to stop at their next safe point (an
+interruptible wait returns INTERRUPTED while it is set)."""
+FIXED_SLOTS = 11
+PUBLISHED = STRIDE
+"""Words each executor may publish for its peers (one cache line per executor)."""
+OK, TIMED_OUT, PEER_FAILED, INTERRUPTED = 0, 1, 2, 3
 SPIN_NS = 50_000
 """How long a waiter busy-waits before it starts sleeping: most waits for a peer end
 within microseconds, and a sleep costs ~60 us however short it is asked to be."""
@@ -47,27 +49,14 @@ CHECK_EVERY = 63
 """Spin rounds between reads of the clock and the failure word (a mask)."""
 
 
-def slots(executors: int, pools: int) -> int:
-    """Size in int64 words of the block for ``executors`` and ``pools`` work pools."""
-    return STRIDE * (FIXED_SLOTS + PER_EXECUTOR * executors + pools)
+def slots(executors: int) -> int:
+    """Size in int64 words of the sync block of a team of ``executors``."""
+    return STRIDE * (FIXED_SLOTS + executors)
 
 
-@inline
-def progress_slot(executor):
-    """Word holding how far ``executor`` is: all its operations below it are done."""
-    return STRIDE * (FIXED_SLOTS + PER_EXECUTOR * executor)
-
-
-@inline
-def count_slot(executor, which):
-    """Word where ``executor`` publishes count ``which`` (0..2)."""
-    return STRIDE * (FIXED_SLOTS + PER_EXECUTOR * executor + 1 + which)
-
-
-@inline
-def pool_slot(executors, pool):
-    """Word counting the chains claimed from work pool ``pool``."""
-    return STRIDE * (FIXED_SLOTS + PER_EXECUTOR * executors + pool)
+def published_word(executor: int, which: int) -> int:
+    """Word where ``executor`` publishes its value ``which`` (< PUBLISHED)."""
+    return STRIDE * (FIXED_SLOTS + executor) + which
 
 
 @inline
@@ -77,7 +66,7 @@ def word(slot):
 
 
 @inline
-def _pause(spins, start, deadline, sync):
+def pause(spins, start, deadline, sync):
     """One round of waiting that began at ``start``; OK to keep waiting, else why to
     stop. Busy for SPIN_NS, then sleeping in short steps."""
     if (spins & CHECK_EVERY) != CHECK_EVERY:
@@ -105,24 +94,29 @@ def barrier_wait(sync, parties, timeout_ns):
     spins = 0
     while load_acquire(sync, STRIDE * EPOCH) == epoch:
         spins += 1
-        why = _pause(spins, start, deadline, sync)
+        why = pause(spins, start, deadline, sync)
         if why != OK:
             return why
     return OK
 
 
 @inline
-def wait_progress(sync, executor, target, deadline, waited):
-    """Wait until ``executor`` has done all its operations below ``target``; the
-    nanoseconds spent waiting are added to ``waited[0]`` (no clock read if none)."""
-    if load_acquire(sync, progress_slot(executor)) >= target:
+def wait_at_least(words, index, target, sync, deadline, waited, interruptible):
+    """Wait until ``words[index] >= target`` (a word of any shared array; ``sync`` is
+    the team's block, whose failure flag ends the wait, and, if ``interruptible``, its
+    PAUSE word: INTERRUPTED); the nanoseconds spent waiting are added to ``waited[0]``
+    (no clock read if there was no wait)."""
+    if load_acquire(words, index) >= target:
         return OK
     start = monotonic_ns()
     spins = 0
     why = OK
-    while load_acquire(sync, progress_slot(executor)) < target:
+    while load_acquire(words, index) < target:
+        if interruptible and load_acquire(sync, STRIDE * PAUSE):
+            why = INTERRUPTED
+            break
         spins += 1
-        why = _pause(spins, start, deadline, sync)
+        why = pause(spins, start, deadline, sync)
         if why != OK:
             break
     waited[0] += monotonic_ns() - start
@@ -211,106 +205,6 @@ def raise_for_wait(why: int, timeout_ns: int) -> None:
     if why == PEER_FAILED:
         raise PeerFailed("another member of the team failed")
     raise RuntimeFailure(f"the team waited on each other over {timeout_ns / 1e9} s")
-
-
-@dataclass(frozen=True)
-class Seat:
-    """An executor's place in the team: picklable, handed to it at start."""
-
-    rank: int
-    parties: int
-    pool: int
-    pools: int
-    pool_ranks: tuple[int, ...]
-    """Ranks sharing this executor's work pool (lowest first)."""
-
-
-def seats(placement: str, sockets: list[int]) -> list[Seat]:
-    """Seats for executors on ``sockets`` (one entry per executor): shared-nothing has
-    no pools, shared-per-socket one pool per socket, shared-everything one pool."""
-    n = len(sockets)
-    if placement == "shared-everything":
-        pool_of = [0] * n
-    else:
-        order = sorted(set(sockets))
-        pool_of = [order.index(s) for s in sockets]
-    pools = 0 if placement == "shared-nothing" else max(pool_of) + 1
-    return [
-        Seat(r, n, pool_of[r], pools, tuple(i for i in range(n) if pool_of[i] == pool_of[r]))
-        for r in range(n)
-    ]
-
-
-class Team:
-    """This executor's view of the sync block: barriers and counts, as Python calls."""
-
-    def __init__(self, seat: Seat, sync: np.ndarray, timeout_s: float):
-        self.seat = seat
-        self.rank = seat.rank
-        self.parties = seat.parties
-        self.sync = sync
-        self.timeout_ns = int(timeout_s * 1e9)
-        self._asked = 0
-        self._failures_seen = 0
-
-    def barrier(self, time: Breakdown) -> None:
-        """Wait for every executor (charged to ``time`` as sync); raises if one failed
-        or the timeout passed."""
-        with time.timing("sync"):
-            why = barrier_wait(self.sync, self.parties, self.timeout_ns)
-        self.check(why)
-
-    def check(self, why: int) -> None:
-        """Raise for a wait that did not end normally."""
-        if why != OK:
-            raise_for_wait(why, self.timeout_ns)
-
-    def publish_counts(self, *counts: int) -> None:
-        """Publish this executor's counts; read them all after the next barrier."""
-        for which, value in enumerate(counts):
-            publish(self.sync, count_slot(self.rank, which), value)
-
-    def counts(self, which: int) -> list[int]:
-        """Count ``which`` of every executor, by rank."""
-        return [int(self.sync[count_slot(e, which)]) for e in range(self.parties)]
-
-    def reset_progress(self) -> None:
-        """Start of a chunk: nothing of it is done yet."""
-        publish(self.sync, progress_slot(self.rank), 0)
-
-    def reset_pools(self) -> None:
-        """Leader, before a barrier: every pool's claim counter back to 0."""
-        for pool in range(self.seat.pools):
-            publish(self.sync, pool_slot(self.parties, pool), 0)
-
-    def fail(self) -> None:
-        """Make every peer's wait end with PEER_FAILED."""
-        report_failure(self.sync)
-
-    def ask_coordinator(self, kind: int, args: list[int], time: Breakdown, activity: str) -> int:
-        """Every executor, together: executor 0 posts a request to the Coordinator, all
-        wait for its answer (charged to ``activity``), which is returned."""
-        self._asked += 1
-        if self.rank == 0:
-            base = word(ARGS)
-            self.sync[base] = kind
-            self.sync[base + 1 : base + 1 + len(args)] = args
-            publish(self.sync, word(REQUEST), self._asked)
-            wake_coordinator(self.sync)
-        with time.timing(activity):
-            self.check(wait_reply(self.sync, self._asked, self.timeout_ns))
-        return int(self.sync[word(ANSWER)])
-
-    def add_failures(self, count: int) -> None:
-        """Count operations of this executor that failed (read after the next barrier)."""
-        if count:
-            add_to(self.sync, word(FAILURES), count)
-
-    def failures_since_last_check(self) -> int:
-        """After a barrier: operations the team counted as failed since the last check."""
-        total = int(self.sync[word(FAILURES)])
-        new, self._failures_seen = total - self._failures_seen, total
-        return new
 
 
 def request(sync: np.ndarray) -> tuple[int, list[int]]:

@@ -7,15 +7,27 @@ members in an open-addressing hash set of (cell, member) pairs; the cell holds t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+from txstream.state.layout import Layout
 from txstream.state.shared import ArrayHandle, SharedArray
-from txstream.topologies.api import Layout, Topology
+
+if TYPE_CHECKING:
+    from txstream.topologies.api import Topology
 
 EMPTY = -1
 """Marks a free slot of a distinct set; a removed member becomes TOMBSTONE."""
 TOMBSTONE = -2
+
+
+class StateArrays(NamedTuple):
+    """The state as kernels see it (one argument)."""
+
+    values: np.ndarray
+    set_cells: np.ndarray
+    set_members: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,11 @@ class SharedState:
             SharedArray.attach(handle.set_members),
         )
         return cls(handle.layout, arrays)
+
+    @property
+    def arrays(self) -> StateArrays:
+        """The arrays as one kernel argument."""
+        return StateArrays(self.values, self.set_cells, self.set_members)
 
     @property
     def handle(self) -> StateHandle:

@@ -29,3 +29,22 @@ def assert_same_run(got_events: pa.Table, got_state: dict, want_events: pa.Table
         assert got.schema.names == want.schema.names, table
         for name in want.column_names:
             assert got.column(name).to_pylist() == want.column(name).to_pylist(), (table, name)
+
+
+def assert_same_tables(got: tuple, want: tuple) -> None:
+    """Two runs' (events, state) are equal to the letter, abort reasons included."""
+    got_events, got_state = got
+    want_events, want_state = want
+    assert got_events.equals(want_events), _first_difference(got_events, want_events)
+    assert sorted(got_state) == sorted(want_state)
+    for name, table in want_state.items():
+        assert got_state[name].equals(table), name
+
+
+def _first_difference(got: pa.Table, want: pa.Table) -> str:
+    for name in want.column_names:
+        g, w = got.column(name).to_pylist(), want.column(name).to_pylist()
+        if g != w:
+            i = next(i for i in range(min(len(g), len(w))) if g[i] != w[i])
+            return f"column {name!r} differs first at ts {i}: got {g[i]!r}, want {w[i]!r}"
+    return "schemas differ"

@@ -8,7 +8,9 @@ threads do run in parallel.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -20,12 +22,14 @@ from txstream.actors.progress import share_bounds
 from txstream.config import RunConfig
 from txstream.errors import PeerFailed
 from txstream.metrics import Breakdown
+from txstream.schedulers import get as get_scheduler
+from txstream.schedulers.placement import seats
 from txstream.state.init import read_init_state
+from txstream.state.layout import Layout
 from txstream.state.shared import new_run_id, run_prefix
 from txstream.state.snapshots import SnapshotRing
-from txstream.state.sync import ask_to_stop, seats, slots
+from txstream.state.sync import ask_to_stop, slots
 from txstream.state.tables import SharedState
-from txstream.topologies.api import Layout
 
 TIMEOUT_S = 60.0
 
@@ -37,14 +41,21 @@ def run_local(
     *,
     scheduler: str = "serial",
     executors: int = 1,
-    placement: str = "shared-nothing",
     sockets: list[int] | None = None,
     punctuation_interval: int = 10240,
-    batches_per_chunk: int = 3,
+    batches_per_chunk: int | None = 3,
+    reports: list[dict] | None = None,
+    timing: dict | None = None,
+    **options: str | float | None,
 ) -> tuple[pa.Table, dict[str, pa.Table]]:
-    """Outputs and final state of ``events``, chunked as the ProgressController does.
+    """Outputs and final state of ``events``, chunked as the ProgressController does
+    (``batches_per_chunk`` None: as many as in a run's chunk).
 
-    ``sockets`` gives each executor's socket (default: all on socket 0)."""
+    ``sockets`` gives each executor's socket (default: all on socket 0); ``options``
+    are further `RunConfig` fields (placement, explore, ...); executor 0's scheduler
+    report (what it adds to metrics.json) is appended to ``reports``. With ``timing``
+    (benchmarks), the executors warm up first, then ``timing`` gets the seconds of the
+    run and every executor's time breakdown."""
     topo = topologies.get(topology)
     topo.check_event_schema(events.schema)
     tables = read_init_state(topo, init)
@@ -53,14 +64,18 @@ def run_local(
         topology=topology,
         scheduler=scheduler,
         executors=executors,
-        placement=placement,
         punctuation_interval=punctuation_interval,
-        timeout_s=TIMEOUT_S,
+        timeout_s=options.pop("timeout_s", TIMEOUT_S),
+        **options,
     )
-    chunk = punctuation_interval * batches_per_chunk
+    chunk = (
+        config.chunk_events
+        if batches_per_chunk is None
+        else punctuation_interval * batches_per_chunk
+    )
     run_id = new_run_id()
-    team = seats(placement, sockets or [0] * executors)
-    sync = np.zeros(slots(executors, team[0].pools), np.int64)
+    team = seats(config.placement, sockets or [0] * executors)
+    sync = np.zeros(slots(executors), np.int64)
     with (
         SharedState.create(run_id, layout, 2 * events.num_rows + 16) as state,
         _snapshot_ring(run_id, layout.cells) as snapshots,
@@ -73,13 +88,20 @@ def run_local(
         rows: list[list[pa.RecordBatch]] = [[] for _ in members]
         errors: list[BaseException] = []
         helpers = []
-        if members[0].scheduler.coordinated:
-            coordinator = Coordinator(config, sync, run_prefix(run_id), layout.cells)
+        if get_scheduler(scheduler).coordinator_policies(config):
+            coordinator = Coordinator(config, sync, run_prefix(run_id))
             helpers.append(threading.Thread(target=_serve, args=(coordinator, errors)))
+
+        times = [Breakdown() for _ in members]
+        chunks = list(_chunks(events, chunk))
+        warm = threading.Barrier(executors + 1)
 
         def work(rank: int) -> None:
             try:
-                for seq, (ts0, batch) in enumerate(_chunks(events, chunk)):
+                if timing is not None:
+                    members[rank].warm_up(events.schema)
+                    warm.wait()
+                for seq, (ts0, batch) in enumerate(chunks):
                     first, end = share_bounds(batch.num_rows, executors)[rank]
                     share = batch.slice(first, end - first)
                     ends = np.append(
@@ -87,20 +109,30 @@ def run_local(
                         batch.num_rows,
                     )
                     rows[rank].append(
-                        members[rank].run_share(share, seq, first, ts0, ends, Breakdown())
+                        members[rank].run_share(share, seq, first, ts0, ends, times[rank])
                     )
             except BaseException as exc:  # reported by the caller
                 errors.append(exc)
+                warm.abort()
 
         threads = [threading.Thread(target=work, args=(r,)) for r in range(executors)]
         for t in helpers + threads:
             t.start()
+        if timing is not None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                warm.wait()  # (broken: an executor failed, raised below)
+            start = time.perf_counter()
         for t in threads:
             t.join(TIMEOUT_S * 2)
+        if timing is not None:
+            timing["seconds"] = time.perf_counter() - start
+            timing["breakdown_s"] = [t.as_dict() for t in times]
         ask_to_stop(sync)
         for t in helpers:
             t.join(TIMEOUT_S * 2)
             threads.append(t)
+        if reports is not None:
+            reports.append(members[0].scheduler.report())
         for member in members:
             member.close()
         if errors:  # the root cause, not a peer that stopped because of it
@@ -109,15 +141,6 @@ def run_local(
         ordered = sorted((r for rank in rows for r in rank), key=lambda r: r["ts"][0].as_py()
                          if r.num_rows else -1)  # fmt: skip
         return pa.Table.from_batches(ordered, output_schema(topo)), state.tables(topo)
-
-
-@contextmanager
-def _snapshot_ring(run_id: str, cells: int):
-    ring = SnapshotRing.create(run_id, cells)
-    try:
-        yield ring
-    finally:
-        ring.close()
 
 
 def _serve(coordinator: Coordinator, errors: list[BaseException]) -> None:
@@ -132,3 +155,12 @@ def _chunks(events: pa.Table, size: int):
         part = events.slice(ts0, size).combine_chunks().to_batches()
         if part:
             yield ts0, part[0]
+
+
+@contextmanager
+def _snapshot_ring(run_id: str, cells: int):
+    ring = SnapshotRing.create(run_id, cells)
+    try:
+        yield ring
+    finally:
+        ring.close()

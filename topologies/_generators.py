@@ -26,9 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-MAX_VALUE = 1 << 40
-"""Upper bound of amounts, prices, quantities and |delta| (SPEC §3); planted aborts use it."""
+from txstream.topologies.functions import MAX_VALUE
 
 AMOUNTS = (1, 100)
 """SL amounts and GS deltas."""

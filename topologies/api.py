@@ -24,10 +24,9 @@ import numpy as np
 import pyarrow as pa
 from txstream._numba import USER_SIG
 from txstream.errors import SchemaError, TopologyError
+from txstream.state.layout import Layout
+from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE, OperationBatch, Ops
 from txstream.topologies._kernels import merge_statements
-
-# Operation kinds, shared with the kernels.
-READ, WRITE, READ_MODIFY, SET_ADD = 0, 1, 2, 3
 
 # Event column types a topology can declare.
 INT, STRING, INT_LIST = "int64", "string", "list<int64>"
@@ -62,30 +61,6 @@ class Column:
 
     table: Table
     name: str
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where each (table, column) lives in the flat state array, given the table sizes."""
-
-    sizes: dict[str, int]
-    bases: dict[tuple[str, str], int]
-    cells: int
-
-    @staticmethod
-    def of(tables: Sequence[Table], sizes: dict[str, int]) -> Layout:
-        """Lay out every column of every table one after the other."""
-        bases: dict[tuple[str, str], int] = {}
-        cells = 0
-        for table in tables:
-            for column in table.columns:
-                bases[(table.name, column)] = cells
-                cells += sizes[table.name]
-        return Layout(sizes=dict(sizes), bases=bases, cells=cells)
-
-    def base(self, column: Column) -> int:
-        """Index of key 0 of ``column`` in the flat state array."""
-        return self.bases[(column.table.name, column.name)]
 
 
 # ---------------------------------------------------------------- user functions
@@ -286,33 +261,6 @@ class EventBatch:
 
 
 # ---------------------------------------------------------------- operations
-@dataclass
-class OperationBatch:
-    """The operations of a batch of transactions, as parallel arrays in (txn, statement) order.
-
-    Operation ``o`` targets cell ``cell[o]`` of the flat state array; its parametric
-    reads are the cells ``dep_cell[dep_ptr[o]:dep_ptr[o+1]]``; the operations of
-    transaction ``t`` are ``txn_ptr[t]:txn_ptr[t+1]``.
-    """
-
-    txn: np.ndarray
-    cell: np.ndarray
-    kind: np.ndarray
-    fun: np.ndarray
-    cond: np.ndarray
-    reason: np.ndarray
-    out: np.ndarray
-    args: np.ndarray
-    dep_ptr: np.ndarray
-    dep_cell: np.ndarray
-    txn_ptr: np.ndarray
-    max_txn_ops: int = 0
-    max_reads: int = 0
-
-    def __len__(self) -> int:
-        return len(self.txn)
-
-
 Key = np.ndarray | ListColumn
 Arg = np.ndarray | ListColumn | int
 
@@ -475,31 +423,21 @@ class Transactions:
                 args[row : row + len(s.txn), j] = col
         dep_count = _concat([s.dep_count for s in st])
         attrs = np.empty((n_ops, 5), np.int32)
-        ops = OperationBatch(
-            txn=np.empty(n_ops, np.int64),
-            cell=np.empty(n_ops, np.int64),
-            kind=attrs[:, 0],  # views until the merge has filled attrs
-            fun=attrs[:, 1],
-            cond=attrs[:, 2],
-            reason=attrs[:, 3],
-            out=attrs[:, 4],
-            args=np.empty((n_ops, width), np.int64),
-            dep_ptr=np.zeros(n_ops + 1, np.int64),
-            dep_cell=np.empty(int(dep_count.sum()), np.int64),
-            txn_ptr=np.zeros(self.events.n + 1, np.int64),
-        )
+        txn, cell = np.empty(n_ops, np.int64), np.empty(n_ops, np.int64)
+        out_args = np.empty((n_ops, width), np.int64)
+        dep_ptr = np.zeros(n_ops + 1, np.int64)
+        dep_cell = np.empty(int(dep_count.sum()), np.int64)
+        txn_ptr = np.zeros(self.events.n + 1, np.int64)
         merge_statements(
             stmt_ptr, stmt_attrs, _concat([s.txn for s in st]), _concat([s.cell for s in st]),
             args, dep_count, _concat([s.dep_cell for s in st]),
-            np.empty(self.events.n, np.int64), np.empty(n_ops, np.int64), ops.txn, ops.cell,
-            attrs, ops.args, ops.dep_ptr, ops.dep_cell, ops.txn_ptr,
+            np.empty(self.events.n, np.int64), np.empty(n_ops, np.int64), txn, cell,
+            attrs, out_args, dep_ptr, dep_cell, txn_ptr,
         )  # fmt: skip
-        ops.kind = attrs[:, 0].astype(np.int8)
-        for i, name in enumerate(("fun", "cond", "reason", "out"), start=1):
-            setattr(ops, name, np.ascontiguousarray(attrs[:, i]))
-        ops.max_txn_ops = int(np.diff(ops.txn_ptr).max(initial=0))
-        ops.max_reads = int(dep_count.max(initial=0))
-        return ops
+        fun, cond, reason, out = (np.ascontiguousarray(attrs[:, i]) for i in range(1, 5))
+        arrays = Ops(txn, cell, attrs[:, 0].astype(np.int8), fun, cond, reason, out, out_args,
+                     dep_ptr, dep_cell, txn_ptr)  # fmt: skip
+        return OperationBatch(arrays)
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:

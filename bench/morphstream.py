@@ -1,0 +1,225 @@
+"""MorphStream's sensitivity study (paper 003 §6.4) on this host, plus its headline ratios.
+
+Sensitivity: GS and SL workloads over Zipf theta {0, 0.6, 1.2}, abort ratio {0, 10%,
+50%}, UDF cost C {0, 10} us, GS deps r {1, 4} and length l {1, 4} (SL has neither),
+punctuation every 10240 events, sampled pairwise (every value of every knob meets every
+other). For each workload: morphstream with each of the 12 fixed combinations of
+explore x granularity x abort and with `auto`, tstream and serial; every ratio comes
+from one process, workload by workload (runs of a workload are back to back).
+
+Headline: GS, SL and TP at the generator's defaults (theta 0.2, 1% aborts) at C = 10 us,
+and SL at C = 0 on --headline-events events: serial, tstream and morphstream (auto).
+
+Results go to bench/results/morphstream.{json,png} (the figure marks what auto chose).
+``--engine threads`` runs the team as threads of this process (tests/local_engine.py: no
+Ray, no ProgressController or Sink): the team's side alone.
+
+    python bench/morphstream.py [--quick] [--engine ray|threads] [--executors 2]
+        [--events 200000] [--costly-events 30000] [--headline-events 1000000]
+        [--out bench/results/morphstream.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import nullcontext
+from itertools import product
+from pathlib import Path
+
+from common import RESULTS, bench_ray, write_results
+from txstream import Job
+from txstream.topologies._generators import WorkloadSpec, generate
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from local_engine import run_local  # noqa: E402
+from pairwise import pairwise  # noqa: E402
+
+FIXED = [
+    {"explore": e, "granularity": g, "abort": a}
+    for e, g, a in product(("bfs", "dfs", "ns"), ("fine", "coarse"), ("eager", "lazy"))
+]
+AUTO = {"explore": "auto", "granularity": "auto", "abort": "auto"}
+GRID = {
+    "gs": {"theta": (0.0, 0.6, 1.2), "abort_ratio": (0.0, 0.1, 0.5), "udf_cost_us": (0.0, 10.0),
+           "deps": (1, 4), "txn_length": (1, 4)},
+    "sl": {"theta": (0.0, 0.6, 1.2), "abort_ratio": (0.0, 0.1, 0.5), "udf_cost_us": (0.0, 10.0)},
+}  # fmt: skip
+QUICK = [
+    ("gs", {"theta": 1.2, "abort_ratio": 0.1, "udf_cost_us": 10.0, "deps": 1, "txn_length": 1}),
+    ("gs", {"theta": 0.0, "abort_ratio": 0.0, "udf_cost_us": 0.0, "deps": 4, "txn_length": 4}),
+    ("sl", {"theta": 0.6, "abort_ratio": 0.5, "udf_cost_us": 0.0}),
+    ("sl", {"theta": 0.0, "abort_ratio": 0.1, "udf_cost_us": 10.0}),
+]
+INTERVAL = 10240
+
+
+def workloads(quick: bool) -> list[tuple[str, dict]]:
+    """(topology, knobs) of the sensitivity study: a pairwise sample of `GRID`."""
+    if quick:
+        return QUICK
+    return [(name, case) for name, axes in GRID.items() for case in pairwise(axes)]
+
+
+class Runner:
+    """Runs a configuration on a workload with the chosen engine; events/s and metrics."""
+
+    def __init__(self, engine: str, executors: int):
+        self.engine = engine
+        self.executors = executors
+
+    def __call__(self, topology: str, events, init, cost: float, scheduler: str,
+                 options: dict) -> dict:  # fmt: skip
+        team = 1 if scheduler == "serial" else self.executors
+        if self.engine == "threads":
+            timing: dict = {}
+            reports: list[dict] = []
+            run_local(topology, events, init, scheduler=scheduler, executors=team,
+                      punctuation_interval=INTERVAL, batches_per_chunk=None, udf_cost_us=cost,
+                      timing=timing, reports=reports, timeout_s=600, **options)  # fmt: skip
+            return {"throughput_eps": events.num_rows / timing["seconds"],
+                    "breakdown_s": _summed(timing["breakdown_s"]),
+                    "breakdown_per_executor_s": timing["breakdown_s"], **reports[0]}  # fmt: skip
+        job = Job(topology, scheduler=scheduler, executors=team, punctuation_interval=INTERVAL,
+                  udf_cost_us=cost, source="arrow", progress=False, **options)  # fmt: skip
+        m = job.run(events, init).metrics
+        keep = ("throughput_eps", "breakdown_s", "breakdown_per_executor_s", "coordinator",
+                "decisions", "decision_batches", "redone_operations", "latency_ms")  # fmt: skip
+        return {k: m[k] for k in keep if k in m}
+
+
+def _summed(per_executor: list[dict]) -> dict:
+    return {k: round(sum(b[k] for b in per_executor), 6) for k in per_executor[0]}
+
+
+def _label(scheduler: str, options: dict) -> str:
+    if scheduler != "morphstream":
+        return scheduler
+    return "/".join(options[k] for k in ("explore", "granularity", "abort"))
+
+
+def _choice(run: dict) -> str:
+    """What auto chose most often, per dimension."""
+    return "/".join(max(run["decisions"][d], key=run["decisions"][d].get)
+                    for d in ("explore", "granularity", "abort"))  # fmt: skip
+
+
+def study(runner: Runner, events: int, costly: int, quick: bool) -> list[dict]:
+    """Every configuration on every workload of the sensitivity study."""
+    rows = []
+    for topology, knobs in workloads(quick):
+        knobs = dict(knobs)
+        cost = knobs.pop("udf_cost_us")
+        n = costly if cost else events
+        table, init = generate(topology, WorkloadSpec(events=n, seed=7, **knobs))
+        runs = {}
+        configs = [("serial", {}), ("tstream", {}), ("morphstream", AUTO)]
+        configs += [("morphstream", f) for f in FIXED]
+        for scheduler, options in configs:
+            runs[_label(scheduler, options)] = runner(topology, table, init, cost, scheduler,
+                                                      options)  # fmt: skip
+        fixed = {k: v["throughput_eps"] for k, v in runs.items() if k.count("/") == 2 and
+                 "auto" not in k}  # fmt: skip
+        best = max(fixed, key=fixed.get)
+        auto = runs["auto/auto/auto"]
+        row = {
+            "topology": topology, "udf_cost_us": cost, "events": n, **knobs,
+            "runs": runs, "best_fixed": best, "auto_choice": _choice(auto),
+            "auto_vs_best": round(auto["throughput_eps"] / fixed[best], 3),
+            "auto_vs_tstream": round(auto["throughput_eps"] / runs["tstream"]["throughput_eps"], 3),
+            "auto_vs_serial": round(auto["throughput_eps"] / runs["serial"]["throughput_eps"], 3),
+        }  # fmt: skip
+        rows.append(row)
+        print(f"{topology} C={cost:g} {knobs}: auto {row['auto_choice']} "
+              f"{row['auto_vs_best']:.2f}x best ({best}), {row['auto_vs_tstream']:.2f}x tstream, "
+              f"{row['auto_vs_serial']:.2f}x serial", flush=True)  # fmt: skip
+    return rows
+
+
+def headline(runner: Runner, events: int, costly: int) -> list[dict]:
+    """morphstream (auto) and tstream against serial at the generator's defaults."""
+    rows = []
+    for topology, cost in [("gs", 10.0), ("sl", 10.0), ("tp", 10.0), ("sl", 0.0)]:
+        n = costly if cost else events
+        table, init = generate(topology, WorkloadSpec(events=n, seed=1))
+        runs = {_label(s, o): runner(topology, table, init, cost, s, o)
+                for s, o in [("serial", {}), ("tstream", {}), ("morphstream", AUTO)]}  # fmt: skip
+        base = runs["serial"]["throughput_eps"]
+        ratios = {k: round(r["throughput_eps"] / base, 3) for k, r in runs.items()}
+        row = {"topology": topology, "udf_cost_us": cost, "events": n, "runs": runs,
+               "vs_serial": ratios}  # fmt: skip
+        rows.append(row)
+        print(f"headline {topology} C={cost:g} {n:,} events: {row['vs_serial']}", flush=True)
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """One panel per workload: events/s of every configuration, auto's choice marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 4
+    lines = -(-len(rows) // cols)
+    fig, axes = plt.subplots(lines, cols, figsize=(5 * cols, 3.6 * lines), squeeze=False)
+    for ax, row in zip(axes.flat, rows, strict=False):
+        labels = list(row["runs"])
+        values = [row["runs"][k]["throughput_eps"] for k in labels]
+        colours = ["tab:gray" if k in ("serial", "tstream") else "tab:blue" for k in labels]
+        colours[labels.index("auto/auto/auto")] = "tab:red"
+        for i, k in enumerate(labels):
+            if k == row["auto_choice"]:
+                colours[i] = "tab:orange"
+        ax.bar(range(len(labels)), values, color=colours)
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
+        knobs = ", ".join(f"{k}={row[k]}" for k in ("theta", "abort_ratio", "deps", "txn_length")
+                          if k in row)  # fmt: skip
+        ax.set_title(f"{row['topology']} C={row['udf_cost_us']:g}: {knobs}\n"
+                     f"auto (red) chose {row['auto_choice']} (orange): "
+                     f"{row['auto_vs_best']:.2f}x best", fontsize=7)  # fmt: skip
+        ax.set_ylabel("events/s", fontsize=7)
+    for ax in axes.flat[len(rows) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="4 workloads, fewer events")
+    parser.add_argument("--engine", choices=("ray", "threads"), default="ray")
+    parser.add_argument("--executors", type=int, default=2)
+    parser.add_argument("--events", type=int, default=None, help="events at C = 0")
+    parser.add_argument("--costly-events", type=int, default=None, help="events at C = 10")
+    parser.add_argument("--headline-events", type=int, default=None, help="SL at C = 0")
+    parser.add_argument("--no-headline", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS / "morphstream.json")
+    args = parser.parse_args()
+    events = args.events or (100_000 if args.quick else 200_000)
+    costly = args.costly_events or (15_000 if args.quick else 30_000)
+    runner = Runner(args.engine, args.executors)
+    with bench_ray() if args.engine == "ray" else nullcontext():
+        rows = study(runner, events, costly, args.quick)
+        tops = [] if args.no_headline else headline(
+            runner, args.headline_events or (300_000 if args.quick else 1_000_000),
+            3 * costly if args.quick else 300_000,
+        )  # fmt: skip
+    summary = {
+        "auto_vs_best_min": min(r["auto_vs_best"] for r in rows),
+        "auto_vs_tstream_mean": round(sum(r["auto_vs_tstream"] for r in rows) / len(rows), 3),
+        "headline_vs_serial": {f"{r['topology']} C={r['udf_cost_us']:g}": r["vs_serial"]
+                               for r in tops},
+    }  # fmt: skip
+    print("summary:", summary)
+    results = {"engine": args.engine, "executors": args.executors, "quick": args.quick,
+               "interval": INTERVAL, "summary": summary, "workloads": rows,
+               "headline": tops}  # fmt: skip
+    path = write_results(args.out.stem, results, args.out.parent)
+    plot(rows, path.with_suffix(".png"))
+    print("->", path, "and", path.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Abort handling through the Coordinator: its requests, its policies, and the team's side.
+
+The protocol is exact under cascades (see `txstream.schedulers._versions`). With the
+team paused, the Coordinator marks what fresh failures make wrong (`find_affected`)
+and the team rolls back and redoes it. The *policy* says when the team pauses:
+
+- ``lazy``: once the whole batch is explored (TStream; MorphStream's l-abort);
+- ``eager``: as soon as an operation failed, while the batch is still being explored
+  (MorphStream's e-abort): less speculative work built on the failed writes, more
+  pauses.
+
+A scheduler declares the policies it needs (`Scheduler.coordinator_policies`); the
+Coordinator serves those and refuses any other request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+from txstream.errors import RuntimeFailure
+from txstream.metrics import Breakdown
+from txstream.schedulers._links import LINK_ARRAYS, Links
+from txstream.schedulers._versions import (
+    VERSION_ARRAYS,
+    Fates,
+    Scratch,
+    Versions,
+    clear_marks,
+    find_affected,
+    redo,
+    roll_back_marked,
+)
+from txstream.schedulers.base import SET_FULL_MESSAGE
+from txstream.schedulers.team import Team
+from txstream.state._kernels import SET_FULL, Udf
+from txstream.state.chunk import ChunkArrays, ChunkDims
+from txstream.state.operations import Ops
+from txstream.state.segments import ArraySpec
+from txstream.state.sync import STRIDE
+from txstream.state.tables import StateArrays
+
+LAZY, EAGER = "lazy", "eager"
+POLICIES = (LAZY, EAGER)
+MAP_SEGMENT, RESOLVE = 1, 2
+"""Requests to the Coordinator: map a new chunk segment ``[seq, *dims]``; resolve the
+fresh failures of transactions begin..end-1 ``[policy, *dims, begin, end]`` (dims as
+`ChunkDims.words`)."""
+
+
+class Speculation(NamedTuple):
+    """The arrays of a chunk that speculative execution and its repairs work on."""
+
+    dims: ChunkDims
+    ops: Ops
+    links: Links
+    versions: Versions
+    fates: Fates
+
+    @staticmethod
+    def of(chunk: ChunkArrays) -> Speculation:
+        """The chunk segment's arrays (its scheduler declared `chunk_versions`)."""
+        a = chunk.arrays
+        return Speculation(
+            chunk.dims,
+            chunk.ops,
+            Links(*(a[name] for name in Links._fields)),
+            Versions(*(a[name] for name in Versions._fields)),
+            Fates(*(a[name] for name in Fates._fields)),
+        )
+
+
+def chunk_versions(dims: ChunkDims) -> list[ArraySpec]:
+    """The arrays `Speculation` needs besides the operations (`_links`, `_versions`)."""
+    size = {"operations": dims.operations, "reads": dims.reads, "transactions": dims.transactions}
+    return [
+        *[ArraySpec(name, "int64", (size[dim],)) for name, dim in LINK_ARRAYS.items()],
+        *[ArraySpec(name, dtype, (size[dim],)) for name, (dtype, dim) in VERSION_ARRAYS.items()],
+    ]
+
+
+def resolve(chunk: ChunkArrays, begin: int, end: int, stack: np.ndarray) -> int:
+    """The Coordinator's part: mark what the fresh failures among transactions
+    begin..end-1 make wrong; how many operations to redo. ``stack`` is scratch (room
+    for twice the chunk's operations plus its reads)."""
+    spec = Speculation.of(chunk)
+    return int(find_affected(begin, end, spec.ops, spec.links, spec.versions, spec.fates, stack))
+
+
+class Repairs:
+    """The team's part, for one executor: pause, have the Coordinator mark, roll back
+    and redo the marked operations of a batch, resume.
+
+    ``progress`` is a word per executor (stride `STRIDE`) the redo publishes its
+    progress in, declared by the scheduler."""
+
+    def __init__(self, team: Team, state: StateArrays, udf: Udf, progress: np.ndarray):
+        self.team = team
+        self.state = state
+        self.udf = udf
+        self.progress = progress
+        self.requests = {policy: 0 for policy in POLICIES}
+        self.redone = 0
+
+    def run(self, policy: str, spec: Speculation, begin: int, end: int, s: Scratch,
+            time: Breakdown, on_pause: Callable[[], None] | None = None) -> int:  # fmt: skip
+        """With the whole team (every executor calls it): resolve the fresh failures of
+        transactions begin..end-1; ``on_pause`` runs once the whole team is paused.
+        Returns how many operations were redone."""
+        team = self.team
+        ops, links, v, fates = spec.ops, spec.links, spec.versions, spec.fates
+        first_op, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
+        self.progress[STRIDE * team.rank] = first_op  # the redo waits on it from the start
+        team.barrier(time)
+        if on_pause is not None:
+            on_pause()
+        self.requests[policy] += 1
+        request = [POLICIES.index(policy), *spec.dims.words(), begin, end]
+        marked = team.ask_coordinator(RESOLVE, request, time, "abort")
+        if marked:
+            with time.timing("abort"):
+                roll_back_marked(team.rank, first_op, marked, ops, links, v, self.state)
+                s.waited[0] = 0
+                why = redo(team.rank, first_op, stop, marked, ops, links, v, fates, self.state,
+                           self.udf, self.progress, team.sync, team.timeout_ns, s)  # fmt: skip
+            time.abort -= s.waited[0] / 1e9
+            time.sync += s.waited[0] / 1e9
+            if why == SET_FULL:
+                raise RuntimeFailure(SET_FULL_MESSAGE)
+            team.check(why)
+            self.redone += marked
+        team.barrier(time)
+        if marked:
+            clear_marks(team.rank, marked, ops, links, v, fates)
+        return marked

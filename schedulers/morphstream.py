@@ -1,0 +1,312 @@
+"""morphstream: a task precedence graph per punctuation batch, explored adaptively
+(MorphStream, SIGMOD'23, paper 003 §3-5).
+
+Per batch, the whole team:
+
+1. *constructs* the TPG in parallel: each executor links the operations of the rows
+   it owns (temporal and parametric dependencies through proxy reads, `_links`),
+   fates its share of the transactions (logical dependencies) and counts what the
+   decision model reads;
+2. *decides* the three dimensions (`decision`: explore bfs|dfs|ns, granularity
+   fine|coarse, abort eager|lazy), each fixed by an option or chosen per batch;
+3. builds the units (coarse: rows, with cycles merged), strata or dependency counts
+   the chosen exploration needs (`_tpg`);
+4. *explores* (`_explore`), resolving failures through the Coordinator as soon as
+   they happen (eager) or once the batch is explored (lazy) (`aborts`).
+
+The team's placement decides who may run a unit: its row's pool's executors.
+"""
+
+from __future__ import annotations
+
+import time as clock
+from typing import TYPE_CHECKING
+
+import numpy as np
+from txstream.errors import RuntimeFailure
+from txstream.metrics import Breakdown
+from txstream.schedulers import _explore as ex
+from txstream.schedulers._links import (
+    CROSS,
+    HEADS,
+    HOT,
+    LINK_STATS,
+    PD,
+    TD,
+    link_batch,
+    txn_fates,
+)
+from txstream.schedulers._tpg import (
+    UNIT_ARRAYS,
+    Units,
+    count_pending,
+    cycle_scratch,
+    fine_levels,
+    merge_cycles,
+    reset_units,
+    work_strata,
+)
+from txstream.schedulers._versions import scratch
+from txstream.schedulers.aborts import EAGER, LAZY, Speculation
+from txstream.schedulers.base import SET_FULL_MESSAGE
+from txstream.schedulers.decision import (
+    BatchStats,
+    Choice,
+    DecisionLog,
+    History,
+    Thresholds,
+    decide,
+)
+from txstream.schedulers.speculative import SpeculativeScheduler
+from txstream.schedulers.team import Team
+from txstream.state._kernels import SET_FULL
+from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
+from txstream.state.operations import OperationBatch
+from txstream.state.segments import ArraySpec
+from txstream.state.sync import PAUSE, STRIDE, add_to
+from txstream.state.tables import SharedState
+from txstream.topologies.api import Topology
+
+if TYPE_CHECKING:
+    from txstream.config import RunConfig
+
+LD, STRATA, MERGED, CYCLIC, EXPLORE_NS = range(LINK_STATS, LINK_STATS + 5)
+"""Per executor, after the `link_batch` statistics: operations after the first of
+their transaction, strata, merged rows, cyclic groups, and the ns it spent exploring
+the previous batch."""
+STATS = EXPLORE_NS + 1
+
+
+class MorphStreamScheduler(SpeculativeScheduler):
+    """TPG per batch, adaptive exploration, granularity and abort handling."""
+
+    name = "morphstream"
+    defaults = {
+        "explore": "auto",
+        "granularity": "auto",
+        "abort": "auto",
+        "placement": "shared-nothing",
+    }
+    thresholds = Thresholds()
+
+    @classmethod
+    def coordinator_policies(cls, config: RunConfig) -> tuple[str, ...]:
+        """The abort policies it may choose."""
+        return {"eager": (EAGER,), "lazy": (LAZY,)}.get(config.abort, (EAGER, LAZY))
+
+    @classmethod
+    def chunk_arrays(cls, config: RunConfig, dims: ChunkDims) -> list[ArraySpec]:
+        """Links, versions, fates; units; a ready queue per pool."""
+        n = dims.operations
+        return [
+            *super().chunk_arrays(config, dims),
+            *[ArraySpec(name, "int64", (n + (name == "merged_ptr"),)) for name in UNIT_ARRAYS],
+            ArraySpec("ready", "int64", (dims.pools * n,)),
+        ]
+
+    @classmethod
+    def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
+        """Progress words (redo, strata), exploration words, statistics per executor."""
+        return [
+            *super().run_arrays(config, dims),
+            ArraySpec("words", "int64", (ex.word_count(dims.pools),)),
+            ArraySpec("stats", "int64", (dims.parties, STATS)),
+        ]
+
+    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Team):
+        super().__init__(config, topology, state, team)
+        self._fixed = Choice(config.explore, config.granularity, config.abort)
+        self._history = History()
+        self._log = DecisionLog()
+        self._explore_ns = 0
+        self._last: BatchStats | None = None
+        self._level_ptr = np.zeros(2, np.int64)
+        self._listed = np.zeros(1, np.int64)
+        self._cycles = cycle_scratch(0, 0)
+        self._own = np.zeros(0, np.int64)
+        """The operations this executor linked in the current batch, in ts order."""
+
+    def execute(
+        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
+    ) -> None:
+        """Construct, decide, explore and resolve the batch of transactions begin..end-1."""
+        spec = Speculation.of(chunk)
+        units = Units(*(chunk.arrays[name] for name in UNIT_ARRAYS))
+        tpg = ex.Tpg(spec.ops, spec.links, spec.versions, spec.fates, units)
+        first, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
+        redone = self._repairs.redone
+        stats = self._construct(spec, units, begin, end, time)
+        choice = decide(stats, self._history, self._fixed, self.thresholds)
+        stats.explore, stats.granularity, stats.abort = (
+            choice.explore, choice.granularity, choice.abort
+        )  # fmt: skip
+        batch = ex.Batch(first, stop, choice.granularity == "fine", choice.abort == EAGER)
+        seat = self._seat(chunk.ready, chunk.dims.operations)
+        strata = self._units(tpg, batch, choice.explore, seat, stats, time)
+        s = scratch(ops.max_reads, ops.max_txn_ops)
+        self._explore_ns = self._explore(choice, batch, tpg, seat, strata, spec, (begin, end), s,
+                                         stats, time)  # fmt: skip
+        stats.redone = self._repairs.redone - redone
+        if self.team.rank == 0 and end > begin:  # (the warm-up runs an empty batch)
+            self._log.add(stats)
+
+    def _seat(self, ready: np.ndarray, capacity: int) -> ex.Seat:
+        seat, team = self.team.seat, self.team
+        return ex.Seat(
+            seat.pool, seat.pool_ranks.index(team.rank), len(seat.pool_ranks), team.parties,
+            self._row_pool, self._row_of_cell, self.run["words"], ready, capacity, team.sync,
+            team.timeout_ns,
+        )  # fmt: skip
+
+    def _construct(self, spec: Speculation, units: Units, begin: int, end: int,
+                   time: Breakdown) -> BatchStats:  # fmt: skip
+        """The whole team: link the batch, fate the transactions, count. Returns the
+        batch's statistics (the same on every executor); folds the previous batch's
+        measured exploration time into the history."""
+        team, ops = self.team, spec.ops
+        rank = team.rank
+        first, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
+        t0 = begin + (end - begin) * rank // team.parties
+        t1 = begin + (end - begin) * (rank + 1) // team.parties
+        o0, o1 = int(ops.txn_ptr[t0]), int(ops.txn_ptr[t1])
+        table = self.run["stats"]
+        row = table[rank]
+        with time.timing("construct"):
+            row[:] = 0
+            row[EXPLORE_NS] = self._explore_ns
+            listed = int(self._part.counts[1])
+            link_batch(rank, first, stop, ops, self._part, spec.links, self.state.values,
+                       row[:LINK_STATS])  # fmt: skip
+            self._own = self._part.mine[listed : self._part.counts[1]]
+            txn_fates(t0, t1, ops, spec.fates)
+            row[LD] = (o1 - o0) - int(np.count_nonzero(np.diff(ops.txn_ptr[t0 : t1 + 1])))
+            spec.versions.done[o0:o1] = 0
+            reset_units(o0, o1, units)
+            self.run["progress"][STRIDE * rank] = first
+            if rank == 0:
+                self.run["words"][:] = 0
+        team.barrier(time)
+        totals = table.sum(axis=0)
+        if self._last is not None and self._last.transactions:  # the previous batch, measured
+            self._last.explore_s = float(totals[EXPLORE_NS]) / 1e9
+            self._history.update(self._last, self.thresholds.memory)
+        self._last = BatchStats(
+            transactions=end - begin,
+            operations=stop - first,
+            td=int(totals[TD]),
+            pd=int(totals[PD]),
+            ld=int(totals[LD]),
+            cross=int(totals[CROSS]),
+            rows=int(totals[HEADS]),
+            hot=int(table[:, HOT].max()),
+        )
+        return self._last
+
+    def _units(self, tpg: ex.Tpg, batch: ex.Batch, explore: str, seat: ex.Seat,
+               stats: BatchStats, time: Breakdown) -> ex.Strata | None:  # fmt: skip
+        """The units' strata (structured exploration) or dependency counts and ready
+        queues (non-structured: returns None)."""
+        team, ops, links, units = self.team, tpg.ops, tpg.links, tpg.units
+        rank, table = team.rank, self.run["stats"]
+        strata = 1
+        if batch.fine and explore != "ns":
+            waited = np.zeros(1, np.int64)
+            with time.timing("construct"):
+                why, mine = fine_levels(rank, batch.first, batch.end, ops, links, units,
+                                        self.run["progress"], team.sync, team.timeout_ns,
+                                        waited)  # fmt: skip
+                table[rank, STRATA] = mine
+            time.construct -= waited[0] / 1e9
+            time.sync += waited[0] / 1e9
+            team.check(why)
+            team.barrier(time)
+            strata = int(table[:, STRATA].max())
+        elif not batch.fine and stats.cross:
+            if rank == 0:
+                with time.timing("construct"):
+                    self._grow_cycles(batch.end - batch.first, len(ops.dep_cell))
+                    table[0, MERGED : STRATA + 1] = 0
+                    merged, cyclic, strata0 = merge_cycles(batch.first, batch.end, ops, links,
+                                                            units, self._cycles)  # fmt: skip
+                    table[0, MERGED], table[0, CYCLIC], table[0, STRATA] = merged, cyclic, strata0
+            team.barrier(time)
+            strata, stats.merged = int(table[0, STRATA]), int(table[0, MERGED])
+        stats.strata = strata
+        if explore == "ns":
+            with time.timing("explore"):
+                counted = np.zeros(team.seat.pools, np.int64)
+                count_pending(rank, batch.first, batch.end, batch.fine, ops, links, units,
+                              self._row_pool, self._row_of_cell, counted)  # fmt: skip
+                for pool in np.flatnonzero(counted):
+                    add_to(seat.words, ex.total_word(int(pool)), int(counted[pool]))
+                ex.queue_ready(batch.first, batch.end, tpg, seat, batch.fine, rank)
+            team.barrier(time)
+            return None
+        with time.timing("explore"):
+            if len(self._level_ptr) < strata + 1:
+                self._level_ptr = np.zeros(2 * strata + 1, np.int64)
+            if len(self._listed) < batch.end - batch.first:
+                self._listed = np.zeros(2 * (batch.end - batch.first), np.int64)
+            n_merged = int(table[0, CYCLIC]) if not batch.fine and stats.cross else 0
+            work_strata(batch.first, batch.end, batch.fine, self._own, team.seat.alone, seat,
+                        strata, ops, links, units, n_merged, self._level_ptr,
+                        self._listed)  # fmt: skip
+        return ex.Strata(strata, self._level_ptr, self._listed)
+
+    def _grow_cycles(self, operations: int, reads: int) -> None:
+        if len(self._cycles.node) < operations or len(self._cycles.edges) < reads:
+            self._cycles = cycle_scratch(2 * operations, 2 * reads)
+
+    def _explore(self, choice: Choice, batch: ex.Batch, tpg: ex.Tpg, seat: ex.Seat,
+                 strata: ex.Strata | None, spec: Speculation, txns: tuple[int, int],
+                 s: np.ndarray, stats: BatchStats, time: Breakdown) -> int:  # fmt: skip
+        """Explore the batch, resolving failures eagerly (at safe points) or lazily (once
+        explored); every failure is resolved when it returns. Returns the ns this
+        executor spent running operations (exploring, not waiting nor repairing)."""
+        team = self.team
+        cursor = np.array([-1 if strata is None else 0, 0, 0, 0, 0, 0], np.int64)
+        words = seat.words
+
+        def paused() -> None:
+            if team.rank == 0:
+                team.sync[STRIDE * PAUSE] = 0
+            cursor[2] = words[STRIDE * ex.FRESH]
+
+        policy = EAGER if batch.eager else LAZY
+        state = self.state.arrays
+        working = 0
+        while True:
+            s.waited[0] = 0
+            started = clock.perf_counter_ns()
+            if strata is None:
+                why = ex.explore_ns(batch, tpg, state, self.udf, s, seat, cursor)
+            elif choice.explore == "bfs":
+                why = ex.explore_bfs(batch, tpg, state, self.udf, s, seat, strata, cursor)
+            else:
+                why = ex.explore_dfs(batch, tpg, state, self.udf, s, seat, strata, cursor)
+            spent = clock.perf_counter_ns() - started
+            working += spent - int(s.waited[0])
+            time.useful += (spent - int(s.waited[0])) / 1e9
+            time.sync += s.waited[0] / 1e9
+            if why == SET_FULL:
+                raise RuntimeFailure(SET_FULL_MESSAGE)
+            if why == ex.REPAIR:
+                self._repair(policy, spec, txns, s, stats, time, paused)
+                continue
+            if why != ex.ALL_DONE:
+                team.check(why)
+            break
+        stats.failed = int(words[STRIDE * ex.FRESH])
+        if stats.failed > cursor[2]:
+            self._repair(policy, spec, txns, s, stats, time, paused)
+        return working
+
+    def _repair(self, policy, spec, txns, s, stats, time, paused) -> None:
+        stats.repairs += 1
+        self._repairs.run(policy, spec, txns[0], txns[1], s, time, paused)
+
+    def report(self) -> dict:
+        """`decisions` (SPEC §5), per-batch statistics, operations redone."""
+        if self._last is not None and self._log.batches and self._log.batches[-1] is self._last:
+            self._last.explore_s = self._explore_ns * self.team.parties / 1e9  # estimated
+        return {**self._log.report(), **super().report()}

@@ -1,0 +1,66 @@
+"""Placement: which executors share work, and which executor a row of state belongs to.
+
+Executors are grouped in *pools* (SPEC §4 `--placement`): shared-nothing gives each
+executor its own pool, shared-per-socket one pool per socket, shared-everything one
+pool for all. A row (one key of one table) belongs to the pool its hash points to;
+the executors of a pool share its rows' work as their scheduler decides. Every
+scheduler places rows through `row_pools`, so hashing lives in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from txstream._numba import jit
+from txstream.state._kernels import hash64
+
+PLACEMENTS = ("shared-nothing", "shared-per-socket", "shared-everything")
+
+
+@dataclass(frozen=True)
+class Seat:
+    """An executor's place in the team: picklable, handed to it at start."""
+
+    rank: int
+    parties: int
+    pool: int
+    pools: int
+    pool_ranks: tuple[int, ...]
+    """Ranks sharing this executor's pool (lowest first)."""
+
+    @property
+    def alone(self) -> bool:
+        """Whether every pool of the team has exactly one executor (nothing is shared)."""
+        return self.pools == self.parties
+
+
+def seats(placement: str | None, sockets: list[int]) -> list[Seat]:
+    """Seats for executors on ``sockets`` (one entry per executor, in rank order).
+    Without a placement (a scheduler that does not place work) every executor is alone."""
+    n = len(sockets)
+    if placement == "shared-everything":
+        pool_of = [0] * n
+    elif placement == "shared-per-socket":
+        order = sorted(set(sockets))
+        pool_of = [order.index(s) for s in sockets]
+    else:
+        pool_of = list(range(n))
+    pools = max(pool_of) + 1
+    return [
+        Seat(r, n, pool_of[r], pools, tuple(i for i in range(n) if pool_of[i] == pool_of[r]))
+        for r in range(n)
+    ]
+
+
+@jit
+def _fill_row_pools(pools, out):
+    for row in range(len(out)):
+        out[row] = hash64(row) % pools
+
+
+def row_pools(rows: int, pools: int) -> np.ndarray:
+    """The pool of every row: spread by hash, so hot keys land on different pools."""
+    out = np.empty(rows, np.int64)
+    _fill_row_pools(pools, out)
+    return out

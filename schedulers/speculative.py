@@ -1,0 +1,77 @@
+"""The common ground of the schedulers that link each chunk in parallel and execute its
+operations speculatively, repairing failures through the Coordinator (tstream,
+morphstream): the row partition the team links by, the links and versions of a chunk
+and a progress word per executor, the repairs, the end of a chunk."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from txstream.metrics import Breakdown
+from txstream.schedulers._kernels import collect_results
+from txstream.schedulers._links import forget_chunk, with_room
+from txstream.schedulers._links import partition as link_partition
+from txstream.schedulers._versions import undo_aborted_tails
+from txstream.schedulers.aborts import Repairs, Speculation, chunk_versions
+from txstream.schedulers.base import Scheduler
+from txstream.schedulers.placement import row_pools
+from txstream.schedulers.team import Team
+from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
+from txstream.state.operations import OperationBatch
+from txstream.state.segments import ArraySpec
+from txstream.state.sync import STRIDE
+from txstream.state.tables import SharedState
+from txstream.topologies.api import Topology
+
+if TYPE_CHECKING:
+    from txstream.config import RunConfig
+
+
+class SpeculativeScheduler(Scheduler):
+    """Links in parallel, speculative execution, exact repairs (module docstring)."""
+
+    @classmethod
+    def chunk_arrays(cls, config: RunConfig, dims: ChunkDims) -> list[ArraySpec]:
+        """The links, versions and fates of the chunk's operations."""
+        return chunk_versions(dims)
+
+    @classmethod
+    def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
+        """A progress word per executor (a redo publishes how far it is there)."""
+        return [ArraySpec("progress", "int64", (STRIDE * dims.parties,))]
+
+    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Team):
+        super().__init__(config, topology, state, team)
+        layout = state.layout
+        self._row_of_cell = layout.row_of_cell()
+        self._part = link_partition(self._row_of_cell, layout.rows, team.parties)
+        self._row_pool = row_pools(layout.rows, team.seat.pools)
+        self._repairs: Repairs | None = None
+
+    def map_run(self, arrays: dict[str, np.ndarray]) -> None:
+        """Receive the run arrays; repairs publish their progress there."""
+        super().map_run(arrays)
+        self._repairs = Repairs(self.team, self.state.arrays, self.udf, arrays["progress"])
+
+    def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
+        """Room to list the operations this executor links in the chunk."""
+        self._part = with_room(self._part, len(ops))
+
+    def finish(
+        self, chunk: ChunkArrays, ops: OperationBatch, first: int, end: int, time: Breakdown
+    ) -> None:
+        """Roll back aborted transactions at the ends of chains; collect results (this
+        executor's share); forget the chunk's links."""
+        spec = Speculation.of(chunk)
+        first_op, stop = int(ops.txn_ptr[first]), int(ops.txn_ptr[end])
+        with time.timing("abort"):
+            undo_aborted_tails(first_op, stop, spec.ops, spec.links, spec.versions, spec.fates,
+                               self.state.arrays)  # fmt: skip
+        with time.timing("useful"):
+            collect_results(first, end, spec.ops, spec.versions, spec.fates, chunk.outcomes)
+        forget_chunk(self._part)
+
+    def report(self) -> dict:
+        """Operations redone after failures."""
+        return {"redone_operations": self._repairs.redone if self._repairs else 0}

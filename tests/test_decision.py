@@ -1,0 +1,109 @@
+"""MorphStream's decision model: every choice of every dimension is reachable, fixed
+dimensions are kept, and `auto` decides from what the team measured."""
+
+from __future__ import annotations
+
+from local_engine import run_local
+from txstream.schedulers.decision import (
+    ABORT,
+    EXPLORE,
+    GRANULARITY,
+    BatchStats,
+    Choice,
+    DecisionLog,
+    History,
+    Thresholds,
+    decide,
+)
+from txstream.topologies._generators import WorkloadSpec, generate
+
+TH = Thresholds()
+AUTO = Choice("auto", "auto", "auto")
+
+
+def _stats(**fields) -> BatchStats:
+    base = dict(transactions=1000, operations=2000, td=500, pd=0, ld=1000, cross=0, rows=1500,
+                hot=4)  # fmt: skip
+    return BatchStats(**{**base, **fields})
+
+
+def test_fixed_dimensions_are_kept():
+    for explore in EXPLORE:
+        for granularity in GRANULARITY:
+            for abort in ABORT:
+                fixed = Choice(explore, granularity, abort)
+                assert decide(_stats(cross=900, hot=900), History(), fixed, TH) == fixed
+
+
+def test_granularity_is_coarse_without_cross_row_dependencies_and_fine_with_many_or_cycles():
+    assert decide(_stats(cross=0), History(), AUTO, TH).granularity == "coarse"
+    many = int(TH.coarse_max_cross * 2000) + 1
+    assert decide(_stats(cross=many, pd=many), History(), AUTO, TH).granularity == "fine"
+    cyclic = History(merged_share=TH.coarse_max_merged * 2)
+    assert decide(_stats(cross=1, pd=1), cyclic, AUTO, TH).granularity == "fine"
+
+
+def test_exploration_is_bfs_with_few_strata_ns_when_skewed_dfs_otherwise():
+    assert decide(_stats(cross=0), History(), AUTO, TH).explore == "bfs"
+    fine = Choice("auto", "fine", "auto")
+    few_strata = int(TH.bfs_max_strata_share * 2000)
+    assert decide(_stats(hot=few_strata), History(), fine, TH).explore == "bfs"
+    # skew = hot * cells touched / operations
+    skewed = _stats(td=1900, hot=int(TH.ns_min_skew * 2000 / 100) + 1)
+    assert decide(skewed, History(), fine, TH).explore == "ns"
+    assert decide(_stats(td=1700, hot=few_strata + 1), History(), fine, TH).explore == "dfs"
+
+
+def test_aborts_are_eager_when_late_repairs_cost_more_than_pauses_and_failures_are_few():
+    costly = (TH.eager_min_late_us / 10) * 2  # us per operation, with 10 redone per failure
+    cheap = (TH.eager_min_late_us / 10) / 2
+    few = TH.eager_max_failures / 2 / 1000  # abort ratios of the 1000-transaction batch
+    many = TH.eager_max_failures * 2 / 1000
+    for cost, ratio, want in [(costly, few, "eager"), (costly, many, "lazy"),
+                              (cheap, few, "lazy"), (None, None, "lazy")]:  # fmt: skip
+        history = History(abort_ratio=ratio, cost_us=cost, redo_per_failure=10.0)
+        assert decide(_stats(), history, AUTO, TH).abort == want
+
+
+def test_history_folds_in_what_batches_measured():
+    history = History()
+    stats = _stats(failed=100, redone=400, explore_s=0.004, granularity="coarse", merged=150,
+                   abort="lazy")  # fmt: skip
+    history.update(stats, memory=0.5)
+    assert (history.abort_ratio, history.cost_us, history.merged_share) == (0.1, 2.0, 0.1)
+    assert history.redo_per_failure == 4.0
+    history.update(_stats(failed=0, explore_s=0.0, granularity="fine"), memory=0.5)
+    assert (history.abort_ratio, history.cost_us, history.merged_share) == (0.05, 1.0, 0.1)
+    history.update(_stats(failed=10, redone=0, abort="eager"), memory=0.5)  # eager: not folded
+    assert history.redo_per_failure == 4.0
+
+
+def test_the_log_counts_every_batch_and_keeps_its_statistics_up_to_a_limit():
+    log = DecisionLog(limit=2)
+    for explore in ("bfs", "ns", "ns"):
+        log.add(_stats(explore=explore, granularity="fine", abort="lazy"))
+    report = log.report()
+    assert report["decisions"]["explore"] == {"bfs": 1, "dfs": 0, "ns": 2}
+    assert report["decision_batches"]["explore"] == ["bfs", "ns"]
+
+
+def _decisions(topology: str, spec: WorkloadSpec, **options) -> dict:
+    events, init = generate(topology, spec)
+    reports: list[dict] = []
+    run_local(topology, events, init, scheduler="morphstream", executors=2,
+              punctuation_interval=1000, reports=reports, **options)  # fmt: skip
+    return reports[0]
+
+
+def test_auto_decides_from_the_measured_graph_of_each_batch():
+    # SL has no parametric reads: coarse units, no edges between them, one stratum
+    sl = _decisions("sl", WorkloadSpec(events=3000, keys=500, seed=1))
+    assert sl["decisions"]["granularity"]["coarse"] == 3 and sl["decisions"]["explore"]["bfs"] == 3
+    # GS writes read other records: many cross-row edges, fine units
+    gs = _decisions("gs", WorkloadSpec(events=3000, keys=500, deps=4, seed=1))
+    assert gs["decisions"]["granularity"]["fine"] == 3
+    assert all(c > 0 for c in gs["decision_batches"]["cross"])
+    # many failures on cheap operations: lazy, and what they cost is measured
+    aborts = _decisions("sl", WorkloadSpec(events=4000, keys=500, abort_ratio=0.5, seed=1))
+    assert aborts["decisions"]["abort"] == {"eager": 0, "lazy": 4}
+    assert all(f > 0 for f in aborts["decision_batches"]["failed"])
