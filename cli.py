@@ -332,12 +332,14 @@ def _run(args: argparse.Namespace) -> None:
 
 def summary(topology: str, scheduler: str, m: dict, output: str) -> str:
     """The one line `run` prints on stdout."""
-    latency = m["latency_ms"]
+    latency = {k: "-" if v is None else f"{v:.0f}" for k, v in m["latency_ms"].items()}
+    resumed = m["config"].get("resumed_from") or 0
     return (
         f"{topology} {scheduler}: {m['events']:,} events ({m['committed']:,} committed, "
         f"{m['aborted']:,} aborted, {m['rejected']:,} rejected) in {m['seconds']:.2f} s = "
-        f"{m['throughput_eps'] or 0:,.0f} events/s after {m['startup_s']:.1f} s of start-up; "
-        f"latency p50 {latency['p50']:.0f} ms, p99 {latency['p99']:.0f} ms -> {output}"
+        f"{m['throughput_eps'] or 0:,.0f} events/s after {m['startup_s']:.1f} s of start-up"
+        + (f" (resumed at event {resumed:,})" if resumed else "")
+        + f"; latency p50 {latency['p50']} ms, p99 {latency['p99']} ms -> {output}"
     )
 
 

@@ -87,8 +87,8 @@ class Job:
     def _plan(self, init_state: InitState, output: str | Path | None, **options: Any):
         """Everything checked before anything starts (`txstream.session.plan`); too many
         executors for the cores is a warning."""
-        session_plan = plan(self.config, init_state, output, **options)
         warning = check_executors(self.config.executors)
+        session_plan = plan(self.config, init_state, output, **options)
         if warning:
             self.console.warn(warning)
         return session_plan

@@ -560,6 +560,8 @@ class Session:
             "config": {**self.config.as_dict(), "pushed": self._pushed,
                        "resumed_from": self.resumed_from},
         }  # fmt: skip
+        if self.resumed_from and seconds > 0:  # this process ran the events after it only
+            metrics["throughput_eps"] = round((events.num_rows - self.resumed_from) / seconds, 1)
         metrics.update(self.extra_metrics)
         output.commit(tables, json.dumps(metrics, indent=2) + "\n")
         if self.plan.store is not None:

@@ -65,6 +65,7 @@ def ray_session(
             with console.phase("starting Ray"):
                 stack.callback(_shutdown, console)
                 _init(
+                    address="local",  # a Ray of its own, even if another one runs here
                     num_cpus=usable_cores(),
                     object_store_memory=OBJECT_STORE_BYTES,
                     _temp_dir=str(folder),

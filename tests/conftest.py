@@ -26,6 +26,7 @@ def ray_cluster():
     from txstream.cluster.spark import JVM_OPTIONS
 
     ray.init(
+        address="local",
         num_cpus=2,
         include_dashboard=False,
         object_store_memory=OBJECT_STORE_BYTES,

@@ -66,7 +66,7 @@ def test_quick_start_result_of_a_million_rows_to_spark(spark):
     events, init = generate("sl", WorkloadSpec(events=1_000_000))
     result = Job("sl", source="arrow", progress=False).run(events, init)
     chunked = pa.Table.from_batches(result.events.to_batches(max_chunksize=100_000))
-    assert chunked.num_rows == 1_000_000 and chunked.column("ts").num_chunks == 10
+    assert chunked.num_rows == 1_000_000 and chunked.column("ts").num_chunks >= 10
     result = Result(chunked, result.state, result.metrics)
     frame, state = result.to_spark(spark)
     counts = {row["status"]: row["count"] for row in frame.groupBy("status").count().collect()}

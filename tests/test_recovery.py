@@ -155,7 +155,17 @@ def _tagged(tag: str) -> list[int]:
     return found
 
 
-def _wait_gone(tag: str, seconds: float = 30) -> list[int]:
+def _cmdlines(pids: list[int]) -> list[str]:
+    names = []
+    for pid in pids:
+        try:
+            names.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120])
+        except OSError:
+            continue
+    return [n.decode(errors="replace") for n in names]
+
+
+def _wait_gone(tag: str, seconds: float = 60) -> list[int]:
     deadline = time.monotonic() + seconds
     while (left := _tagged(tag)) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -194,7 +204,8 @@ def test_a_run_whose_driver_was_killed_resumes_from_its_last_checkpoint(tmp_path
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     assert not (out / "_SUCCESS").exists() and not (out / "events.parquet").exists()
-    assert not _wait_gone(tag), "the killed driver's processes are still alive"
+    left = _wait_gone(tag)
+    assert not left, f"the killed driver's processes are still alive: {_cmdlines(left)}"
     resumed = _cli(*args, tag=tag + "-again")
     _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr[-2000:]
@@ -214,7 +225,9 @@ def test_an_interrupted_session_resumes_and_a_replayed_spark_batch_is_applied_on
     from txstream.streaming import foreach_batch
 
     events, init = _workload("sl", 9)
-    frames = [spark.createDataFrame(events.slice(i * 2000, 2000).to_pandas()) for i in range(3)]
+    for i in range(3):
+        pq.write_table(events.slice(i * 2000, 2000), tmp_path / f"batch-{i}.parquet")
+    frames = [spark.read.parquet(str(tmp_path / f"batch-{i}.parquet")) for i in range(3)]
     job = Job("sl", scheduler="tstream", executors=2, checkpoint_dir=str(tmp_path / "ckpt"),
               progress=False)  # fmt: skip
     out = tmp_path / "out"
