@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from txstream.config import ABORT, EXPLORE, GRANULARITY, PLACEMENTS, SOURCES, RunConfig
 from txstream.errors import SchemaError, TxstreamError, UsageError
-from txstream.schedulers import PLANNED, SCHEDULERS
+from txstream.schedulers import SCHEDULERS
 from txstream.topologies import BUNDLED
 
 EXIT_USAGE = 2
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--input", required=True, metavar="EVENTS", help="Parquet file or folder")
     run.add_argument("--init-state", required=True, metavar="DIR")
     run.add_argument("--output", required=True, metavar="DIR")
-    run.add_argument("--scheduler", choices=(*SCHEDULERS, *PLANNED), default=defaults.scheduler)
+    run.add_argument("--scheduler", choices=tuple(SCHEDULERS), default=defaults.scheduler)
     run.add_argument("--explore", choices=EXPLORE, default=None)
     run.add_argument("--granularity", choices=GRANULARITY, default=None)
     run.add_argument("--abort", choices=ABORT, default=None)
