@@ -21,9 +21,14 @@ def record_output(t, o, ops, result, results):
 
 
 @inline
-def settle(t, failed, results):
-    """Transaction `t` committed (``failed`` 0) or aborted for reason ``failed``: its
-    status, and no outputs if aborted."""
+def settle(t, failed, atomic, state, log, n_log, results, waited):
+    """Transaction `t` committed (``failed`` 0) or aborted for reason ``failed``: if
+    aborted and ``atomic``, its ``n_log`` logged writes rolled back (the nanoseconds
+    added to ``waited[ABORT_NS]``); its status, and no outputs if aborted."""
+    if failed and atomic:
+        start = monotonic_ns()
+        roll_back(state, log, n_log)
+        waited[ABORT_NS] += monotonic_ns() - start
     status, status_reason, out_values, out_set = results
     if failed:
         status[t] = ABORTED
@@ -52,11 +57,7 @@ def run_transaction(t, ops, state, udf, reads, log, results, atomic, waited):
             failed = ops.reason[o]
             break
         record_output(t, o, ops, result, results)
-    if failed and atomic:
-        start = monotonic_ns()
-        roll_back(state, log, n_log)
-        waited[ABORT_NS] += monotonic_ns() - start
-    settle(t, failed, results)
+    settle(t, failed, atomic, state, log, n_log, results, waited)
     return 0
 
 

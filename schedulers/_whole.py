@@ -39,13 +39,14 @@ from txstream._numba import (
     monotonic_ns,
     store_release,
 )
-from txstream.schedulers._kernels import ABORT_NS, record_output, run_transaction, settle
-from txstream.state._kernels import SET_FULL, UndoLog, apply_operation, evaluate, roll_back
+from txstream.schedulers._kernels import record_output, run_transaction, settle
+from txstream.state._kernels import SET_FULL, UndoLog, apply_operation, evaluate
 from txstream.state.operations import READ, REJECTED
 from txstream.state.sync import OK, STRIDE, pause, wait_at_least
 
 SYNC_NS, LOCK_NS = 0, 1
-"""Slots of ``waited`` (with `ABORT_NS`): waiting for peers, taking locks or registering."""
+"""Slots of ``waited`` (with `ABORT_NS` of `txstream.schedulers._kernels`): waiting for
+peers, taking locks or registering."""
 
 
 class Peer(NamedTuple):
@@ -148,9 +149,18 @@ def _find(s, n, c):
     return -1
 
 
+SKIP = -1
+"""`_admit`: the transaction is another executor's."""
+
+
 @inline
-def _take_turn(order, ticket, me, deadline, s):
-    """Wait until the order counter admits ``ticket`` (charged to sync)."""
+def _admit(t, tickets, order, me, deadline, s):
+    """SKIP if transaction `t` is another executor's (tickets are dealt round-robin),
+    else wait until the order counter admits its ticket (charged to sync): OK, or why
+    the wait ended."""
+    ticket = tickets[t]
+    if ticket < 0 or ticket % me.parties != me.rank:
+        return SKIP
     return wait_at_least(order, 0, ticket, me.sync, deadline, s.waited, False)
 
 
@@ -180,10 +190,9 @@ def run_locked(begin, end, ops, state, udf, results, tickets, words, me, s):
     rank``); OK, SET_FULL or why a wait ended."""
     deadline = monotonic_ns() + me.timeout_ns
     for t in range(begin, end):
-        ticket = tickets[t]
-        if ticket < 0 or ticket % me.parties != me.rank:
+        why = _admit(t, tickets, words.order, me, deadline, s)
+        if why == SKIP:
             continue
-        why = _take_turn(words.order, ticket, me, deadline, s)
         if why != OK:
             return why
         start = monotonic_ns()
@@ -192,7 +201,7 @@ def run_locked(begin, end, ops, state, udf, results, tickets, words, me, s):
             why = _lock(words.locks, s.cell[i], s.write[i], me, deadline)
             if why != OK:
                 return why
-        store_release(words.order, 0, ticket + 1)
+        store_release(words.order, 0, tickets[t] + 1)
         s.waited[LOCK_NS] += monotonic_ns() - start
         if run_transaction(t, ops, state, udf, s.reads, s.log, results, True, s.waited):
             return SET_FULL
@@ -280,11 +289,7 @@ def _run_versioned(t, n, ops, state, udf, results, s):
             failed = ops.reason[o]
             break
         record_output(t, o, ops, result, results)
-    if failed:
-        start = monotonic_ns()
-        roll_back(state, s.log, n_log)
-        s.waited[ABORT_NS] += monotonic_ns() - start
-    settle(t, failed, results)
+    settle(t, failed, True, state, s.log, n_log, results, s.waited)
     return 0
 
 
@@ -294,16 +299,15 @@ def run_multiversioned(begin, end, ops, state, udf, results, tickets, w, v, me, 
     deadline = monotonic_ns() + me.timeout_ns
     values = state.values
     for t in range(begin, end):
-        ticket = tickets[t]
-        if ticket < 0 or ticket % me.parties != me.rank:
+        why = _admit(t, tickets, w.order, me, deadline, s)
+        if why == SKIP:
             continue
-        why = _take_turn(w.order, ticket, me, deadline, s)
         if why != OK:
             return why
         start = monotonic_ns()
         n = access_set(t, ops, s)
         _register(n, w, v, s)
-        store_release(w.order, 0, ticket + 1)
+        store_release(w.order, 0, tickets[t] + 1)
         s.waited[LOCK_NS] += monotonic_ns() - start
         for i in range(n):
             c = s.cell[i]
