@@ -28,6 +28,7 @@ from txstream.schedulers._whole import (
     run_locked,
     run_multiversioned,
     run_partitioned,
+    version_read,
 )
 from txstream.schedulers.whole import WholeTransactionScheduler
 from txstream.state._kernels import Udf
@@ -92,6 +93,37 @@ def test_every_wait_ends_at_the_timeout_or_when_a_peer_fails(wait):
     assert time.monotonic() - start < 5
     sync[word(FAILED)] = 1
     assert _blocked_run(wait, ops, Peer(sync, int(600e9), 1, 2)) == PEER_FAILED
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    first=st.integers(0, 4), writers=st.integers(0, 4), done=st.integers(0, 4),
+    taken=st.integers(0, 4), history=st.lists(st.integers(0, 99), min_size=9, max_size=9),
+)  # fmt: skip
+def test_a_versioned_read_sees_the_cell_as_its_earlier_writers_left_it(first, writers, done,
+                                                                       taken, history):  # fmt: skip
+    """MVLK: writers ``first..first+writers-1`` of cell 0 are this chunk's (listed newest
+    first from ``head``), earlier ones were done in earlier chunks; ``done`` of the
+    chunk's are done, ``taken >= done`` have taken the cell (the last of them may be
+    writing it). A reader after ``first + done`` writers must get what the last of them
+    left (``history[k]``: the value once writers before k are done), whatever later
+    writers did."""
+    done = min(done, writers)
+    taken = min(max(taken, done), writers)
+    r = first + done
+    v = MvVersions(*(np.full(max(1, writers), -9, np.int64) for _ in MvVersions._fields))
+    v.taken[:] = 0
+    for node in range(writers):
+        k = first + node
+        v.wseq[node], v.prev[node] = k, node - 1
+        if node < taken:
+            v.before[node], v.taken[node] = history[k], 1
+        if node < done:
+            v.after[node] = history[k + 1]
+    current = history[r] if taken == done else -5  # a later writer may be writing it
+    w = MvWords(np.zeros(STRIDE, np.int64), np.array([first + writers]), np.array([r]),
+                np.array([writers - 1]))  # fmt: skip
+    assert version_read(0, r, w, v, np.array([current])) == history[r]
 
 
 @pytest.mark.parametrize("topology", BUNDLED)
