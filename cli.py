@@ -124,7 +124,8 @@ def _parser() -> argparse.ArgumentParser:
         "--scheduler",
         choices=tuple(SCHEDULERS),
         default=defaults.scheduler,
-        help="how transactions run in parallel; every one gives serial's results",
+        help="how transactions run in parallel; all but nolock (a bound without "
+        "consistency) give serial's results",
     )
     run.add_argument(
         "--explore",
@@ -156,8 +157,8 @@ def _parser() -> argparse.ArgumentParser:
         "--placement",
         choices=PLACEMENTS,
         default=None,
-        help="tstream and morphstream: which executors share which keys' work (default: "
-        "shared-nothing)",
+        help="tstream, morphstream, sstore: which executors share which keys' work "
+        "(default: shared-nothing)",
     )
     run.add_argument(
         "--sockets",

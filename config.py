@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass
 
 from txstream.errors import UsageError
 from txstream.logs import LEVELS
-from txstream.schedulers.placement import PLACEMENTS
 from txstream.topologies import BUNDLED, is_valid_name
 
+PLACEMENTS = ("shared-nothing", "shared-per-socket", "shared-everything")
 EXPLORE = ("auto", "bfs", "dfs", "ns")
 GRANULARITY = ("auto", "fine", "coarse")
 ABORT = ("auto", "eager", "lazy")

@@ -2,44 +2,76 @@
 
 from __future__ import annotations
 
-from txstream._numba import jit
+from txstream._numba import inline, jit, monotonic_ns
 from txstream.state._kernels import SET_FULL, apply_operation, read_current, roll_back
 from txstream.state.operations import ABORTED, COMMITTED, REJECTED
 
+ABORT_NS = 2
+"""Slot of a kernel's ``waited`` array where rolling back aborted transactions adds its
+nanoseconds (slots 0 and 1: waiting for peers, taking locks)."""
+
+
+@inline
+def record_output(t, o, ops, result, results):
+    """Add operation `o`'s result to transaction `t`'s output slot, if it has one."""
+    slot = ops.out[o]
+    if slot >= 0:
+        results.out_values[t, slot] += result
+        results.out_set[t, slot] = True
+
+
+@inline
+def settle(t, failed, atomic, state, log, n_log, results, waited):
+    """Transaction `t` committed (``failed`` 0) or aborted for reason ``failed``: if
+    aborted and ``atomic``, its ``n_log`` logged writes rolled back (the nanoseconds
+    added to ``waited[ABORT_NS]``); its status, and no outputs if aborted."""
+    if failed and atomic:
+        start = monotonic_ns()
+        roll_back(state, log, n_log)
+        waited[ABORT_NS] += monotonic_ns() - start
+    status, status_reason, out_values, out_set = results
+    if failed:
+        status[t] = ABORTED
+        status_reason[t] = failed
+        for s in range(out_set.shape[1]):
+            out_set[t, s] = False
+            out_values[t, s] = 0
+    else:
+        status[t] = COMMITTED
+
+
+@inline
+def run_transaction(t, ops, state, udf, reads, log, results, atomic, waited):
+    """Run transaction `t`'s operations in statement order on the current state; at
+    the first failed condition it aborts, its writes rolled back if ``atomic`` (the
+    rollback's nanoseconds added to ``waited[ABORT_NS]``). Returns 0, or SET_FULL if a
+    distinct set ran out of slots."""
+    n_log = 0
+    failed = 0
+    for o in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
+        n_reads = read_current(o, ops, state.values, reads)
+        ok, result, n_log = apply_operation(o, ops, state, udf, reads, n_reads, log, n_log)
+        if not ok:
+            if result == SET_FULL:
+                return SET_FULL
+            failed = ops.reason[o]
+            break
+        record_output(t, o, ops, result, results)
+    settle(t, failed, atomic, state, log, n_log, results, waited)
+    return 0
+
 
 @jit
-def run_transactions(begin, end, ops, state, udf, reads, log, results):
+def run_transactions(begin, end, ops, state, udf, reads, log, results, waited):
     """Run transactions begin..end-1 one by one in ts order, all-or-nothing each.
 
     Returns 0, or SET_FULL if a distinct set ran out of slots.
     """
-    status, status_reason, out_values, out_set = results
     for t in range(begin, end):
-        if status[t] == REJECTED:
+        if results.status[t] == REJECTED:
             continue
-        n_log = 0
-        failed = 0
-        for o in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
-            n_reads = read_current(o, ops, state.values, reads)
-            ok, result, n_log = apply_operation(o, ops, state, udf, reads, n_reads, log, n_log)
-            if not ok:
-                if result == SET_FULL:
-                    return SET_FULL
-                failed = ops.reason[o]
-                break
-            slot = ops.out[o]
-            if slot >= 0:
-                out_values[t, slot] += result
-                out_set[t, slot] = True
-        if failed:
-            roll_back(state, log, n_log)
-            status[t] = ABORTED
-            status_reason[t] = failed
-            for s in range(out_set.shape[1]):
-                out_set[t, s] = False
-                out_values[t, s] = 0
-        else:
-            status[t] = COMMITTED
+        if run_transaction(t, ops, state, udf, reads, log, results, True, waited):
+            return SET_FULL
     return 0
 
 

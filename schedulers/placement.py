@@ -15,8 +15,6 @@ import numpy as np
 from txstream._numba import jit
 from txstream.state._kernels import hash64
 
-PLACEMENTS = ("shared-nothing", "shared-per-socket", "shared-everything")
-
 
 @dataclass(frozen=True)
 class Seat:

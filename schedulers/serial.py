@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from txstream.errors import RuntimeFailure
 from txstream.metrics import Breakdown
-from txstream.schedulers._kernels import run_transactions
+from txstream.schedulers._kernels import ABORT_NS, run_transactions
 from txstream.schedulers.base import SET_FULL_MESSAGE, Scheduler
 from txstream.state._kernels import undo_log
 from txstream.state.chunk import ChunkArrays
@@ -28,10 +28,13 @@ class SerialScheduler(Scheduler):
         if self.team.rank != 0:
             return
         reads = np.empty(max(1, ops.max_reads), np.int64)
+        waited = np.zeros(ABORT_NS + 1, np.int64)
         with time.timing("useful"):
             error = run_transactions(
                 begin, end, ops.arrays, self.state.arrays, self.udf, reads,
-                undo_log(ops.max_txn_ops), chunk.outcomes,
+                undo_log(ops.max_txn_ops), chunk.outcomes, waited,
             )  # fmt: skip
+        time.useful -= waited[ABORT_NS] / 1e9
+        time.abort += waited[ABORT_NS] / 1e9
         if error:
             raise RuntimeFailure(SET_FULL_MESSAGE)

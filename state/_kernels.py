@@ -82,6 +82,24 @@ def busy_wait(spin_ns):
 
 
 @inline
+def evaluate(o, value, ops, udf, reads, n_reads):
+    """Operation `o`'s condition and function on ``value`` (the cell's value as the
+    caller decides it is seen; its parametric reads are ``reads[:n_reads]``), with the
+    UDF cost: (ok, result). ok is False when the condition failed; result is what a
+    READ returns or a WRITE / READ_MODIFY writes (0 for SET_ADD, which calls no function).
+    """
+    r = element_pointer(reads, 0)
+    a = element_pointer(ops.args, o * ops.args.shape[1])
+    busy_wait(udf.spin_ns)
+    cond = ops.cond[o]
+    if cond > 0 and call_user(udf.cond_addr[cond], value, a, r, n_reads) == 0:
+        return False, 0
+    if ops.kind[o] == SET_ADD:
+        return True, 0
+    return True, call_user(udf.fun_addr[ops.fun[o]], value, a, r, n_reads)
+
+
+@inline
 def apply_operation(o, ops, state, udf, reads, n_reads, log, n_log):
     """Execute operation `o` on the state, logging what it overwrote at ``log[n_log]``;
     its parametric reads are ``reads[:n_reads]`` (the caller decides which version
@@ -93,15 +111,10 @@ def apply_operation(o, ops, state, udf, reads, n_reads, log, n_log):
     values = state.values
     c = ops.cell[o]
     value = values[c]
-    r = element_pointer(reads, 0)
-    a = element_pointer(ops.args, o * ops.args.shape[1])
-    busy_wait(udf.spin_ns)
-    cond = ops.cond[o]
-    if cond > 0 and call_user(udf.cond_addr[cond], value, a, r, n_reads) == 0:
-        return False, 0, n_log
+    ok, result = evaluate(o, value, ops, udf, reads, n_reads)
     k = ops.kind[o]
-    if k == READ:
-        return True, call_user(udf.fun_addr[ops.fun[o]], value, a, r, n_reads), n_log
+    if not ok or k == READ:
+        return ok, result, n_log
     if k == SET_ADD:
         slot = set_insert(state, c, ops.args[o, 0])
         if slot == SET_FULL:
@@ -113,12 +126,11 @@ def apply_operation(o, ops, state, udf, reads, n_reads, log, n_log):
             values[c] = value + 1
             n_log += 1
         return True, values[c], n_log
-    new = call_user(udf.fun_addr[ops.fun[o]], value, a, r, n_reads)
     log.cell[n_log] = c
     log.value[n_log] = value
     log.slot[n_log] = -1
-    values[c] = new
-    return True, new, n_log + 1
+    values[c] = result
+    return True, result, n_log + 1
 
 
 @inline

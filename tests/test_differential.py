@@ -3,7 +3,8 @@ placement, team size {1, 2, 3}, punctuation interval {1, 7, 97, 10240} and its o
 options, on randomized workloads with hot keys, cascading aborts, parametric reads of
 cells written earlier in the batch, and malformed events.
 
-The matrix is sampled pairwise (`pairwise`): every value of every axis meets every
+The baselines lock, mvlk and sstore run on intervals {1, 97, 10240}, and only sstore
+places work. The matrix is sampled pairwise (`pairwise`): every value of every axis meets every
 value of every other axis in some case. MorphStream's cases also include every fixed
 combination of its three dimensions and all of them on `auto`. A new scheduler adds
 its name and axes to `AXES`.
@@ -29,8 +30,13 @@ TEAM = {
     "executors": (1, 2, 3),
     "punctuation_interval": (1, 7, 97, 10240),
 }
+WHOLE = {"topology": BUNDLED, "executors": (1, 2, 3), "punctuation_interval": (1, 97, 10240)}
+"""The baselines that give whole transactions to executors; only sstore places work."""
 AXES = {
     "tstream": TEAM,
+    "lock": WHOLE,
+    "mvlk": WHOLE,
+    "sstore": {**WHOLE, "placement": PLACEMENTS},
     "morphstream": {
         **TEAM,
         "explore": ("auto", "bfs", "dfs", "ns"),
@@ -80,12 +86,12 @@ def test_equals_serial_on_long_streams(scheduler, data):
     topology = data.draw(st.sampled_from(BUNDLED), label="topology")
     events, init = data.draw(workloads(topology, max_events=600))
     options = {name: data.draw(st.sampled_from(values), label=name)
-               for name, values in AXES[scheduler].items() if name not in TEAM}  # fmt: skip
+               for name, values in AXES[scheduler].items() if name not in WHOLE}  # fmt: skip
     want = run_local(topology, events, init, punctuation_interval=64, batches_per_chunk=2)
     executors = data.draw(st.integers(2, 3), label="executors")
     got = run_local(
         topology, events, init, scheduler=scheduler, executors=executors,
-        placement=data.draw(st.sampled_from(PLACEMENTS)), sockets=[0, 1, 1][:executors],
+        sockets=[0, 1, 1][:executors],
         punctuation_interval=64, batches_per_chunk=2, **options,
     )  # fmt: skip
     assert_same_tables(got, want)

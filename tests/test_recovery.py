@@ -28,23 +28,24 @@ from txstream.topologies._generators import WorkloadSpec, generate
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
-TEAMS = {"serial": 1, "tstream": 2}
+TEAMS = {"serial": 1, "tstream": 2, "morphstream": 2, "lock": 2, "mvlk": 2, "sstore": 2}
 KINDS = ["Executor", "Coordinator", "Sink", "ProgressController"]
-INTERVALS = [1, 3, 100]
 # (scheduler, actor killed, checkpoint every, topology): every actor kind meets every
-# interval, every scheduler every kind it has and every interval, every topology.
+# interval {1, 3, 100}, every scheduler but nolock (not serial-equivalent) is killed, the
+# Coordinator under both schedulers that have one, every topology several times.
 CASES = [
     ("serial", "Executor", 1, "sl"),
-    ("tstream", "Executor", 3, "gs"),
-    ("tstream", "Executor", 100, "ob"),
-    ("tstream", "Coordinator", 1, "tp"),
+    ("lock", "Executor", 3, "gs"),
+    ("mvlk", "Executor", 100, "ob"),
+    ("sstore", "Executor", 1, "tp"),
     ("tstream", "Coordinator", 3, "sl"),
-    ("tstream", "Coordinator", 100, "gs"),
-    ("tstream", "Sink", 1, "ob"),
-    ("serial", "Sink", 3, "tp"),
-    ("serial", "Sink", 100, "sl"),
-    ("serial", "ProgressController", 1, "gs"),
-    ("tstream", "ProgressController", 3, "tp"),
+    ("morphstream", "Coordinator", 100, "gs"),
+    ("tstream", "Coordinator", 1, "ob"),
+    ("morphstream", "Sink", 1, "tp"),
+    ("serial", "Sink", 3, "ob"),
+    ("tstream", "Sink", 100, "sl"),
+    ("tstream", "ProgressController", 1, "gs"),
+    ("morphstream", "ProgressController", 3, "tp"),
     ("serial", "ProgressController", 100, "ob"),
 ]
 SLICES = 6

@@ -1,0 +1,44 @@
+"""lock: ordered locking, TStream's LOCK baseline.
+
+Transactions are spread over the team by their place in ts order; each takes all of its
+locks (shared for reads, parametric reads included; exclusive for writes) when the
+run's order counter admits it - only once the previous transaction holds its own -
+executes, and releases them at commit or abort (`txstream.schedulers._whole`).
+"""
+
+from __future__ import annotations
+
+from txstream.config import RunConfig
+from txstream.metrics import Breakdown
+from txstream.schedulers._whole import LockWords, run_locked
+from txstream.schedulers.whole import WholeTransactionScheduler
+from txstream.state.chunk import ChunkArrays, RunDims
+from txstream.state.operations import OperationBatch
+from txstream.state.segments import ArraySpec
+from txstream.state.sync import STRIDE
+
+
+class LockScheduler(WholeTransactionScheduler):
+    """Ordered lock acquisition, locks held to commit (module docstring)."""
+
+    name = "lock"
+
+    @classmethod
+    def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
+        """The order counter (a cache line) and a lock word per cell."""
+        return [ArraySpec("order", "int64", (STRIDE,)), ArraySpec("locks", "int64", (dims.cells,))]
+
+    def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
+        """The chunk's tickets (every executor alike)."""
+        self._tickets = self.tickets(ops)
+
+    def execute(
+        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
+    ) -> None:
+        """This executor's transactions of the batch, in ts order."""
+        s = self.scratch(ops)
+        words = LockWords(self.run["order"], self.run["locks"])
+        with time.timing("useful"):
+            why = run_locked(begin, end, ops.arrays, self.state.arrays, self.udf, chunk.outcomes,
+                             self._tickets, words, self.peer, s)  # fmt: skip
+        self.charge(why, s, time)
