@@ -352,11 +352,11 @@ def _follow(job, args: argparse.Namespace):
     def on_interrupt(signum, frame) -> None:
         if stop.is_set():
             raise KeyboardInterrupt
-        print("txstream: stopping (Ctrl-C again to interrupt)", file=sys.stderr)
+        job.console.warn("stopping (Ctrl-C again to interrupt)")
         stop.set()
 
     def on_files(files, watermark: int) -> None:
-        print(f"{len(files)} file(s) pushed, watermark {watermark:,}", file=sys.stderr)
+        job.console.note(f"{len(files)} file(s) pushed, watermark {watermark:,}")
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:

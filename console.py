@@ -102,6 +102,12 @@ class Console:
         while not stop.wait(_TICK_S):
             self._show(f"txstream: {what} ... {time.perf_counter() - start:.0f} s", final=False)
 
+    def note(self, message: str) -> None:
+        """One line of news (shown with the phases and bar, also recorded in the log)."""
+        log.info("%s", message)
+        if self.enabled:
+            self._show(f"txstream: {message}", final=True)
+
     def warn(self, message: str) -> None:
         """One warning line (shown even when phases and bar are not)."""
         log.warning("%s", message)

@@ -156,6 +156,11 @@ def _tagged(tag: str) -> list[int]:
     return found
 
 
+def _newest_checkpoint(folder: Path) -> int:
+    """ts of the newest complete checkpoint in ``folder`` (0: none yet, or the initial one)."""
+    return max((int(p.name.removeprefix("ckpt-")) for p in folder.glob("ckpt-*")), default=0)
+
+
 def _cmdlines(pids: list[int]) -> list[str]:
     names = []
     for pid in pids:
@@ -274,3 +279,41 @@ def test_checkpoints_of_another_run_are_refused_and_incomplete_ones_ignored(tmp_
         assert session.resumed_from == events.num_rows
         result = session.close()
     assert_same_run(result.events, result.state, *naive.run_model("sl", events, init))
+
+
+def test_a_killed_follow_resumes_and_applies_every_file_once(tmp_path):
+    """`txstream run --follow` with checkpoints, its driver SIGKILLed after a checkpoint;
+    the same command again pushes what the checkpoint does not cover, then the new files,
+    and every event is applied once."""
+    events, init = generate("sl", WorkloadSpec(events=9000, keys=500, seed=4))
+    (tmp_path / "init").mkdir()
+    for name, table in init.items():
+        pq.write_table(table, tmp_path / "init" / f"{name}.parquet")
+    incoming, ckpt, out = tmp_path / "incoming", tmp_path / "ckpt", tmp_path / "out"
+    incoming.mkdir()
+    for i in range(2):
+        pq.write_table(events.slice(i * 3000, 3000), incoming / f"part-{i}.parquet")
+    args = ["run", "sl", "--input", str(incoming), "--init-state", str(tmp_path / "init"),
+            "--output", str(out), "--source", "arrow", "--follow", "--scheduler", "tstream",
+            "--executors", "2", "--punctuation-interval", "500", "--checkpoint-dir", str(ckpt),
+            "--checkpoint-every", "1", "--no-progress"]  # fmt: skip
+    tag = f"{os.getpid()}-follow"
+    driver = _cli(*args, tag=tag)
+    deadline = time.monotonic() + 180
+    while _newest_checkpoint(ckpt) == 0:
+        assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+        time.sleep(0.01)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    assert not _wait_gone(tag)
+    pq.write_table(events.slice(6000), incoming / "part-2.parquet")
+    (incoming / "_STOP").write_bytes(b"")
+    resumed = _cli(*args, tag=tag + "-again")
+    _, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr[-2000:]
+    parts = sorted((out / "events").glob("part-*.parquet"))
+    got = pa.concat_tables(pq.read_table(p) for p in parts)
+    state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
+    assert_same_run(got, state, *naive.run_model("sl", events, init))
+    assert json.loads((out / "metrics.json").read_text())["config"]["resumed_from"] > 0
+    assert not _wait_gone(tag + "-again")
