@@ -289,6 +289,12 @@ class Session:
         return int(self._watermark.array[WRITTEN])
 
     @property
+    def committed(self) -> int:
+        """How many events (ts below it) have their outputs committed: what `outputs`
+        yields (at most the watermark)."""
+        return int(self._watermark.array[COMMITTED])
+
+    @property
     def pushed(self) -> int:
         """How many events were pushed so far."""
         return self._pushed
