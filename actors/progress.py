@@ -176,8 +176,10 @@ class ProgressController:
                     arrived = p.ts + p.pending
                     flush = self._flush_through if self._flush_through > flushed else 0
                     flush = flush if arrived >= flush else 0
-                    ending = self._closing and source is None and not self._queue
                     room = len(self._in_flight) < CHUNKS_IN_FLIGHT
+                    # the end: cut the open batch and hand out the rest as room appears
+                    ending = self._closing and source is None and not self._queue
+                    ending = ending and (room or p.pending == 0)
                     readable = source is not None and p.pending < READ_AHEAD * self._sizer.largest
                     deadline = p.deadline()
                     due = deadline is not None and now >= deadline
