@@ -7,18 +7,22 @@ For each workload (SL at C = 0 and GS at C = 10 us, tstream on 2 executors by de
    ``git archive`` into a temporary folder and imported through PYTHONPATH), measured in
    turns: ``--rounds`` rounds, each running this tree then the baseline in a fresh
    process (its own Ray; start-up and warm-up are not in the figure), median per side.
-   The punctuation batch's processing time is taken from this tree's one-shot metrics:
-   the state access of one batch (``batches.state_access_ms`` p50) and the whole
-   pipeline's time per batch (``punctuation_interval / throughput``).
+   The processing time of one punctuation batch is taken from this tree's one-shot
+   metrics: its state access (``batches.state_access_ms`` p50, the acceptance's figure)
+   and, for comparison, the whole pipeline's time per batch (``punctuation_interval /
+   throughput``).
 2. **Steady load**: a session fed from a thread at ``load`` x the one-shot throughput of
    this tree, a small Arrow table every ``--tick-ms`` (as many events as are due by then),
-   for ``--seconds``. Another thread watches the session's ``watermark`` (outputs written,
+   for ``--seconds``, after a first push of ``--warm-up`` seconds' worth of events,
+   flushed (the first non-empty chunk pays one-time costs: 1.3 s measured on a
+   loaded host). Another thread watches the session's ``watermark`` (outputs written,
    SPEC §6) and ``committed`` (outputs readable through ``outputs()``) every millisecond;
    an event's latency is the time from the ``push`` call that carried it to the first
    moment the watermark (or the committed end) is past it. Events pushed during the first
-   ``--warm-up`` seconds are left out (the session learns the team's rate from its first
-   chunks). At the load ``--query-load``, a third thread queries the state every
-   ``--query-ms`` (alternately the whole table and 16 random keys) and times each call.
+   ``--warm-up`` seconds of the steady feed are left out too (the session learns the
+   team's rate from its first chunks). At the load ``--query-load``, a third thread
+   queries the state every ``--query-ms`` (alternately the whole table and 16 random
+   keys) and times each call.
 
 The acceptance of issue 12 is checked and reported: at 50% load, p99 push-to-output
 <= 2 x (processing time of one punctuation batch) + 50 ms, query p99 <= 20 ms, and
@@ -191,18 +195,20 @@ class Querier(threading.Thread):
             n += 1
 
 
-def feed(session, table, rate: float, seconds: float, tick_s: float) -> list[tuple[float, int]]:
+def feed(session, table, first: int, rate: float, seconds: float,
+         tick_s: float) -> list[tuple[float, int]]:  # fmt: skip
     """Push ``rate`` events/s for ``seconds``, one table every ``tick_s`` with the events
-    due by then (cycling through ``table``); ``(time of the push call, end ts)`` per push."""
+    due by then (cycling through ``table``, from event ``first``: the ts of the first event
+    pushed); ``(time of the push call, end ts)`` per push."""
     import pyarrow as pa
 
     size = table.num_rows
     pushes: list[tuple[float, int]] = []
-    pushed = 0
+    pushed = first
     start = time.perf_counter()
     next_tick = start
     while (now := time.perf_counter()) < start + seconds:
-        due = int(rate * (now - start)) - pushed
+        due = first + int(rate * (now - start)) - pushed
         if due > 0:
             at = pushed % size
             pieces = [table.slice(at, min(due, size - at))]
@@ -216,18 +222,18 @@ def feed(session, table, rate: float, seconds: float, tick_s: float) -> list[tup
     return pushes
 
 
-def latencies(pushes: list[tuple[float, int]], trace: np.ndarray, column: int,
+def latencies(pushes: list[tuple[float, int]], first: int, trace: np.ndarray, column: int,
               from_ts: int) -> np.ndarray:  # fmt: skip
-    """Per event from ``from_ts`` on: seconds from its push until the traced ``column``
-    (1: watermark, 2: committed end) first exceeded its ts."""
+    """Per event from ``from_ts`` on (pushes began at ts ``first``): seconds from its push
+    until the traced ``column`` (1: watermark, 2: committed end) first exceeded its ts."""
     times = np.asarray([t for t, _ in pushes])
     ends = np.asarray([e for _, e in pushes], np.int64)
-    starts = np.concatenate([[0], ends[:-1]])
-    pushed_at = np.repeat(times, ends - starts)[from_ts:]
+    starts = np.concatenate([[first], ends[:-1]])
+    pushed_at = np.repeat(times, ends - starts)[from_ts - first :]
     ts = np.arange(from_ts, ends[-1], dtype=np.int64)
     reached = np.maximum.accumulate(trace[:, column].astype(np.int64))
-    first = np.searchsorted(reached, ts, side="right")
-    return trace[first, 0] - pushed_at
+    first_past = np.searchsorted(reached, ts, side="right")
+    return trace[first_past, 0] - pushed_at
 
 
 def percentiles_ms(seconds: np.ndarray | list) -> dict:
@@ -248,6 +254,9 @@ def steady(args, folder: Path, topology: str, cost: float, rate: float, query: b
     job = Job(topology, scheduler="tstream", executors=args.executors, udf_cost_us=cost,
               source="arrow", progress=False)  # fmt: skip
     with job.start(folder / "init") as session:
+        warm = max(1, int(rate * args.warm_up))  # the first chunk's one-time costs
+        session.push(events.slice(0, warm))
+        session.flush()
         watcher = Watcher(session)
         watcher.start()
         querier = None
@@ -255,7 +264,7 @@ def steady(args, folder: Path, topology: str, cost: float, rate: float, query: b
             keys = session.plan.layout.sizes[QUERY_TABLE[topology]]
             querier = Querier(session, QUERY_TABLE[topology], keys, args.query_ms / 1e3)
             querier.start()
-        pushes = feed(session, events, rate, args.seconds, args.tick_ms / 1e3)
+        pushes = feed(session, events, warm, rate, args.seconds, args.tick_ms / 1e3)
         if querier is not None:
             querier.stop.set()
             querier.join()
@@ -267,14 +276,14 @@ def steady(args, folder: Path, topology: str, cost: float, rate: float, query: b
     trace = np.asarray(watcher.trace, np.float64)
     start = pushes[0][0]
     from_ts = next(end for t, end in pushes if t >= start + args.warm_up)
-    written = latencies(pushes, trace, 1, from_ts)
-    committed = latencies(pushes, trace, 2, from_ts)
-    fed = pushes[-1][1]
+    written = latencies(pushes, warm, trace, 1, from_ts)
+    committed = latencies(pushes, warm, trace, 2, from_ts)
+    fed = pushes[-1][1] - warm
     row = {
         "rate_eps": round(rate, 1),
         "achieved_eps": round(fed / (pushes[-1][0] - start), 1),
         "events": fed,
-        "measured_events": fed - from_ts,
+        "measured_events": pushes[-1][1] - from_ts,
         "pushes": len(pushes),
         "latency_written_ms": percentiles_ms(written),
         "latency_committed_ms": percentiles_ms(committed),
@@ -297,8 +306,7 @@ def steady(args, folder: Path, topology: str, cost: float, rate: float, query: b
 def acceptance(workload: dict) -> dict:
     """Issue 12's three criteria for one workload."""
     half = next(r for r in workload["loads"] if r["load"] == 0.5)
-    batch_ms = workload["batch_ms"]["pipeline"]
-    bound = 2 * batch_ms + 50
+    bound = 2 * workload["batch_ms"]["state_access"] + 50
     p99 = half["latency_written_ms"]["p99"]
     query_p99 = half["query_ms"]["both"]["p99"]
     ratio = workload["one_shot"]["ratio"]
@@ -306,6 +314,7 @@ def acceptance(workload: dict) -> dict:
         "latency_p99_ms": p99,
         "latency_bound_ms": round(bound, 1),
         "latency_met": p99 <= bound,
+        "latency_bound_pipeline_ms": round(2 * workload["batch_ms"]["pipeline"] + 50, 1),
         "committed_p99_ms": half["latency_committed_ms"]["p99"],
         "query_p99_ms": query_p99,
         "query_met": query_p99 <= 20,
