@@ -40,9 +40,10 @@ from txstream.cluster.topology import host_topology
 from txstream.config import RunConfig
 from txstream.errors import PeerFailed, RuntimeFailure, TxstreamError, UsageError
 from txstream.metrics import run_metrics
+from txstream.outbox import Outbox
 from txstream.output import EVENTS, OutputDir, part_first_ts
 from txstream.result import Result
-from txstream.sources import ArrowSource, Source
+from txstream.sources import ArrowSource, Source, conform_events
 from txstream.state.chunk import sweep_segments
 from txstream.state.init import InitState, read_init_state
 from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
@@ -54,8 +55,9 @@ from txstream.topologies.api import Layout, Topology
 DEFAULT_SET_CAPACITY = 1 << 20
 """Distinct-set slots when the number of events is not known in advance (a session)."""
 MAX_PENDING_BYTES = 128 * 1024**2
-"""Pushed tables not yet processed, beyond which `push` waits (they hold object store
-memory); sources (files, Spark) are read by the ProgressController at its own pace."""
+"""Pushed tables not yet processed, beyond which `push` waits (they hold memory in the
+outbox or the object store); sources (files, Spark) are read by the ProgressController at
+its own pace."""
 NAMESPACE = "txstream"
 """Ray namespace of named sessions, where `txstream query/status` look for them."""
 WRITTEN, COMMITTED = 0, 1
@@ -208,6 +210,8 @@ class Session:
             concurrency_groups=CONCURRENCY,
         )  # fmt: skip
         self._actors.append(self._controller)
+        self._outbox = Outbox(self._controller.push.remote, cfg.timeout_s)
+        stack.callback(self._outbox.close)
         self._sink, self._executors = sink, executors
         self._get_watching([e.warm_up.remote(topology.event_schema) for e in executors])
         self.startup_s = time.perf_counter() - begin
@@ -233,7 +237,7 @@ class Session:
             self.topology.check_event_schema(events.schema)
             if events.num_rows == 0:
                 return
-            self._controller.push.remote(ray.put(events), time.time())
+            self._outbox.put(conform_events(events, self.topology.event_schema), time.time())
             self._pushed += events.num_rows
             self._table_pushes.append((self._pushed, events.nbytes))
             self._wait_for_room()
@@ -241,6 +245,7 @@ class Session:
         source = self._source(events)
         if source.num_rows == 0:
             return
+        self._outbox.drain()  # the tables pushed before it go first
         self._controller.push_source.remote(source)
         self._pushed += source.num_rows
 
@@ -303,6 +308,7 @@ class Session:
         """Wait until every pushed event is done and its outputs are committed; the
         watermark (= events pushed)."""
         self._check()
+        self._outbox.drain()
         self._controller.flush.remote(self._pushed)
         self._wait_until(lambda: self._watermark.array[COMMITTED] >= self._pushed)
         return self.watermark
@@ -348,6 +354,7 @@ class Session:
         return self._result
 
     def _finish(self) -> Result:
+        self._outbox.drain()
         self._controller.close.remote()
         self._wait_with_progress()
         run_info = self._get(self._running)

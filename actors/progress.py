@@ -78,7 +78,7 @@ class ProgressController:
         self.tables = tables
         self._readers: tuple[SharedArray, SnapshotRing] | None = None
         self._cond = threading.Condition()
-        self._queue: deque = deque()  # ("table", RecordBatch list, arrival) | ("source", Source)
+        self._queue: deque = deque()  # ("table", [(RecordBatch, arrival)]) | ("source", Source)
         self._flush_through = 0
         self._closing = False
         self._dispatching = True
@@ -94,11 +94,16 @@ class ProgressController:
 
     # ---------------------------------------------------------------- input (in order)
     @ray.method(concurrency_group="input")
-    def push(self, events: pa.Table, arrival: float) -> None:
-        """Events pushed at ``arrival``; they follow everything pushed before."""
-        batches = conform_events(events, self.schema).to_batches()
+    def push(self, events: pa.Table, runs: list[tuple[int, float]]) -> None:
+        """Events pushed in ``runs`` of ``(rows, arrival)`` (one per push the session
+        gathered into this call); they follow everything pushed before."""
+        events = conform_events(events, self.schema)
+        pieces, start = [], 0
+        for rows, arrival in runs:
+            pieces += [(batch, arrival) for batch in events.slice(start, rows).to_batches()]
+            start += rows
         with self._cond:
-            self._queue.append(("table", batches, arrival))
+            self._queue.append(("table", pieces))
             self._received += events.num_rows
             self._cond.notify_all()
 
@@ -215,8 +220,7 @@ class ProgressController:
         """Move pushed tables at the head of the queue to the punctuator (a source ahead
         of them is read first)."""
         while self._queue and self._queue[0][0] == "table":
-            _, batches, arrival = self._queue.popleft()
-            for batch in batches:
+            for batch, arrival in self._queue.popleft()[1]:
                 self._punctuator.add(batch, arrival)
 
     def _dispatch(self, chunk: Chunk) -> None:
