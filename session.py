@@ -55,6 +55,7 @@ from txstream.config import RunConfig
 from txstream.console import Console
 from txstream.errors import ActorDied, PeerFailed, RuntimeFailure, TxstreamError, UsageError
 from txstream.metrics import run_metrics
+from txstream.outbox import Outbox
 from txstream.output import OutputDir, part_first_ts
 from txstream.recovery import (
     FORMAT,
@@ -66,7 +67,7 @@ from txstream.recovery import (
 )
 from txstream.result import Result
 from txstream.schedulers.placement import seats
-from txstream.sources import ArrowSource, Source
+from txstream.sources import ArrowSource, Source, conform_events
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer, CheckpointStore
 from txstream.state.chunk import sweep_segments
 from txstream.state.init import InitState, read_init_state
@@ -81,8 +82,9 @@ from txstream.topologies.api import Topology
 DEFAULT_SET_CAPACITY = 1 << 20
 """Distinct-set slots when the number of events is not known in advance (a session)."""
 MAX_PENDING_BYTES = 128 * 1024**2
-"""Pushed tables not yet processed, beyond which `push` waits (they hold object store
-memory); sources (files, Spark) are read by the ProgressController at its own pace."""
+"""Pushed tables not yet processed, beyond which `push` waits (they hold memory in the
+outbox or the object store); sources (files, Spark) are read by the ProgressController at
+its own pace."""
 NAMESPACE = "txstream"
 """Ray namespace of named sessions, where `txstream query/status` look for them."""
 WRITTEN, COMMITTED = 0, 1
@@ -223,6 +225,8 @@ class Session:
         self._result: Result | None = None
         self._closing = False
         self._serving = None
+        self._outbox: Outbox | None = None
+        self._recovering = False
         self._writer: CheckpointWriter | None = None
         self._token: str | None = None
         self._launches = 0
@@ -349,10 +353,12 @@ class Session:
                 [e.warm_up.remote(topology.event_schema) for e in executors]
             )
         self._running = self._controller.run.remote()
+        self._outbox = Outbox(self._controller.push.remote, cfg.timeout_s)
         self._launches += 1
         for pushed, events in self._inputs.after(ts):
             self._send(events, pushed.start if pushed.start > ts else ts)
         if self._closing:
+            self._to_controller(self._outbox.drain)
             self._controller.close.remote()
 
     # ---------------------------------------------------------------- the stream
@@ -383,12 +389,31 @@ class Session:
             self._wait_for_room()
 
     def _send(self, data: pa.Table | Source, start: int) -> None:
-        """Hand events ``start..`` to the ProgressController."""
+        """Hand events ``start..`` to the ProgressController: tables through the outbox,
+        a source once the tables before it are taken in."""
         if isinstance(data, pa.Table):
-            self._controller.push.remote(ray.put(data), time.time())
+            outbox = self._outbox
+            self._to_controller(lambda: outbox.put(conform_events(data, self.topology.event_schema),
+                                                   time.time()))  # fmt: skip
             self._table_pushes.append((start + data.num_rows, data.nbytes))
         else:
+            self._to_controller(self._outbox.drain)
             self._controller.push_source.remote(data)
+
+    def _to_controller(self, action: Callable[[], None]) -> None:
+        """``action`` on the outbox; if it fails because the ProgressController died, the
+        session recovers instead (its replay sends the input again), when it can."""
+        launches = self._launches
+        try:
+            action()
+        except RuntimeFailure:
+            ray.wait([self._running], timeout=self.config.timeout_s)  # the controller's end
+            if self._recovering:
+                self._get(self._running)  # its death (ActorDied): the recovery starts over
+                raise
+            self._poll()
+            if self._launches == launches:
+                raise
 
     def source(self, events: Any) -> Source:
         """A source for ``events`` (not a table): a Parquet path is read with Spark or
@@ -436,6 +461,12 @@ class Session:
         return int(self._watermark.array[WRITTEN])
 
     @property
+    def committed(self) -> int:
+        """How many events (ts below it) have their outputs committed: what `outputs`
+        yields (at most the watermark)."""
+        return int(self._watermark.array[COMMITTED])
+
+    @property
     def pushed(self) -> int:
         """How many events were pushed so far (with those before `resumed_from`)."""
         return self._pushed
@@ -452,6 +483,7 @@ class Session:
         while self._watermark.array[COMMITTED] < self._pushed:
             if asked != self._launches:  # a recovery started a new ProgressController
                 asked = self._launches
+                self._to_controller(self._outbox.drain)
                 self._controller.flush.remote(self._pushed)
             self._wait_until(done)
         return self.watermark
@@ -529,6 +561,7 @@ class Session:
 
     def _finish(self) -> Result:
         self._closing = True
+        self._to_controller(self._outbox.drain)
         self._controller.close.remote()
         self._wait_with_progress()
         run_info = self._get(self._running)
@@ -592,7 +625,11 @@ class Session:
 
     def _stop_actors(self) -> None:
         """Kill every actor of the team and wait until its executors' processes are gone
-        (a dying executor must not write into the state after it was restored)."""
+        (a dying executor must not write into the state after it was restored). What the
+        outbox held is dropped: it is in the input log, which a recovery replays."""
+        if self._outbox is not None:
+            self._outbox.close()
+            self._outbox = None
         stop_actors(self._actors)
         self._actors.clear()
         deadline = time.monotonic() + 10
@@ -674,7 +711,11 @@ class Session:
             })  # fmt: skip
             self._stop_actors()
             checkpoint.restore(self._state)
-            self._launch(checkpoint.ts)
+            self._recovering = True
+            try:
+                self._launch(checkpoint.ts)
+            finally:
+                self._recovering = False
         self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
         return True
 

@@ -2,7 +2,8 @@
 
 Input arrives as it is pushed (Arrow tables, or sources it reads itself: Parquet files,
 Spark partitions), in push order. ts is the position in the concatenation of everything
-pushed. Punctuation batches are cut by count and by time and handed to the team in
+pushed. Punctuation batches are cut by count, by time, and at once when no chunk is in
+flight (the team would otherwise sit idle until the cut), and handed to the team in
 chunks of whole batches, sized for the latency target (`txstream.actors.punctuation`):
 one Ray call per executor per chunk, never per event or per batch, and a bounded number
 of chunks in flight. Every executor gets a contiguous share of every chunk to pre-process;
@@ -79,7 +80,7 @@ class ProgressController:
         self.tables = tables
         self._readers: tuple[SharedArray, SnapshotRing] | None = None
         self._cond = threading.Condition()
-        self._queue: deque = deque()  # ("table", RecordBatch list, arrival) | ("source", Source)
+        self._queue: deque = deque()  # ("table", [(RecordBatch, arrival)]) | ("source", Source)
         self._flush_through = 0
         self._closing = False
         self._dispatching = True
@@ -97,11 +98,16 @@ class ProgressController:
 
     # ---------------------------------------------------------------- input (in order)
     @ray.method(concurrency_group="input")
-    def push(self, events: pa.Table, arrival: float) -> None:
-        """Events pushed at ``arrival``; they follow everything pushed before."""
-        batches = conform_events(events, self.schema).to_batches()
+    def push(self, events: pa.Table, runs: list[tuple[int, float]]) -> None:
+        """Events pushed in ``runs`` of ``(rows, arrival)`` (one per push the session
+        gathered into this call); they follow everything pushed before."""
+        events = conform_events(events, self.schema)
+        pieces, start = [], 0
+        for rows, arrival in runs:
+            pieces += [(batch, arrival) for batch in events.slice(start, rows).to_batches()]
+            start += rows
         with self._cond:
-            self._queue.append(("table", batches, arrival))
+            self._queue.append(("table", pieces))
             self._received += events.num_rows
             self._cond.notify_all()
 
@@ -180,12 +186,16 @@ class ProgressController:
                     arrived = p.ts + p.pending
                     flush = self._flush_through if self._flush_through > flushed else 0
                     flush = flush if arrived >= flush else 0
-                    ending = self._closing and source is None and not self._queue
                     room = len(self._in_flight) < CHUNKS_IN_FLIGHT
+                    # the team has nothing to do: waiting for a cut would only add latency
+                    idle = not self._in_flight and p.pending > 0
+                    # the end: cut the open batch and hand out the rest as room appears
+                    ending = self._closing and source is None and not self._queue
+                    ending = ending and (room or p.pending == 0)
                     readable = source is not None and p.pending < READ_AHEAD * self._sizer.largest
                     deadline = p.deadline()
                     due = deadline is not None and now >= deadline
-                    if flush or ending or due or readable or (room and p.closed):
+                    if flush or ending or due or readable or idle or (room and p.closed):
                         break
                     self._cond.wait(None if deadline is None else max(deadline - now, 1e-3))
             if readable:
@@ -197,7 +207,7 @@ class ProgressController:
                     for piece in conform_events(batch, self.schema).to_batches():
                         p.add(piece, arrival)
             p.cut_if_due(time.time())
-            if flush or ending:
+            if flush or ending or idle:
                 p.punctuate()
             if flush:
                 ray.get(self.sink.commit_at.remote(flush), timeout=self.config.timeout_s)
@@ -227,8 +237,7 @@ class ProgressController:
         """Move pushed tables at the head of the queue to the punctuator (a source ahead
         of them is read first)."""
         while self._queue and self._queue[0][0] == "table":
-            _, batches, arrival = self._queue.popleft()
-            for batch in batches:
+            for batch, arrival in self._queue.popleft()[1]:
                 self._punctuator.add(batch, arrival)
 
     def _dispatch(self, chunk: Chunk) -> None:

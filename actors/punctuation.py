@@ -4,8 +4,8 @@ Plain classes, used by the ProgressController and tested without Ray.
 
 *Punctuations* are cut by count (every ``interval`` events) and by time (when the oldest
 event of the open batch has waited ``punctuation_s``), and on demand (a flush, the end of
-the input): a batch never waits for events that are not coming. Batch sizes therefore
-vary; results never depend on them.
+the input, an idle team): a batch never waits for events that are not coming, nor while
+the team has nothing to do. Batch sizes therefore vary; results never depend on them.
 
 A *chunk* is whole batches handed to the team in one Ray call per executor. Its size is
 adaptive (none of the seed systems has this): while events queue up faster than the team
