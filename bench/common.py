@@ -24,6 +24,7 @@ def bench_ray(job_config: object | None = None) -> Iterator[None]:
     from txstream.cluster.ray_runtime import OBJECT_STORE_BYTES
 
     ray.init(
+        address="local",  # never another engineer's `ray start` on this machine
         include_dashboard=False,
         object_store_memory=OBJECT_STORE_BYTES,
         logging_level=logging.WARNING,
