@@ -709,11 +709,17 @@ class Session:
                 "cause": str(cause).splitlines()[0][:300], "watermark": self.watermark,
                 "from_ts": checkpoint.ts, "seconds": None,
             })  # fmt: skip
-            self._stop_actors()
-            checkpoint.restore(self._state)
+            phases = {
+                "stop_s": self._stop_actors,
+                "restore_s": lambda: checkpoint.restore(self._state),
+                "launch_s": lambda: self._launch(checkpoint.ts),
+            }
             self._recovering = True
             try:
-                self._launch(checkpoint.ts)
+                for name, phase in phases.items():
+                    started = time.perf_counter()
+                    phase()
+                    self.recoveries[-1][name] = round(time.perf_counter() - started, 3)
             finally:
                 self._recovering = False
         self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
