@@ -249,7 +249,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="B",
-        help="punctuation batches between checkpoints (default: 100; needs --checkpoint-dir)",
+        help="punctuation batches between checkpoints, each taken at the next chunk boundary "
+        "once the previous one is written (default: 100; needs --checkpoint-dir)",
     )
 
     query = verbs.add_parser(
