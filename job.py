@@ -67,6 +67,7 @@ class Job:
         on Ray), or any Source. With ``output``, writes events.parquet, state/,
         metrics.json and _SUCCESS there, committed together at the end. With ``name``,
         outside readers can query it while it runs (see `start`)."""
+        begin = time.perf_counter()
         events = self._checked(events)
         session_plan = self._plan(init_state, output, name=name, progressive=False,
                                   source=None if _is_spark(events) else events)  # fmt: skip
@@ -76,6 +77,7 @@ class Job:
                 source, ingest, job_config = self._open_source(events, stack)
                 session_plan.expected_events = source.num_rows
                 with Session(session_plan, job_config, self.console) as session:
+                    session.startup_s = time.perf_counter() - begin  # Spark's included
                     session.extra_metrics = ingest
                     if session.resumed_from:  # a checkpoint covers the events before it
                         source = SkippedSource(source, session.resumed_from)

@@ -169,7 +169,8 @@ def plan(
     own = output is None
     if resume is not None:
         _check_resumable(resume, output, progressive)
-    path = Path(tempfile.mkdtemp(prefix="txstream_")) if own else Path(output)
+    # absolute: the Sink writes from its own process, whose working folder may differ
+    path = Path(tempfile.mkdtemp(prefix="txstream_")) if own else Path(output).resolve()
     out = OutputDir(path, overwrite=config.overwrite or own, progressive=progressive)
     try:
         out.prepare(resume=resume is not None)
