@@ -19,6 +19,7 @@ from txstream import topologies
 from txstream.actors.coordinator import Coordinator
 from txstream.actors.executor import Executor, output_schema
 from txstream.actors.progress import share_bounds
+from txstream.actors.punctuation import CHUNK_EVENTS
 from txstream.config import RunConfig
 from txstream.errors import PeerFailed
 from txstream.metrics import Breakdown
@@ -68,11 +69,7 @@ def run_local(
         timeout_s=options.pop("timeout_s", TIMEOUT_S),
         **options,
     )
-    chunk = (
-        config.chunk_events
-        if batches_per_chunk is None
-        else punctuation_interval * batches_per_chunk
-    )
+    chunk = CHUNK_EVENTS if batches_per_chunk is None else punctuation_interval * batches_per_chunk
     run_id = new_run_id()
     team = seats(config.placement, sockets or [0] * executors)
     sync = np.zeros(slots(executors), np.int64)
