@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 from txstream.cluster.scratch import descendants
@@ -14,13 +15,15 @@ TMP = Path("/tmp")
 class TmpWatch:
     """Samples, every 0.2 s until stopped, the paths under /tmp that process ``pid`` and
     its descendants map (native libraries, shared files) or hold open (logs, sockets),
-    and which top-level entries of /tmp they lie in; `left` lists those still there,
-    except under ``keep`` (the test's own inputs and outputs)."""
+    made since the watch began (not, say, the libraries of a virtualenv that lies under
+    /tmp), and which top-level entries of /tmp they lie in; `left` lists those still
+    there, except under ``keep`` (the test's own inputs and outputs)."""
 
     def __init__(self, pid: int, keep: Path) -> None:
         self.pid = pid
         self.keep = keep
         self.before = set(os.listdir(TMP))
+        self.since = time.time() - 1.0  # file times are coarser than the clock
         self.paths: set[Path] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -29,7 +32,9 @@ class TmpWatch:
     def _sample(self) -> None:
         while not self._stop.wait(0.2):
             for pid in [self.pid, *descendants(self.pid)]:
-                self.paths |= {p for p in _held(pid) if not p.is_relative_to(self.keep)}
+                self.paths |= {
+                    p for p in _held(pid) if not p.is_relative_to(self.keep) and _new(p, self.since)
+                }
 
     def stop(self) -> None:
         self._stop.set()
@@ -56,3 +61,11 @@ def _held(pid: int) -> set[Path]:
     except OSError:  # the process ended meanwhile
         pass
     return {Path(n) for n in names if n.startswith("/tmp/") and not n.endswith(" (deleted)")}
+
+
+def _new(path: Path, since: float) -> bool:
+    """Whether ``path`` was made (or changed) since ``since``."""
+    try:
+        return os.lstat(path).st_ctime >= since
+    except OSError:  # gone already
+        return False
