@@ -15,7 +15,7 @@ import socket
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from txstream.cluster.scratch import scratch
+from txstream.cluster.scratch import scratch, sweep_abandoned_rays
 from txstream.cluster.topology import usable_cores
 from txstream.console import Console
 from txstream.errors import ActorDied, PeerFailed, RuntimeFailure, TxstreamError, UsageError
@@ -61,6 +61,7 @@ def ray_session(
                 stack.callback(_shutdown, console)
                 _init(address=gcs, **options)
         else:
+            sweep_abandoned_rays()
             folder = stack.enter_context(scratch("ray"))
             with console.phase("starting Ray"):
                 stack.callback(_shutdown, console)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,12 +29,41 @@ _JAVA_DRIVER_ROOT = Path("/tmp/ray")
 _JAVA_DRIVER_LIBRARY = re.compile(r"(/tmp/ray/\d+)/libcore_worker_library_java\.so")
 
 
+def _base() -> Path:
+    base = tempfile.gettempdir()
+    return Path("/tmp" if len(base) > _MAX_BASE else base)
+
+
 def private_dir(what: str) -> Path:
     """A new private folder ``txs-<what>-XXXXXXXX`` under TMPDIR (/tmp if that is long)."""
-    base = tempfile.gettempdir()
-    if len(base) > _MAX_BASE:
-        base = "/tmp"
-    return Path(tempfile.mkdtemp(prefix=f"txs-{what}-", dir=base))
+    return Path(tempfile.mkdtemp(prefix=f"txs-{what}-", dir=_base()))
+
+
+def sweep_abandoned_rays() -> None:
+    """Stop what the local Ray of a killed run left running (Ray's agents can outlive
+    their raylet) and remove its folder: a folder whose Ray session belongs to a driver
+    process that is gone. The processes are found by the files they hold open there."""
+    for folder in _base().glob("txs-ray-*"):
+        drivers = [s.name.rsplit("_", 1)[-1] for s in folder.glob("session_*_*")]
+        drivers = [int(d) for d in drivers if d.isdigit()]
+        if not drivers or any(os.path.exists(f"/proc/{pid}") for pid in drivers):
+            continue  # not started yet, or its run goes on
+        for proc in Path("/proc").glob("[0-9]*"):
+            if _holds(proc, folder):
+                try:
+                    os.kill(int(proc.name), signal.SIGKILL)
+                except OSError:  # gone meanwhile, or not ours
+                    pass
+        remove_tree(folder)
+
+
+def _holds(proc: Path, folder: Path) -> bool:
+    """Whether process ``proc`` has a file open under ``folder``."""
+    prefix = f"{folder}/"
+    try:
+        return any(os.readlink(fd).startswith(prefix) for fd in (proc / "fd").iterdir())
+    except OSError:  # gone, or another user's
+        return False
 
 
 @contextmanager

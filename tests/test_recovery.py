@@ -212,11 +212,11 @@ def test_a_run_whose_driver_was_killed_resumes_from_its_last_checkpoint(tmp_path
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     assert not (out / "_SUCCESS").exists() and not (out / "events.parquet").exists()
-    left = _wait_gone(tag)
-    assert not left, f"the killed driver's processes are still alive: {_cmdlines(left)}"
     resumed = _cli(*args, tag=tag + "-again")
     _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr[-2000:]
+    left = _wait_gone(tag, 10)  # what Ray left of the killed run, stopped by the next
+    assert not left, f"the killed driver's processes are still alive: {_cmdlines(left)}"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["config"]["resumed_from"] > 0 or when == "writing"
     state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
@@ -307,12 +307,13 @@ def test_a_killed_follow_resumes_and_applies_every_file_once(tmp_path):
         time.sleep(0.01)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    assert not _wait_gone(tag)
     pq.write_table(events.slice(6000), incoming / "part-2.parquet")
     (incoming / "_STOP").write_bytes(b"")
     resumed = _cli(*args, tag=tag + "-again")
     _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr[-2000:]
+    left = _wait_gone(tag, 10)  # what Ray left of the killed run, stopped by the next
+    assert not left, f"the killed driver's processes are still alive: {_cmdlines(left)}"
     parts = sorted((out / "events").glob("part-*.parquet"))
     got = pa.concat_tables(pq.read_table(p) for p in parts)
     state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
