@@ -322,6 +322,25 @@ def _push_successors(o, skip, first, end, ops, links, v, stack, n):
     return n
 
 
+@inline
+def _last_on_cell(o, t, ops, links):
+    """Whether ``o`` is transaction ``t``'s last statement on its cell."""
+    nxt = links.chain_next[o]
+    return nxt < 0 or ops.txn[nxt] != t
+
+
+@inline
+def _cell_changed(o, t, ops, links, v):
+    """Whether an executed statement of transaction ``t`` on ``o``'s cell, up to ``o``,
+    changed it (a transaction's statements on a cell are adjacent on its chain)."""
+    p = o
+    while p >= 0 and ops.txn[p] == t:
+        if v.done[p] and _changed(p, v):
+            return True
+        p = links.chain_prev[p]
+    return False
+
+
 @jit
 def find_affected(begin, end, ops, links, v, fates, stack):
     """The Coordinator's pass over transactions begin..end-1 of a batch, considering the
@@ -339,7 +358,13 @@ def find_affected(begin, end, ops, links, v, fates, stack):
             fates.fresh[t] = 0
             if fates.failed[t]:
                 for o in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
-                    if v.done[o] and _changed(o, v):  # its own later statements may read it
+                    # what others read of a cell is the version the transaction's last
+                    # statement on it left: wrong if any of its statements there changed it
+                    if (
+                        v.done[o]
+                        and _last_on_cell(o, t, ops, links)
+                        and _cell_changed(o, t, ops, links, v)
+                    ):
                         n = _push_successors(o, t, first, stop, ops, links, v, stack, n)
     marked = 0
     while n > 0:
