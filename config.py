@@ -49,7 +49,8 @@ class RunConfig:
     overwrite: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
-    """Punctuation batches between checkpoints (None: CHECKPOINT_EVERY); needs a folder."""
+    """Punctuation batches between checkpoints; needs a folder (with one, None means
+    CHECKPOINT_EVERY, the effective value once validated)."""
     timeout_s: float = 600.0
     progress: bool = True
     log_level: str = "info"
@@ -98,13 +99,10 @@ class RunConfig:
         from txstream.schedulers import get as get_scheduler
 
         effective = get_scheduler(self.scheduler).check_options(self)
+        if self.checkpoint_dir is not None and self.checkpoint_every is None:
+            effective["checkpoint_every"] = CHECKPOINT_EVERY
         for option, value in effective.items():
             object.__setattr__(self, option, value)
-
-    @property
-    def checkpoint_interval(self) -> int:
-        """Punctuation batches between checkpoints."""
-        return self.checkpoint_every or CHECKPOINT_EVERY
 
     def as_dict(self) -> dict:
         """The configuration as JSON-ready values."""

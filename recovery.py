@@ -193,8 +193,7 @@ def resume_point(store: CheckpointStore, identity: dict[str, Any]) -> Checkpoint
     where = f"checkpoint {checkpoint.path}"
     if meta.get("format") != FORMAT:
         raise UsageError(f"{where} was written by another txstream version")
-    for key, label in (("topology", "topology"), ("sizes", "table sizes"),
-                       ("set_capacity", "distinct-set capacity"), ("input", "input")):  # fmt: skip
+    for key, label in (("topology", "topology"), ("sizes", "table sizes"), ("input", "input")):
         if meta.get(key) != identity.get(key):
             raise UsageError(
                 f"{where} is of another {label} ({meta.get(key)} here {identity.get(key)}); "

@@ -224,9 +224,11 @@ class ProgressController:
         """Whether the team copies the state for a checkpoint at the end of ``chunk``: once
         every ``checkpoint_every`` batches, when the last copy is written (else at the next
         chunk). Its outputs are then committed exactly up to there."""
+        if self._checkpoints is None:
+            return False
         self._batches_since_checkpoint += len(chunk.batch_ends)
-        due = self._batches_since_checkpoint >= self.config.checkpoint_interval
-        if self._checkpoints is None or not due or not self._checkpoints.free:
+        due = self._batches_since_checkpoint >= self.config.checkpoint_every
+        if not due or not self._checkpoints.free:
             return False
         end = chunk.ts0 + chunk.size
         ray.get(self.sink.commit_at.remote(end), timeout=self.config.timeout_s)

@@ -35,7 +35,7 @@ def _base() -> Path:
 
 
 def private_dir(what: str) -> Path:
-    """A new private folder ``txs-<what>-XXXXXXXX`` under TMPDIR (/tmp if that is long)."""
+    """A new private folder ``txs-<what>-<random>`` under TMPDIR (/tmp if that is long)."""
     return Path(tempfile.mkdtemp(prefix=f"txs-{what}-", dir=_base()))
 
 
