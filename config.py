@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from txstream.errors import UsageError
-from txstream.logs import LEVELS
+from txstream.monitor.logs import LEVELS
 from txstream.topologies import BUNDLED, is_valid_name
 
 PLACEMENTS = ("shared-nothing", "shared-per-socket", "shared-everything")

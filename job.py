@@ -20,12 +20,12 @@ from txstream import topologies
 from txstream.cluster.ray_runtime import ray_session
 from txstream.cluster.topology import check_executors
 from txstream.config import RunConfig
-from txstream.console import Console
+from txstream.connectors.sources import ArrowSource, SkippedSource, Source
 from txstream.errors import UsageError
-from txstream.logs import run_log
+from txstream.monitor.console import Console
+from txstream.monitor.logs import level_number, run_log
 from txstream.result import Result
 from txstream.session import Session, plan
-from txstream.sources import ArrowSource, SkippedSource, Source
 from txstream.state.init import InitState
 
 __all__ = ["Job", "Result"]
@@ -104,7 +104,7 @@ class Job:
         source = events if hasattr(events, "iter_batches") else ArrowSource(events)
         topology.check_event_schema(source.schema)
         if isinstance(source, ArrowSource) and source.files and self.config.source == "spark":
-            from txstream.cluster.spark import java_available
+            from txstream.connectors.spark import java_available
 
             problem = java_available()
             if problem:
@@ -138,7 +138,12 @@ class Job:
         cfg, console = self.config, self.console
         job_config = spark.ray_job_config()
         stack.enter_context(
-            ray_session(cfg.address, job_config, console=console, log_level=cfg.log_level)
+            ray_session(
+                cfg.address,
+                job_config,
+                phase=console.phase,
+                logging_level=level_number(cfg.log_level),
+            )
         )
         stack.enter_context(spark.spark_session(console=console, log_level=cfg.log_level))
         return job_config
@@ -154,8 +159,9 @@ class Job:
     ) -> Result:
         """A session fed by ``folder``: every new complete Parquet file is pushed in name
         order (read by Spark or pyarrow, per ``source``) and its outputs committed, until a
-        ``_STOP`` file appears or ``stop`` is set; then it closes (see `txstream.follow`)."""
-        from txstream.follow import follow
+        ``_STOP`` file appears or ``stop`` is set; then it closes
+        (see `txstream.connectors.follow`)."""
+        from txstream.connectors.follow import follow
 
         session_plan = self._plan(init_state, output, name=name)
         try:
@@ -180,6 +186,6 @@ class Job:
 
 
 def _is_spark(events: Any) -> bool:
-    from txstream.cluster.spark import is_spark_dataframe
+    from txstream.connectors.spark import is_spark_dataframe
 
     return is_spark_dataframe(events)

@@ -15,7 +15,7 @@ Ray it started; the failure surfaces on the next call, with its cause.
 
 With a checkpoint folder, the session survives the death of any of its actors: it starts
 a new team from the last checkpoint and pushes the input after it again
-(`txstream.recovery`); and a session started again on the folder of a killed one
+(`txstream.engine.recovery`); and a session started again on the folder of a killed one
 continues where its last checkpoint left off.
 """
 
@@ -52,12 +52,10 @@ from txstream.cluster.ray_runtime import (
 )
 from txstream.cluster.topology import host_topology
 from txstream.config import RunConfig
-from txstream.console import Console
-from txstream.errors import ActorDied, PeerFailed, RuntimeFailure, TxstreamError, UsageError
-from txstream.metrics import run_metrics
-from txstream.outbox import Outbox
-from txstream.output import OutputDir, part_first_ts
-from txstream.recovery import (
+from txstream.connectors.outputs import OutputDir, part_first_ts
+from txstream.connectors.sources import ArrowSource, Source
+from txstream.engine.outbox import Outbox
+from txstream.engine.recovery import (
     FORMAT,
     CheckpointWriter,
     InputLog,
@@ -65,9 +63,12 @@ from txstream.recovery import (
     input_identity,
     resume_point,
 )
+from txstream.errors import ActorDied, PeerFailed, RuntimeFailure, TxstreamError, UsageError
+from txstream.monitor.console import Console
+from txstream.monitor.logs import level_number
+from txstream.monitor.metrics import run_metrics
 from txstream.result import Result
-from txstream.schedulers.placement import seats
-from txstream.sources import ArrowSource, Source, conform_events
+from txstream.schedulers.team.placement import seats
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer, CheckpointStore
 from txstream.state.chunk import sweep_segments
 from txstream.state.init import InitState, read_init_state
@@ -77,7 +78,7 @@ from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_sta
 from txstream.state.snapshots import SnapshotRing
 from txstream.state.sync import ask_to_stop, slots
 from txstream.state.tables import SharedState
-from txstream.topologies.api import Topology
+from txstream.topologies.api import Topology, conform_events
 
 DEFAULT_SET_CAPACITY = 1 << 20
 """Distinct-set slots when the number of events is not known in advance (a session)."""
@@ -234,11 +235,11 @@ class Session:
         self.recoveries: list[dict[str, Any]] = []
         resumed = plan.resume.meta if plan.resume else {}
         self.last_batch_id = resumed.get("last_batch_id")
-        """The last Spark micro-batch pushed (`txstream.streaming`), None if none."""
+        """The last Spark micro-batch pushed (`txstream.connectors.streaming`), None if none."""
         if self.last_batch_id is None:
             self.last_batch_id = -1
         self.resumed_files = resumed.get("files", [])
-        """Single files pushed before the resumed checkpoint (`txstream.follow`)."""
+        """Single files pushed before the resumed checkpoint (`txstream.connectors.follow`)."""
         self.extra_metrics: dict[str, Any] = {}
         """Metrics the caller adds (e.g. Spark's start-up), written with the session's."""
         try:
@@ -289,7 +290,12 @@ class Session:
                 plan.output.mark_run(self._token)
                 self._write_checkpoint_now(0)
         stack.enter_context(
-            ray_session(cfg.address, job_config, console=self.console, log_level=cfg.log_level)
+            ray_session(
+                cfg.address,
+                job_config,
+                phase=self.console.phase,
+                logging_level=level_number(cfg.log_level),
+            )
         )
         stack.callback(self._stop_actors)
 
@@ -368,7 +374,7 @@ class Session:
         file or folder, a Spark DataFrame (of the running Spark on this Ray) or any
         `Source`. Returns at once unless too much pushed input is pending. A wrong
         schema raises `SchemaError` and applies nothing; the session goes on.
-        ``batch_id``: the Spark micro-batch these events are (`txstream.streaming`)."""
+        ``batch_id``: the Spark micro-batch these events are (`txstream.connectors.streaming`)."""
         self._poll()
         if isinstance(events, pa.RecordBatch):
             events = pa.Table.from_batches([events])
@@ -432,7 +438,7 @@ class Session:
                 if not spark.spark_running():
                     raise UsageError(
                         "source 'spark' reads pushed files with Spark: start it (see "
-                        "txstream.cluster.spark.spark_session) or use source='arrow'"
+                        "txstream.connectors.spark.spark_session) or use source='arrow'"
                     )
                 source = spark.SparkSource(source)
                 self._sources.append(source)

@@ -6,21 +6,21 @@ operations failed. The team then pauses - once a batch is explored (lazy policy)
 as soon as an operation failed (eager policy) - and asks this actor to resolve the
 fresh failures: it reads them straight from the chunk segment and marks, in one
 ts-order pass, the executed operations they (transitively) make wrong
-(`txstream.schedulers.aborts`); the executors roll back and redo exactly those.
+(`txstream.schedulers.team.aborts`); the executors roll back and redo exactly those.
 
 It talks to the executors only through the team's sync block: executor 0 posts a
-request, every executor waits for the answer (`txstream.schedulers.aborts` lists the
+request, every executor waits for the answer (`txstream.schedulers.team.aborts` lists the
 requests). No Ray call per chunk or batch; one call, `serve`, for the whole run.
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 from txstream import schedulers
-from txstream.config import RunConfig
-from txstream.schedulers.aborts import MAP_SEGMENT, POLICIES, RESOLVE, resolve
+from txstream.schedulers.team.aborts import MAP_SEGMENT, POLICIES, RESOLVE, resolve
 from txstream.state.chunk import ChunkArrays, ChunkDims, segment_name
 from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.state.sync import (
@@ -32,6 +32,9 @@ from txstream.state.sync import (
     request,
     wait_request,
 )
+
+if TYPE_CHECKING:
+    from txstream.config import RunConfig
 
 
 class Coordinator:

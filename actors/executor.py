@@ -15,16 +15,16 @@ import os
 from collections import deque
 from dataclasses import dataclass
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 from txstream import schedulers, topologies
 from txstream.cluster.topology import pin_process
-from txstream.config import RunConfig
-from txstream.metrics import Breakdown
-from txstream.schedulers.aborts import MAP_SEGMENT
-from txstream.schedulers.placement import Seat
-from txstream.schedulers.team import Team
+from txstream.monitor.metrics import Breakdown
+from txstream.schedulers.team.aborts import MAP_SEGMENT
+from txstream.schedulers.team.member import Team
+from txstream.schedulers.team.placement import Seat
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims, TeamSegment, segment_name
 from txstream.state.operations import STATUS_NAMES
@@ -33,6 +33,9 @@ from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.state.tables import SharedState, StateHandle
 from txstream.topologies.api import EventBatch, Outputs, Topology, Transactions
+
+if TYPE_CHECKING:
+    from txstream.config import RunConfig
 
 MAX_PENDING_WRITES = 2
 """Chunks an executor may have in flight to the sink before it waits (back-pressure)."""

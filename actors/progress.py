@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -28,12 +29,14 @@ import ray
 from txstream.actors.punctuation import Chunk, ChunkSizer, Punctuator
 from txstream.cluster.ray_runtime import wait_all
 from txstream.cluster.topology import yield_to_executors
-from txstream.config import RunConfig
-from txstream.sources import Source, conform_events
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
-from txstream.topologies.api import Layout
+from txstream.topologies.api import Layout, conform_events
+
+if TYPE_CHECKING:
+    from txstream.config import RunConfig
+    from txstream.connectors.sources import Source
 
 CHUNKS_IN_FLIGHT = 2
 """Chunks handed to the team and not finished yet: one being executed, one ready."""

@@ -13,14 +13,14 @@ from __future__ import annotations
 import bisect
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from txstream.cluster.topology import yield_to_executors
-from txstream.metrics import LatencyHistogram
-from txstream.output import OutputDir
+from txstream.monitor.metrics import LatencyHistogram
 from txstream.state.operations import STATUS_NAMES
 from txstream.state.shared import ArrayHandle, SharedArray
 
@@ -29,6 +29,9 @@ DICTIONARY_COLUMNS = ["status", "reason"]
 (ts, event_id) only to fall back cost 60% of the sink's time (measured)."""
 PART_SECONDS = 1.0
 """In a session, a part is committed at the first write after it was open this long."""
+
+if TYPE_CHECKING:
+    from txstream.connectors.outputs import OutputDir
 
 
 class Sink:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from txstream.topologies._generators import WorkloadSpec, generate, write_workload
+from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 
 RESULTS = Path(__file__).parent / "results"
 

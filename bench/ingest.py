@@ -23,7 +23,7 @@ import psutil
 import pyarrow.parquet as pq
 from common import bench_ray, workload_dirs, write_results
 from txstream import Job
-from txstream.cluster.spark import ray_job_config, spark_session
+from txstream.connectors.spark import ray_job_config, spark_session
 from txstream.schedulers import SCHEDULERS
 
 SPLIT_FILES = 8

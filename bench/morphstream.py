@@ -29,7 +29,7 @@ from pathlib import Path
 
 from common import RESULTS, bench_ray, write_results
 from txstream import Job
-from txstream.topologies._generators import WorkloadSpec, generate
+from txstream.topologies.generators import WorkloadSpec, generate
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from local_engine import run_local  # noqa: E402

@@ -2,28 +2,30 @@
 
 A local Ray that txstream starts gets a private temporary folder for its session (logs,
 sockets, spilled objects), removed at shutdown whatever the outcome; its workers' output is
-forwarded to this process's stderr, which a run sends to its log (`txstream.logs`). An
+forwarded to this process's stderr, which a run sends to its log (`txstream.monitor.logs`). An
 address is first checked reachable (its GCS port, within seconds): `ray.init` would retry
 for minutes.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
 from txstream.cluster.scratch import scratch, sweep_abandoned_rays
 from txstream.cluster.topology import usable_cores
-from txstream.console import Console
 from txstream.errors import ActorDied, PeerFailed, RuntimeFailure, TxstreamError, UsageError
-from txstream.logs import level_number
 
 OBJECT_STORE_BYTES = 512 * 1024**2
 CONNECT_TIMEOUT_S = 3.0
 """How long the GCS of a cluster given by address may take to accept a connection."""
+
+Phase = Callable[[str], AbstractContextManager]
+"""Reports a named phase for as long as its ``with`` block runs (the console's phases)."""
 
 _LABELS: dict[str, str] = {}
 """Name of each actor txstream started (``"Executor 1"``), by actor id, for error messages."""
@@ -34,22 +36,23 @@ def ray_session(
     address: str | None = None,
     job_config: object | None = None,
     *,
-    console: Console | None = None,
-    log_level: str = "warning",
+    phase: Phase | None = None,
+    logging_level: int = logging.WARNING,
 ) -> Iterator[bool]:
     """A Ray session for one run: reuse an initialised one, attach to ``address`` (or
     ``$RAY_ADDRESS``), or start a lean local Ray. Yields whether this call started or
-    attached it; shuts it down (and removes a local Ray's folder) only then."""
+    attached it; shuts it down (and removes a local Ray's folder) only then. ``phase``
+    reports starting, connecting and stopping."""
     import ray
 
     if ray.is_initialized():
         yield False
         return
-    console = console or Console(enabled=False)
+    phase = phase or (lambda _name: nullcontext())
     address = address or os.environ.get("RAY_ADDRESS") or None
     options = dict(
         include_dashboard=False,
-        logging_level=level_number(log_level),
+        logging_level=logging_level,
         log_to_driver=True,  # workers' output -> this process's stderr -> the run's log
         configure_logging=True,
         job_config=job_config,
@@ -57,14 +60,14 @@ def ray_session(
     with ExitStack() as stack:
         if address:
             gcs = reachable_address(address)
-            with console.phase(f"connecting to Ray at {address}"):
-                stack.callback(_shutdown, console)
+            with phase(f"connecting to Ray at {address}"):
+                stack.callback(_shutdown, phase, "disconnecting from Ray")
                 _init(address=gcs, **options)
         else:
             sweep_abandoned_rays()
             folder = stack.enter_context(scratch("ray"))
-            with console.phase("starting Ray"):
-                stack.callback(_shutdown, console)
+            with phase("starting Ray"):
+                stack.callback(_shutdown, phase, "stopping Ray")
                 _init(
                     address="local",  # a Ray of its own, even if another one runs here
                     num_cpus=usable_cores(),
@@ -84,11 +87,11 @@ def _init(**options: object) -> None:
         raise UsageError(f"cannot connect to Ray: {_first_line(str(exc))}") from exc
 
 
-def _shutdown(console: Console) -> None:
+def _shutdown(phase: Phase, name: str) -> None:
     import ray
 
     if ray.is_initialized():
-        with console.phase("stopping Ray"):
+        with phase(name):
             ray.shutdown()
 
 

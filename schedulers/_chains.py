@@ -8,9 +8,9 @@ never waits; the team cannot deadlock.
 
 from __future__ import annotations
 
-from txstream._numba import fetch_add, inline, jit, monotonic_ns, store_release
-from txstream.schedulers._versions import explore_op
+from txstream.schedulers.team._versions import explore_op
 from txstream.state._kernels import SET_FULL
+from txstream.state._numba import fetch_add, inline, jit, monotonic_ns, store_release
 from txstream.state.sync import OK, STRIDE, wait_at_least
 
 

@@ -24,10 +24,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from txstream._numba import fetch_add, inline, jit, load_acquire, monotonic_ns, store_release
 from txstream.schedulers._tpg import pool_of, unit_next, unit_start
-from txstream.schedulers._versions import FAILED, explore_op, wrote
+from txstream.schedulers.team._versions import FAILED, explore_op, wrote
 from txstream.state._kernels import SET_FULL
+from txstream.state._numba import fetch_add, inline, jit, load_acquire, monotonic_ns, store_release
 from txstream.state.sync import (
     INTERRUPTED,
     OK,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from txstream._numba import inline, jit, monotonic_ns
 from txstream.state._kernels import SET_FULL, apply_operation, read_current, roll_back
+from txstream.state._numba import inline, jit, monotonic_ns
 from txstream.state.operations import ABORTED, COMMITTED, REJECTED
 
 ABORT_NS = 2

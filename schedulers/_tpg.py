@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from txstream._numba import inline, jit, monotonic_ns, store_release
 from txstream.state._kernels import hash64
+from txstream.state._numba import inline, jit, monotonic_ns, store_release
 from txstream.state.sync import OK, STRIDE, wait_at_least
 
 

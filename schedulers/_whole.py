@@ -30,7 +30,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from txstream._numba import (
+from txstream.schedulers._kernels import record_output, run_transaction, settle
+from txstream.state._kernels import SET_FULL, UndoLog, apply_operation, evaluate
+from txstream.state._numba import (
     compare_exchange,
     fetch_add,
     inline,
@@ -39,8 +41,6 @@ from txstream._numba import (
     monotonic_ns,
     store_release,
 )
-from txstream.schedulers._kernels import record_output, run_transaction, settle
-from txstream.state._kernels import SET_FULL, UndoLog, apply_operation, evaluate
 from txstream.state.operations import READ, REJECTED
 from txstream.state.sync import OK, STRIDE, pause, wait_at_least
 

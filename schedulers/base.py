@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from txstream.errors import UsageError
-from txstream.metrics import Breakdown
-from txstream.schedulers.team import Team
+from txstream.monitor.metrics import Breakdown
+from txstream.schedulers.team.member import Team
 from txstream.state._kernels import Udf
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims, chunk_layout
 from txstream.state.operations import OperationBatch
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from txstream.config import RunConfig
     from txstream.topologies.api import Topology
 
-SET_FULL_MESSAGE = "a distinct-set table is full; its capacity is sized per event"
 
 OPTIONS = ("explore", "granularity", "abort", "placement")
 """Options a scheduler may honour; the others apply to every scheduler."""
@@ -59,7 +58,7 @@ class Scheduler(ABC):
 
     @classmethod
     def coordinator_policies(cls, config: RunConfig) -> tuple[str, ...]:
-        """The abort policies (`txstream.schedulers.aborts`) the run's Coordinator must
+        """The abort policies (`txstream.schedulers.team.aborts`) the run's Coordinator must
         serve for it; none: no Coordinator."""
         return ()
 

@@ -8,14 +8,18 @@ executes, and releases them at commit or abort (`txstream.schedulers._whole`).
 
 from __future__ import annotations
 
-from txstream.config import RunConfig
-from txstream.metrics import Breakdown
+from typing import TYPE_CHECKING
+
+from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._whole import LockWords, run_locked
 from txstream.schedulers.whole import WholeTransactionScheduler
 from txstream.state.chunk import ChunkArrays, RunDims
 from txstream.state.operations import OperationBatch
 from txstream.state.segments import ArraySpec
 from txstream.state.sync import STRIDE
+
+if TYPE_CHECKING:
+    from txstream.config import RunConfig
 
 
 class LockScheduler(WholeTransactionScheduler):

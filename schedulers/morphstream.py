@@ -24,18 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from txstream.errors import RuntimeFailure
-from txstream.metrics import Breakdown
+from txstream.monitor.metrics import Breakdown
 from txstream.schedulers import _explore as ex
-from txstream.schedulers._links import (
-    CROSS,
-    HEADS,
-    HOT,
-    LINK_STATS,
-    PD,
-    TD,
-    link_batch,
-    txn_fates,
-)
 from txstream.schedulers._tpg import (
     UNIT_ARRAYS,
     Units,
@@ -46,9 +36,6 @@ from txstream.schedulers._tpg import (
     reset_units,
     work_strata,
 )
-from txstream.schedulers._versions import scratch
-from txstream.schedulers.aborts import EAGER, LAZY, Speculation
-from txstream.schedulers.base import SET_FULL_MESSAGE
 from txstream.schedulers.decision import (
     BatchStats,
     Choice,
@@ -58,8 +45,20 @@ from txstream.schedulers.decision import (
     decide,
 )
 from txstream.schedulers.speculative import SpeculativeScheduler
-from txstream.schedulers.team import Team
-from txstream.state._kernels import SET_FULL
+from txstream.schedulers.team._links import (
+    CROSS,
+    HEADS,
+    HOT,
+    LINK_STATS,
+    PD,
+    TD,
+    link_batch,
+    txn_fates,
+)
+from txstream.schedulers.team._versions import scratch
+from txstream.schedulers.team.aborts import EAGER, LAZY, Speculation
+from txstream.schedulers.team.member import Team
+from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
 from txstream.state.operations import OperationBatch
 from txstream.state.segments import ArraySpec

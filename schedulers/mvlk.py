@@ -11,14 +11,18 @@ writers have written since. Versions are kept per chunk (`txstream.schedulers._w
 
 from __future__ import annotations
 
-from txstream.config import RunConfig
-from txstream.metrics import Breakdown
+from typing import TYPE_CHECKING
+
+from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._whole import MvVersions, MvWords, reset_heads, run_multiversioned
 from txstream.schedulers.whole import WholeTransactionScheduler
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
 from txstream.state.operations import OperationBatch
 from txstream.state.segments import ArraySpec
 from txstream.state.sync import STRIDE
+
+if TYPE_CHECKING:
+    from txstream.config import RunConfig
 
 
 class MultiVersionLockScheduler(WholeTransactionScheduler):

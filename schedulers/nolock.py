@@ -8,7 +8,7 @@ serial's; every event is still written exactly once, in ts order.
 
 from __future__ import annotations
 
-from txstream.metrics import Breakdown
+from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._whole import run_unordered
 from txstream.schedulers.whole import WholeTransactionScheduler
 from txstream.state.chunk import ChunkArrays

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 from txstream.errors import RuntimeFailure
-from txstream.metrics import Breakdown
+from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._kernels import ABORT_NS, run_transactions
-from txstream.schedulers.base import SET_FULL_MESSAGE, Scheduler
-from txstream.state._kernels import undo_log
+from txstream.schedulers.base import Scheduler
+from txstream.state._kernels import SET_FULL_MESSAGE, undo_log
 from txstream.state.chunk import ChunkArrays
 from txstream.state.operations import OperationBatch
 

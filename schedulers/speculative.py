@@ -8,15 +8,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from txstream.metrics import Breakdown
+from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._kernels import collect_results
-from txstream.schedulers._links import forget_chunk, with_room
-from txstream.schedulers._links import partition as link_partition
-from txstream.schedulers._versions import undo_aborted_tails
-from txstream.schedulers.aborts import Repairs, Speculation, chunk_versions
 from txstream.schedulers.base import Scheduler
-from txstream.schedulers.placement import row_pools
-from txstream.schedulers.team import Team
+from txstream.schedulers.team._links import forget_chunk, with_room
+from txstream.schedulers.team._links import partition as link_partition
+from txstream.schedulers.team._versions import undo_aborted_tails
+from txstream.schedulers.team.aborts import Repairs, Speculation, chunk_versions
+from txstream.schedulers.team.member import Team
+from txstream.schedulers.team.placement import row_pools
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
 from txstream.state.operations import OperationBatch
 from txstream.state.segments import ArraySpec

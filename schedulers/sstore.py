@@ -11,12 +11,13 @@ taken in ascending order, runs holding them all, and advances them
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from txstream.config import RunConfig
-from txstream.metrics import Breakdown
+from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._whole import PartitionPlan, plan_partitions, run_partitioned
-from txstream.schedulers.placement import row_pools
-from txstream.schedulers.team import Team
+from txstream.schedulers.team.member import Team
+from txstream.schedulers.team.placement import row_pools
 from txstream.schedulers.whole import WholeTransactionScheduler
 from txstream.state.chunk import ChunkArrays, RunDims
 from txstream.state.operations import OperationBatch
@@ -24,6 +25,9 @@ from txstream.state.segments import ArraySpec
 from txstream.state.sync import STRIDE
 from txstream.state.tables import SharedState
 from txstream.topologies.api import Topology
+
+if TYPE_CHECKING:
+    from txstream.config import RunConfig
 
 
 class PartitionedScheduler(WholeTransactionScheduler):

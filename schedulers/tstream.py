@@ -1,12 +1,12 @@
 """tstream: operation chains evaluated in parallel by the team (TStream, ICDE'20).
 
 ``prepare`` links the chunk into operation chains (one per state cell, ts order; the
-team links in parallel, each executor the rows it owns: `txstream.schedulers._links`)
+team links in parallel, each executor the rows it owns: `txstream.schedulers.team._links`)
 and gives the chains of every row one owner: the executor the row hashes to
 (shared-nothing), or the executor that claims the row from its pool, busiest rows
 first (shared-per-socket: a pool per socket; shared-everything: one pool).
 ``execute`` explores the owned operations of a batch in ts order; aborts are lazy,
-resolved by the run's Coordinator (`txstream.schedulers.aborts`).
+resolved by the run's Coordinator (`txstream.schedulers.team.aborts`).
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from txstream.errors import RuntimeFailure
-from txstream.metrics import Breakdown
+from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._chains import claim_rows, explore_chains, fill_owners, pool_rows
-from txstream.schedulers._links import LINK_STATS, link_batch, txn_fates
-from txstream.schedulers._versions import scratch
-from txstream.schedulers.aborts import LAZY, Speculation
-from txstream.schedulers.base import SET_FULL_MESSAGE
 from txstream.schedulers.speculative import SpeculativeScheduler
-from txstream.schedulers.team import Team
-from txstream.state._kernels import SET_FULL
+from txstream.schedulers.team._links import LINK_STATS, link_batch, txn_fates
+from txstream.schedulers.team._versions import scratch
+from txstream.schedulers.team.aborts import LAZY, Speculation
+from txstream.schedulers.team.member import Team
+from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
 from txstream.state.operations import OperationBatch
 from txstream.state.segments import ArraySpec

@@ -5,18 +5,22 @@ their kernels measure."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from txstream.config import RunConfig
 from txstream.errors import RuntimeFailure
-from txstream.metrics import Breakdown
+from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._kernels import ABORT_NS
 from txstream.schedulers._whole import LOCK_NS, SYNC_NS, Peer, TxnScratch
-from txstream.schedulers.base import SET_FULL_MESSAGE, Scheduler
-from txstream.schedulers.team import Team
-from txstream.state._kernels import SET_FULL, undo_log
+from txstream.schedulers.base import Scheduler
+from txstream.schedulers.team.member import Team
+from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, undo_log
 from txstream.state.operations import OperationBatch
 from txstream.state.tables import SharedState
 from txstream.topologies.api import Topology
+
+if TYPE_CHECKING:
+    from txstream.config import RunConfig
 
 
 class WholeTransactionScheduler(Scheduler):

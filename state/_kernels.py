@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from txstream._numba import call_user, compare_exchange, element_pointer, inline, monotonic_ns
+from txstream.state._numba import call_user, compare_exchange, element_pointer, inline, monotonic_ns
 from txstream.state.operations import READ, SET_ADD
 from txstream.state.tables import EMPTY, TOMBSTONE
 
 SET_FULL = -3
 """`set_insert` result when a distinct set has no free slot left."""
+SET_FULL_MESSAGE = "a distinct-set table is full; its capacity is sized per event"
 
 
 class Udf(NamedTuple):

@@ -17,7 +17,7 @@ import platform
 from time import monotonic_ns as clock_ns
 
 import numpy as np
-from txstream._numba import (
+from txstream.state._numba import (
     fetch_add,
     inline,
     jit,

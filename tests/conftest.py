@@ -23,7 +23,7 @@ def ray_cluster():
     import ray
     from ray.job_config import JobConfig
     from txstream.cluster.ray_runtime import OBJECT_STORE_BYTES
-    from txstream.cluster.spark import JVM_OPTIONS
+    from txstream.connectors.spark import JVM_OPTIONS
 
     ray.init(
         address="local",
@@ -44,7 +44,7 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def spark(ray_cluster):
     """One Spark (RayDP) for the whole test session, on the session's Ray."""
-    from txstream.cluster.spark import java_available, spark_session
+    from txstream.connectors.spark import java_available, spark_session
 
     problem = java_available()
     if problem:

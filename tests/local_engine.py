@@ -22,9 +22,9 @@ from txstream.actors.progress import share_bounds
 from txstream.actors.punctuation import CHUNK_EVENTS
 from txstream.config import RunConfig
 from txstream.errors import PeerFailed
-from txstream.metrics import Breakdown
+from txstream.monitor.metrics import Breakdown
 from txstream.schedulers import get as get_scheduler
-from txstream.schedulers.placement import seats
+from txstream.schedulers.team.placement import seats
 from txstream.state.init import read_init_state
 from txstream.state.layout import Layout
 from txstream.state.shared import new_run_id, run_prefix

@@ -37,7 +37,7 @@ from txstream.state.operations import WRITE, OperationBatch, Ops
 from txstream.state.sync import FAILED, PEER_FAILED, STRIDE, TIMED_OUT, slots, word
 from txstream.state.tables import StateArrays
 from txstream.topologies import BUNDLED
-from txstream.topologies._generators import WorkloadSpec, generate
+from txstream.topologies.generators import WorkloadSpec, generate
 from workloads import workloads
 
 TIMEOUT_S = 0.05

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import TESTS, actor_processes, txstream_segments
 from tmp_watch import TmpWatch
-from txstream.cli import main
+from txstream.cli.main import main
 from txstream.cluster.topology import usable_cores
 
 OUTPUT_COLUMNS = {
@@ -131,7 +131,7 @@ def _cli(*args, timeout=300, env=(), watch=None):
     /tmp and left there (``left``)."""
     env = {**os.environ, "RAY_ADDRESS": "", **dict(env)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "txstream.cli", *args],
+        [sys.executable, "-m", "txstream", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -235,7 +235,7 @@ def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
     data = _generate(tmp_path, "sl", events=400_000)
     env = {**os.environ, "RAY_ADDRESS": ""}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "txstream.cli", "run", "sl", "--input",
+        [sys.executable, "-m", "txstream", "run", "sl", "--input",
          str(data / "events.parquet"), "--init-state", str(data / "init"), "--output",
          str(tmp_path / "out"), "--udf-cost-us", "50", "--no-progress", "--source", "arrow"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

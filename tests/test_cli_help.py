@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from txstream.cli import _parser, main
-from txstream.logs import version
+from txstream.cli.main import _parser, main
+from txstream.monitor.logs import version
 from txstream.schedulers import SCHEDULERS
 
 README = Path(__file__).parent.parent / "README.md"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 
 import pytest
-from txstream import console as console_module
-from txstream.console import Console, _si
+from txstream.monitor import console as console_module
+from txstream.monitor.console import Console, _si
 
 
 class Clock:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from local_engine import run_local
 from txstream.actors.coordinator import Coordinator
-from txstream.topologies._generators import WorkloadSpec, generate
+from txstream.topologies.generators import WorkloadSpec, generate
 
 
 def test_on_hot_keys_the_coordinator_has_transactions_redone(monkeypatch):

@@ -15,7 +15,7 @@ from txstream.schedulers.decision import (
     Thresholds,
     decide,
 )
-from txstream.topologies._generators import WorkloadSpec, generate
+from txstream.topologies.generators import WorkloadSpec, generate
 
 TH = Thresholds()
 AUTO = Choice("auto", "auto", "auto")

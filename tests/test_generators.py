@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from txstream.topologies._generators import (
+from txstream.topologies.generators import (
     GS_MIX,
     MAX_VALUE,
     OB_MIX,

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from txstream import Job
 from txstream.errors import RuntimeFailure, SchemaError, TopologyError, UsageError
-from txstream.logs import log_of
+from txstream.monitor.logs import log_of
 from txstream.topologies import BUNDLED
 from workloads import workloads
 
@@ -135,7 +135,7 @@ def test_serial_on_several_executors_keeps_chunk_order(monkeypatch, capsys):
     """Chunks go to several executors; serial must still run them one after the other.
     More executors than usable cores is a warning that says what it costs."""
     from txstream.cluster import topology
-    from txstream.topologies._generators import WorkloadSpec, generate
+    from txstream.topologies.generators import WorkloadSpec, generate
 
     events, init = generate("gs", WorkloadSpec(events=120_000, keys=50, theta=0.9, seed=3))
     options = dict(punctuation_interval=40_000, progress=False)

@@ -61,7 +61,7 @@ def test_quick_start_result_of_a_million_rows_to_spark(spark):
     go to Spark and come back the same."""
     import pyarrow.compute as pc
     from txstream import Result
-    from txstream.topologies._generators import WorkloadSpec, generate
+    from txstream.topologies.generators import WorkloadSpec, generate
 
     events, init = generate("sl", WorkloadSpec(events=1_000_000))
     result = Job("sl", source="arrow", progress=False).run(events, init)

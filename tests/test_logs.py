@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from txstream.console import Console
 from txstream.errors import SchemaError, UsageError
-from txstream.logs import LOG_FILE, LOG_FOLDER, log_of, run_log
+from txstream.monitor.console import Console
+from txstream.monitor.logs import LOG_FILE, LOG_FOLDER, log_of, run_log
 
 
 def _noise() -> None:

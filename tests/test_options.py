@@ -12,7 +12,7 @@ from txstream.config import ABORT, EXPLORE, GRANULARITY, PLACEMENTS, RunConfig
 from txstream.errors import UsageError
 from txstream.schedulers import SCHEDULERS
 from txstream.schedulers.base import OPTIONS
-from txstream.topologies._generators import WorkloadSpec, generate
+from txstream.topologies.generators import WorkloadSpec, generate
 
 VALUES = {"explore": EXPLORE, "granularity": GRANULARITY, "abort": ABORT, "placement": PLACEMENTS}
 
@@ -38,7 +38,7 @@ def test_every_option_is_honoured_or_refused(scheduler, option):
                                   ["--scheduler", "tstream", "--abort", "eager"]])  # fmt: skip
 def test_the_command_refuses_an_option_that_does_not_apply_in_one_line(tmp_path, args):
     proc = subprocess.run(
-        [sys.executable, "-m", "txstream.cli", "run", "sl", "--input", str(tmp_path / "x"),
+        [sys.executable, "-m", "txstream", "run", "sl", "--input", str(tmp_path / "x"),
          "--init-state", str(tmp_path), "--output", str(tmp_path / "out"), *args],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

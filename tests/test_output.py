@@ -15,9 +15,9 @@ import pytest
 from conftest import actor_processes, txstream_segments
 from test_job import _sl_tables
 from txstream import Job
+from txstream.connectors.outputs import OutputDir, part_name
 from txstream.errors import RuntimeFailure, UsageError
-from txstream.logs import log_of
-from txstream.output import OutputDir, part_name
+from txstream.monitor.logs import log_of
 
 STATE = {"t": pa.table({"key": [0], "v": [1]})}
 
@@ -111,7 +111,7 @@ def test_a_failed_run_leaves_the_previous_output_untouched(tmp_path):
 
 
 def test_ctrl_c_over_an_existing_output_leaves_it_untouched(tmp_path):
-    from txstream.topologies._generators import WorkloadSpec, generate, write_workload
+    from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 
     events, init = generate("sl", WorkloadSpec(events=300_000, seed=1))
     write_workload(tmp_path / "data", events, init)
@@ -121,7 +121,7 @@ def test_ctrl_c_over_an_existing_output_leaves_it_untouched(tmp_path):
     (out / "_SUCCESS").write_bytes(b"")
     env = {**os.environ, "RAY_ADDRESS": ""}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "txstream.cli", "run", "sl", "--input",
+        [sys.executable, "-m", "txstream", "run", "sl", "--input",
          str(tmp_path / "data" / "events.parquet"), "--init-state", str(tmp_path / "data" / "init"),
          "--output", str(out), "--overwrite", "--udf-cost-us", "50", "--no-progress",
          "--source", "arrow"],

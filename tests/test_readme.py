@@ -15,7 +15,7 @@ import naive
 import pyarrow.parquet as pq
 from compare import assert_same_run
 from conftest import txstream_segments
-from txstream.topologies._generators import WorkloadSpec, generate, write_workload
+from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 
 README = Path(__file__).parent.parent / "README.md"
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from txstream import Job
 from txstream.errors import UsageError
 from txstream.state.checkpoints import TEMPORARY, CheckpointStore
-from txstream.topologies._generators import WorkloadSpec, generate
+from txstream.topologies.generators import WorkloadSpec, generate
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -141,7 +141,7 @@ def test_an_actor_killed_during_a_recovery_is_recovered_again(tmp_path):
 # ----------------------------------------------------------------- the driver killed
 def _cli(*args: str, tag: str) -> subprocess.Popen:
     env = {**os.environ, "TXSTREAM_TEST_RUN": tag}
-    return subprocess.Popen([sys.executable, "-m", "txstream.cli", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "txstream", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
@@ -230,7 +230,7 @@ def test_an_interrupted_session_resumes_and_a_replayed_spark_batch_is_applied_on
     """Spark micro-batches into a checkpointed session; the driver stops mid-stream (the
     session is torn down, not closed); a new session on the same folders resumes after
     the last batch applied, and Spark delivering that batch again changes nothing."""
-    from txstream.streaming import foreach_batch
+    from txstream.connectors.streaming import foreach_batch
 
     events, init = _workload("sl", 9)
     for i in range(3):

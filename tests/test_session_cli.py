@@ -15,7 +15,7 @@ from compare import assert_same_run
 from conftest import txstream_segments
 from test_job import _sl_tables
 from txstream import Job
-from txstream.topologies._generators import WorkloadSpec, generate, write_workload
+from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 
 
 def _drop(folder, name, table):
@@ -32,7 +32,7 @@ def test_follow_pushes_new_files_in_name_order_until_stop(tmp_path):
     _drop(incoming, "a-000.parquet", events.slice(0, 2000))
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "txstream.cli", "run", "sl", "--input", str(incoming),
+        [sys.executable, "-m", "txstream", "run", "sl", "--input", str(incoming),
          "--init-state", str(tmp_path / "data" / "init"), "--output", str(out), "--follow",
          "--source", "arrow", "--executors", "2", "--scheduler", "tstream", "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -64,7 +64,7 @@ def _init(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "txstream.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "txstream", *args], capture_output=True,
                           text=True, timeout=120)  # fmt: skip
 
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
-from txstream.cluster.spark import (
+from txstream.connectors.spark import (
     POSITION,
     SparkSource,
     _in_position_order,

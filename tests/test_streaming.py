@@ -10,8 +10,8 @@ import naive
 import pyarrow.parquet as pq
 from compare import assert_same_run
 from txstream import Job
-from txstream.streaming import foreach_batch
-from txstream.topologies._generators import WorkloadSpec, generate
+from txstream.connectors.streaming import foreach_batch
+from txstream.topologies.generators import WorkloadSpec, generate
 
 
 def test_a_growing_folder_read_by_spark_streaming_is_applied_once_in_order(spark, tmp_path):

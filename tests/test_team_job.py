@@ -15,7 +15,7 @@ from test_job import _sl_tables
 from txstream import Job
 from txstream.config import PLACEMENTS
 from txstream.errors import RuntimeFailure
-from txstream.topologies._generators import WorkloadSpec, generate
+from txstream.topologies.generators import WorkloadSpec, generate
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 SCHEDULERS = ("tstream", "morphstream")

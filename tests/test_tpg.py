@@ -10,14 +10,6 @@ from itertools import pairwise as consecutive
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from txstream.schedulers._links import (
-    HOT,
-    LINK_STATS,
-    Links,
-    Partition,
-    forget_chunk,
-    link_batch,
-)
 from txstream.schedulers._tpg import (
     Units,
     count_pending,
@@ -26,7 +18,15 @@ from txstream.schedulers._tpg import (
     merge_cycles,
     reset_units,
 )
-from txstream.schedulers._versions import Fates, Versions, find_affected
+from txstream.schedulers.team._links import (
+    HOT,
+    LINK_STATS,
+    Links,
+    Partition,
+    forget_chunk,
+    link_batch,
+)
+from txstream.schedulers.team._versions import Fates, Versions, find_affected
 from txstream.state.operations import Ops
 
 CELLS = 6

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from txstream._numba import jit
+from txstream.state._numba import jit
 
 
 @jit

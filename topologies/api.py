@@ -22,8 +22,8 @@ from typing import Any
 import numba
 import numpy as np
 import pyarrow as pa
-from txstream._numba import USER_SIG
 from txstream.errors import SchemaError, TopologyError
+from txstream.state._numba import USER_SIG
 from txstream.state.layout import Layout
 from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE, OperationBatch, Ops
 from txstream.topologies._kernels import merge_statements
@@ -93,7 +93,7 @@ def function(pyfunc: Callable[[int, Any, Any, int], int]) -> UserFunction:
     """Declare ``fun(value, args, reads, n_reads) -> int``: the new value (WRITE,
     READ_MODIFY) or the result (READ) of an operation, from the target's current
     ``value``, the operation's ``args`` and its parametric ``reads`` (pointers: index
-    them, see :data:`txstream._numba.USER_SIG`)."""
+    them, see :data:`txstream.state._numba.USER_SIG`)."""
     return UserFunction(pyfunc)
 
 
@@ -610,3 +610,12 @@ class Topology:
             }[typ]
             if not ok:
                 raise SchemaError(f"events: column {name!r} has type {actual}, expected {typ}")
+
+
+def conform_events(events: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
+    """``events`` with exactly the columns of ``schema``, in its order and types (integers
+    of any width widened, all-null columns typed); other columns are dropped. Batches of
+    every push then concatenate into one chunk."""
+    table = events if isinstance(events, pa.Table) else pa.Table.from_batches([events])
+    table = table.select(schema.names)
+    return table if table.schema.equals(schema) else table.cast(schema)

@@ -2,7 +2,7 @@
 
 Phases of start-up and shut-down (``starting Ray ... 2.1 s``), the event bar with a
 rate and an ETA, and warnings. Nothing else reaches the terminal during a run: Ray's,
-Spark's and the JVMs' output goes to the run's log (`txstream.logs`). On a terminal the
+Spark's and the JVMs' output goes to the run's log (`txstream.monitor.logs`). On a terminal the
 current line is redrawn in place (a phase shows its elapsed seconds while it lasts);
 elsewhere (a file, CI) every phase is one line and the bar a line every 10 s.
 """

@@ -51,15 +51,6 @@ class SkippedSource:
             self.source.close()
 
 
-def conform_events(events: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
-    """``events`` with exactly the columns of ``schema``, in its order and types (integers
-    of any width widened, all-null columns typed); other columns are dropped. Batches of
-    every push then concatenate into one chunk."""
-    table = events if isinstance(events, pa.Table) else pa.Table.from_batches([events])
-    table = table.select(schema.names)
-    return table if table.schema.equals(schema) else table.cast(schema)
-
-
 def parquet_files(path: str | Path) -> list[Path]:
     """A Parquet file, or the Parquet files of a folder in name order."""
     path = Path(path)

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from txstream.connectors.sources import ArrowSource, SkippedSource, Source
 from txstream.errors import UsageError
-from txstream.sources import ArrowSource, SkippedSource, Source
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer, CheckpointStore
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,6 @@ import uuid
 from collections import deque
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,11 +30,12 @@ import numpy as np
 import pyarrow as pa
 import ray
 from ray.job_config import JobConfig
+from txstream.actors.fetcher import PartitionFetcher, Staging
 from txstream.cluster.scratch import JavaDriverLibraries, scratch
-from txstream.console import Console
+from txstream.connectors.sources import ArrowSource
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
-from txstream.logs import level_number
-from txstream.sources import ArrowSource
+from txstream.monitor.console import Console
+from txstream.monitor.logs import level_number
 
 if TYPE_CHECKING:  # pyspark is imported only when Spark is used
     from py4j.java_gateway import JavaObject
@@ -178,7 +178,7 @@ def spark_session(
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
         }
-        fetcher = _PartitionFetcher.remote()  # its process starts while Spark does
+        fetcher = PartitionFetcher.remote()  # its process starts while Spark does
         stack.callback(ray.kill, fetcher)
         try:
             with console.phase("starting Spark"):
@@ -246,7 +246,7 @@ def arrow_to_spark(table: pa.Table, spark: SparkSession) -> DataFrame:
 class SparkSource:
     """Events read by Spark, handed to the engine in input order with bounded memory.
 
-    `data` is a Parquet file or folder (`txstream.sources.parquet_files`: files in name
+    `data` is a Parquet file or folder (`txstream.connectors.sources.parquet_files`: files in name
     order, rows in file order; or an `ArrowSource` of them, whose footers are then not read
     again) or a Spark DataFrame (its own row order: partition by
     partition, as `collect()` returns it). Every row gets its input position, and Spark
@@ -441,17 +441,6 @@ def _arrow_schema(frame: DataFrame) -> pa.Schema:
     return schema.remove(schema.get_field_index(POSITION))
 
 
-@dataclass(frozen=True)
-class _Staging:
-    """Where the converted Arrow partitions go: plain values, so the fetcher pickles."""
-
-    rdd_id: int
-    num_partitions: int
-    schema_json: str
-    agent_url: str
-    executor: str  # any Spark executor: it tells where each partition is
-
-
 def _arrow_rdd(frame: DataFrame, split_bytes: int | None) -> JavaObject:
     """`frame` as Spark's RDD of Arrow batches, kept on the executors' disk once computed.
 
@@ -482,12 +471,12 @@ def _bytes(spark: SparkSession, size: str) -> int:
     )
 
 
-def _staging(frame: DataFrame, rdd: JavaObject) -> _Staging:
+def _staging(frame: DataFrame, rdd: JavaObject) -> Staging:
     jvm = frame.sparkSession.sparkContext._jvm
     writer = jvm.org.apache.spark.sql.raydp.ObjectStoreWriter
     _wait_for_an_executor(frame.sparkSession)
     executors = frame.sparkSession.sparkContext._jsc.sc().getExecutorIds()
-    return _Staging(
+    return Staging(
         rdd.id(),
         rdd.getNumPartitions(),
         writer.toArrowSchema(frame._jdf).toJson(),
@@ -521,91 +510,8 @@ def _fetcher(spark: SparkSession) -> ray.actor.ActorHandle:
     """The application's fetcher, started on first use (`spark_session` starts it)."""
     app = spark.sparkContext.applicationId
     if app not in _FETCHERS:
-        _FETCHERS[app] = _PartitionFetcher.remote()
+        _FETCHERS[app] = PartitionFetcher.remote()
     return _FETCHERS[app]
-
-
-@dataclass
-class _Conversion:
-    """The fetcher's view of one source's conversion job."""
-
-    staging: _Staging
-    locations: list[str | None]
-    asked: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    failure: str | None = None
-
-
-@ray.remote(num_cpus=0, max_concurrency=64)
-class _PartitionFetcher:
-    """Hands out converted partitions as soon as Spark has them, many calls at a time.
-
-    One per Spark application, started with it, so no source waits for a Ray worker to
-    start. Cross-language calls need `load_code_from_local`, which stays set in the calling
-    process and changes how it loads any actor class Ray later starts there; an actor's
-    process dies with it instead of going back to Ray's worker pool. A partition's Arrow
-    bytes go from the Spark executor to the consumer through the object store, never
-    through this actor.
-    """
-
-    def __init__(self) -> None:
-        ray._private.worker.global_worker.set_load_code_from_local(True)
-        self._conversions: dict[int, _Conversion] = {}
-
-    def ready(self) -> None:
-        """Return once the actor runs."""
-
-    def add(self, staging: _Staging) -> None:
-        """Serve a source's partitions."""
-        locations: list[str | None] = [None] * staging.num_partitions
-        self._conversions[staging.rdd_id] = _Conversion(staging, locations)
-
-    def remove(self, rdd_id: int) -> None:
-        """Stop serving a source; release its waiters."""
-        conversion = self._conversions.pop(rdd_id)
-        conversion.failure = "the Spark source was closed"
-        conversion.asked.set()
-        conversion.done.set()
-
-    def wait_for_consumer(self, rdd_id: int) -> None:
-        """Return once a consumer has asked for one of the source's partitions."""
-        self._conversions[rdd_id].asked.wait()
-
-    def converted(self, rdd_id: int, failure: str | None) -> None:
-        """The source's conversion job ended, with `failure` if it failed."""
-        if rdd_id in self._conversions:
-            self._conversions[rdd_id].failure = failure
-            self._conversions[rdd_id].done.set()
-
-    def fetch(self, rdd_id: int, partition: int) -> list[ray.ObjectRef]:
-        """A reference to the partition's Arrow IPC stream, once Spark has converted it."""
-        conversion = self._conversions.get(rdd_id)
-        if conversion is None:
-            raise RuntimeFailure("the Spark source was closed")
-        conversion.asked.set()
-        staging = conversion.staging
-        executor = ray.get_actor(f"raydp-executor-{self._location(conversion, partition)}")
-        ipc = executor.getRDDPartition.remote(
-            staging.rdd_id, partition, staging.schema_json, staging.agent_url
-        )
-        return [ipc]
-
-    @staticmethod
-    def _location(conversion: _Conversion, partition: int) -> str:
-        """The executor holding `partition`, polled for until the conversion job ends."""
-        staging = conversion.staging
-        executor = ray.get_actor(f"raydp-executor-{staging.executor}")
-        while conversion.locations[partition] is None:
-            done = conversion.done.is_set()
-            conversion.locations = ray.get(
-                executor.getBlockLocations.remote(staging.rdd_id, staging.num_partitions)
-            )
-            if conversion.locations[partition] is None:
-                if done:
-                    message = conversion.failure or f"Spark lost partition {partition}"
-                    raise RuntimeFailure(message)
-                conversion.done.wait(_POLL_S)
-        return conversion.locations[partition]
 
 
 def _first_line(exc: Exception) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from txstream.config import ABORT, EXPLORE, GRANULARITY, PLACEMENTS, SOURCES, RunConfig
 from txstream.errors import SchemaError, TxstreamError, UsageError
-from txstream.logs import LEVELS, log_of, version
+from txstream.monitor.logs import LEVELS, log_of, version
 from txstream.schedulers import SCHEDULERS
 from txstream.topologies import BUNDLED
 
@@ -278,7 +278,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from txstream.topologies._generators import WorkloadSpec, generate, write_workload
+    from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 
     try:
         spec = WorkloadSpec(
@@ -421,7 +421,3 @@ def _report(message: str, exc: BaseException, code: int) -> int:
     log = log_of(exc)
     print(f"txstream: {line}" + (f" (log: {log})" if log else ""), file=sys.stderr)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 
     with Job("sl").start("data/sl/init", output="out/stream") as session:
         query = (spark.readStream.schema(schema).parquet("incoming/")
-                 .writeStream.foreachBatch(txstream.streaming.foreach_batch(session))
+                 .writeStream.foreachBatch(txstream.connectors.streaming.foreach_batch(session))
                  .start())
 
 Spark calls the function in the driver, one micro-batch at a time, in batch order. Each

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from txstream._numba import jit
 from txstream.state._kernels import hash64
+from txstream.state._numba import jit
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from txstream._numba import jit
-from txstream.schedulers.placement import row_pools
+from txstream.schedulers.team.placement import row_pools
+from txstream.state._numba import jit
 
 
 class Links(NamedTuple):

@@ -22,8 +22,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from txstream.console import Console
 from txstream.errors import SchemaError, UsageError
+from txstream.monitor.console import Console
 
 LEVELS = ("debug", "info", "warning", "error")
 """Values of `--log-level`, for txstream's own records, Ray's and Spark's."""

@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from txstream._numba import inline, jit, monotonic_ns, store_release
 from txstream.state._kernels import SET_FULL, UndoLog, apply_operation, undo_log, undo_write
+from txstream.state._numba import inline, jit, monotonic_ns, store_release
 from txstream.state.sync import OK, STRIDE, wait_at_least
 
 SKIPPED, PASSED, FAILED = 0, 1, 2

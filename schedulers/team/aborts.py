@@ -1,6 +1,6 @@
 """Abort handling through the Coordinator: its requests, its policies, and the team's side.
 
-The protocol is exact under cascades (see `txstream.schedulers._versions`). With the
+The protocol is exact under cascades (see `txstream.schedulers.team._versions`). With the
 team paused, the Coordinator marks what fresh failures make wrong (`find_affected`)
 and the team rolls back and redoes it. The *policy* says when the team pauses:
 
@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 import numpy as np
 from txstream.errors import RuntimeFailure
-from txstream.metrics import Breakdown
-from txstream.schedulers._links import LINK_ARRAYS, Links
-from txstream.schedulers._versions import (
+from txstream.monitor.metrics import Breakdown
+from txstream.schedulers.team._links import LINK_ARRAYS, Links
+from txstream.schedulers.team._versions import (
     VERSION_ARRAYS,
     Fates,
     Scratch,
@@ -32,9 +32,8 @@ from txstream.schedulers._versions import (
     redo,
     roll_back_marked,
 )
-from txstream.schedulers.base import SET_FULL_MESSAGE
-from txstream.schedulers.team import Team
-from txstream.state._kernels import SET_FULL, Udf
+from txstream.schedulers.team.member import Team
+from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, Udf
 from txstream.state.chunk import ChunkArrays, ChunkDims
 from txstream.state.operations import Ops
 from txstream.state.segments import ArraySpec

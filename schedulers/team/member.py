@@ -7,8 +7,8 @@ is charged to the caller's time breakdown.
 from __future__ import annotations
 
 import numpy as np
-from txstream.metrics import Breakdown
-from txstream.schedulers.placement import Seat
+from txstream.monitor.metrics import Breakdown
+from txstream.schedulers.team.placement import Seat
 from txstream.state.sync import (
     ANSWER,
     ARGS,

@@ -1,0 +1,5 @@
+"""The command line: ``txstream run | query | status | generate`` over the public API."""
+
+from txstream.cli.main import main
+
+__all__ = ["main"]
