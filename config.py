@@ -23,7 +23,7 @@ PUNCTUATION_MS = 50.0
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything `txstream run` can be told (SPEC §4), with its defaults.
+    """Everything `txstream run` can be told (contract §4), with its defaults.
 
     ``explore``, ``granularity``, ``abort`` and ``placement`` apply to some schedulers
     only (see `txstream.schedulers.base.Scheduler.defaults`): None means "not given";

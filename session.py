@@ -1,4 +1,4 @@
-"""Sessions: a stream that stays up (SPEC §6, §7).
+"""Sessions: a stream that stays up (contract §6, §7).
 
 A `Session` owns a run's resources for as long as the user wants: a Ray (its own or the
 caller's), the state and the team's synchronisation in shared memory, and the actors -

@@ -42,7 +42,7 @@ MAX_PENDING_WRITES = 2
 
 
 def output_schema(topology: Topology) -> pa.Schema:
-    """events.parquet columns (SPEC §4)."""
+    """events.parquet columns (contract §4)."""
     fields = [
         ("ts", pa.int64()),
         ("event_id", pa.int64()),

@@ -16,7 +16,7 @@ For each workload (SL at C = 0 and GS at C = 10 us, tstream on 2 executors by de
    for ``--seconds``, after a first push of ``--warm-up`` seconds' worth of events,
    flushed (the first non-empty chunk pays one-time costs: 1.3 s measured on a
    loaded host). Another thread watches the session's ``watermark`` (outputs written,
-   SPEC §6) and ``committed`` (outputs readable through ``outputs()``) every millisecond;
+   contract §6) and ``committed`` (outputs readable through ``outputs()``) every millisecond;
    an event's latency is the time from the ``push`` call that carried it to the first
    moment the watermark (or the committed end) is past it. Events pushed during the first
    ``--warm-up`` seconds of the steady feed are left out too (the session learns the

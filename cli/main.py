@@ -1,4 +1,4 @@
-"""`txstream` command line: one verb per task (SPEC §4).
+"""`txstream` command line: one verb per task (contract §4).
 
 stdout carries only the summary of what was done; stderr the phases, the progress bar,
 warnings and, on failure, one line (exit 2 for a usage or schema error, 1 for an engine

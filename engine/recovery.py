@@ -1,4 +1,4 @@
-"""Exactly-once recovery (SPEC §7): what a session keeps to rebuild itself after a failure.
+"""Exactly-once recovery (contract §7): what a session keeps to rebuild itself after a failure.
 
 * `InputLog` keeps what was pushed, with its ts range, until a checkpoint covers it: Arrow
   tables as they are (the caller's own memory), sources by their position (a Parquet file

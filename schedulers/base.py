@@ -43,7 +43,7 @@ class Scheduler(ABC):
 
     name: ClassVar[str]
     serial_equivalent: ClassVar[bool] = True
-    """Whether its outputs and state equal `serial`'s (SPEC §5)."""
+    """Whether its outputs and state equal `serial`'s (contract §5)."""
     defaults: ClassVar[dict[str, str]] = {}
     """The options of `OPTIONS` it honours, with their defaults."""
 

@@ -160,7 +160,7 @@ def decide(stats: BatchStats, history: History, fixed: Choice, th: Thresholds) -
 
 @dataclass
 class DecisionLog:
-    """Every batch's statistics and choices, for metrics.json (SPEC §5 `decisions`)."""
+    """Every batch's statistics and choices, for metrics.json (contract §5 `decisions`)."""
 
     limit: int = 10_000
     """Batches whose statistics are kept (the counts cover all)."""

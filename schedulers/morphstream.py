@@ -305,7 +305,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         self._repairs.run(policy, spec, txns[0], txns[1], s, time, paused)
 
     def report(self) -> dict:
-        """`decisions` (SPEC §5), per-batch statistics, operations redone."""
+        """`decisions` (contract §5), per-batch statistics, operations redone."""
         if self._last is not None and self._log.batches and self._log.batches[-1] is self._last:
             self._last.explore_s = self._explore_ns * self.team.parties / 1e9  # estimated
         return {**self._log.report(), **super().report()}

@@ -1,4 +1,4 @@
-"""Reading and validating init state: dense keys, int64 values, nothing else (SPEC §2)."""
+"""Reading and validating init state: dense keys, int64 values, nothing else (contract §2)."""
 
 from __future__ import annotations
 

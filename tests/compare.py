@@ -1,4 +1,4 @@
-"""Assertions that two runs produced the same outputs and state (SPEC §4)."""
+"""Assertions that two runs produced the same outputs and state (contract §4)."""
 
 from __future__ import annotations
 

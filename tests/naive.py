@@ -1,4 +1,4 @@
-"""A plain-Python model of SPEC.md §1–§4: the oracle the engine is tested against.
+"""A plain-Python model of docs/contract.md §1–§4: the oracle the engine is tested against.
 
 Events run one at a time in `ts` order, on Python lists and ints, with no code shared
 with txstream, so that a bug in the engine cannot hide behind the same bug here.
@@ -44,7 +44,7 @@ EVENT_SCHEMAS: dict[str, pa.Schema] = {
     ),
     "tp": pa.schema([("event_id", I64), ("vehicle", I64), ("segment", I64), ("speed", I64)]),
 }
-"""The event columns of SPEC §3, in order, with their exact Arrow types."""
+"""The event columns of contract §3, in order, with their exact Arrow types."""
 
 TABLES: dict[str, dict[str, tuple[str, ...]]] = {
     "sl": {"accounts": ("balance",), "assets": ("balance",)},
@@ -60,7 +60,7 @@ OUTPUT_COLUMNS: dict[str, tuple[str, ...]] = {
     "ob": (),
     "tp": ("toll", "avg_speed", "vehicle_count"),
 }
-"""Output columns after `ts, event_id, status, reason` (SPEC §4), all int64."""
+"""Output columns after `ts, event_id, status, reason` (contract §4), all int64."""
 
 # Fields each kind uses (TP has no `kind` column: its one kind is None).
 USED: dict[str, dict[str | None, tuple[str, ...]]] = {
@@ -148,7 +148,7 @@ class Txn:
 
 
 def validate(topology: str, row: dict, sizes: dict[str, int]) -> None:
-    """Raise `Rejected` if the event is malformed (SPEC §1, §3); reads no state."""
+    """Raise `Rejected` if the event is malformed (contract §1, §3); reads no state."""
     kind = None
     if topology != "tp":
         kind = row["kind"]
@@ -279,7 +279,7 @@ def _state(topology: str, tables: dict[str, dict[str, list]]) -> dict[str, pa.Ta
 
 
 def output_schema(topology: str) -> pa.Schema:
-    """The schema of events.parquet for a topology (SPEC §4)."""
+    """The schema of events.parquet for a topology (contract §4)."""
     return pa.schema(
         [("ts", I64), ("event_id", I64), ("status", STR), ("reason", STR)]
         + [(c, I64) for c in OUTPUT_COLUMNS[topology]]

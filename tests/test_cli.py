@@ -1,4 +1,4 @@
-"""The `txstream` command: generate, run, output files (SPEC §4) and exit codes."""
+"""The `txstream` command: generate, run, output files (contract §4) and exit codes."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ I64 = pa.int64()
 LIST = pa.list_(pa.int64())
 TOPOLOGIES = ["sl", "gs", "ob", "tp"]
 
-# SPEC §3, written out by hand.
+# contract §3, written out by hand.
 EVENT_SCHEMAS = {
     "sl": pa.schema(
         [("event_id", I64), ("kind", pa.string()), ("account", I64), ("asset", I64)]

@@ -1,4 +1,4 @@
-"""The oracle checked against SPEC.md by hand, and the workload generator against the oracle."""
+"""The oracle checked against docs/contract.md by hand; the generator against the oracle."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every option on every scheduler is honoured or refused (SPEC §5), and an honoured one
+"""Every option on every scheduler is honoured or refused (contract §5), and an honoured one
 does what it says."""
 
 from __future__ import annotations

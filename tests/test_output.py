@@ -1,4 +1,4 @@
-"""Outputs committed in Spark's manner (SPEC §4): never half-written, never mixed."""
+"""Outputs committed in Spark's manner (contract §4): never half-written, never mixed."""
 
 from __future__ import annotations
 

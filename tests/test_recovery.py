@@ -1,4 +1,4 @@
-"""Exactly-once recovery (SPEC §7): a killed actor, a killed driver, a kill during a
+"""Exactly-once recovery (contract §7): a killed actor, a killed driver, a kill during a
 checkpoint write or during a recovery - outputs and state as a run without failure, and
 nothing left behind."""
 

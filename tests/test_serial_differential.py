@@ -1,4 +1,4 @@
-"""`serial` equals the plain-Python model of SPEC.md on randomized workloads."""
+"""`serial` equals the plain-Python model of docs/contract.md on randomized workloads."""
 
 from __future__ import annotations
 

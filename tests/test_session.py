@@ -1,4 +1,4 @@
-"""Sessions (SPEC §6): pushes in slices, consistent queries, flush, outputs, failures."""
+"""Sessions (contract §6): pushes in slices, consistent queries, flush, outputs, failures."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None):
 
 
 def _naive_links(txns, cell, reads, op_cuts):
-    """The links from their definitions (SPEC: ts order, statement order)."""
+    """The links from their definitions (the contract: ts order, statement order)."""
     n = len(cell)
     read_cells = [c for rs in reads for c in rs]
     read_op = [o for o, rs in enumerate(reads) for _ in rs]

@@ -2,8 +2,8 @@
 
 Schedulers go wrong where transactions collide, so tables are tiny (1 to `max_keys`
 keys), amounts are close to balances (many aborts, and whether an event commits often
-depends on events just before it), and every malformation SPEC.md lists appears with a
-small probability. Tables always carry SPEC's exact Arrow schema, even all-null columns.
+depends on events just before it), and every malformation docs/contract.md lists appears with a
+small probability. Tables always carry the contract's exact Arrow schema, even all-null columns.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def _put(draw: DrawFn, values: list, value) -> list:
 
 
 def _malform(draw: DrawFn, row: dict, sizes: dict[str, int]) -> dict:
-    """`row` (well-formed) with exactly one of SPEC's malformations."""
+    """`row` (well-formed) with exactly one of the contract's malformations."""
     row = dict(row)
     kind = row.get("kind")
     used = _USED[kind]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from txstream.topologies.api import condition, function
 
 MAX_VALUE = 2**40
-"""Upper bound of amounts, prices and quantities in the bundled topologies (SPEC §3)."""
+"""Upper bound of amounts, prices and quantities in the bundled topologies (contract §3)."""
 
 
 @function

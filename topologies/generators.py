@@ -58,7 +58,7 @@ TP_CONGESTED_SHARE = 0.3
 TP_CONGESTED_SPEEDS = (0, 39)
 TP_FREE_SPEEDS = (40, 120)
 TP_PLANTED_SPEEDS = (200, 299)
-"""Implausible readings, which SPEC §3 aborts."""
+"""Implausible readings, which contract §3 aborts."""
 TP_REPORTS_PER_VEHICLE = 10
 """Vehicle ids are uniform over events / 10 vehicles."""
 
@@ -142,7 +142,7 @@ def generate(topology: str, spec: WorkloadSpec) -> tuple[pa.Table, dict[str, pa.
 
 
 def write_workload(out_dir: str | Path, events: pa.Table, init: dict[str, pa.Table]) -> None:
-    """Write `DIR/events.parquet` and `DIR/init/<table>.parquet` (SPEC §4)."""
+    """Write `DIR/events.parquet` and `DIR/init/<table>.parquet` (contract §4)."""
     out = Path(out_dir)
     (out / "init").mkdir(parents=True, exist_ok=True)
     pq.write_table(events, out / "events.parquet")
@@ -256,7 +256,7 @@ def generate_tp(spec: WorkloadSpec) -> tuple[pa.Table, dict[str, pa.Table]]:
 
     A congested segment (TP_CONGESTED_SHARE of them) reports 0..39 mph and tolls once
     more than 50 distinct vehicles were seen there; the others report 40..120. Planted
-    reports read 200..299. Only `segment_speed` gets an init file: SPEC §3 says that of
+    reports read 200..299. Only `segment_speed` gets an init file: contract §3 says that of
     `segment_vehicles` is not read.
     """
     rng = np.random.default_rng(spec.seed)
@@ -341,7 +341,7 @@ def _lists(values: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = N
 
 
 def _init(keys: int, **columns: np.ndarray) -> pa.Table:
-    """An init table: `key` = 0..K-1 then the value columns, all int64 (SPEC §2)."""
+    """An init table: `key` = 0..K-1 then the value columns, all int64 (contract §2)."""
     return pa.table(
         {"key": _ints(np.arange(keys))} | {name: _ints(v) for name, v in columns.items()}
     )

@@ -1,4 +1,4 @@
-"""GS - Grep and Sum: multi-key reads and writes whose values depend on other keys (SPEC §3)."""
+"""GS - Grep and Sum: multi-key reads and writes whose values depend on other keys (contract §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OB - Online Bidding: bids, price alterations and quantity top-ups on items (SPEC §3)."""
+"""OB - Online Bidding: bids, price alterations and quantity top-ups on items (contract §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SL - Streaming Ledger: deposits and transfers over accounts and assets (SPEC §3)."""
+"""SL - Streaming Ledger: deposits and transfers over accounts and assets (contract §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TP - Toll Processing: Linear Road position reports updating segment statistics (SPEC §3)."""
+"""TP - Toll Processing: Linear Road position reports updating segment statistics (contract §3)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Placement: which executors share work, and which executor a row of state belongs to.
 
-Executors are grouped in *pools* (SPEC §4 `--placement`): shared-nothing gives each
+Executors are grouped in *pools* (contract §4 `--placement`): shared-nothing gives each
 executor its own pool, shared-per-socket one pool per socket, shared-everything one
 pool for all. A row (one key of one table) belongs to the pool its hash points to;
 the executors of a pool share its rows' work as their scheduler decides. Every
