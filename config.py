@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from txstream.actors.punctuation import CHUNK_EVENTS
 from txstream.errors import UsageError
 from txstream.monitor.logs import LEVELS
 from txstream.topologies import BUNDLED, is_valid_name
@@ -46,6 +47,8 @@ class RunConfig:
     address: str | None = None
     punctuation_ms: float | None = PUNCTUATION_MS
     latency_target_ms: float = LATENCY_TARGET_MS
+    max_chunk_events: int = CHUNK_EVENTS
+    """Largest chunk handed to the team at once (the chunk sizer stays below it)."""
     overwrite: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
@@ -83,6 +86,7 @@ class RunConfig:
                 "--punctuation-ms must be > 0",
             ),
             (self.latency_target_ms > 0, "--latency-target-ms must be > 0"),
+            (self.max_chunk_events >= 1, "--max-chunk-events must be >= 1"),
             (
                 self.checkpoint_every is None or self.checkpoint_every >= 1,
                 "--checkpoint-every must be >= 1",

@@ -19,13 +19,15 @@ import pyarrow as pa
 from txstream import topologies
 from txstream.cluster.ray_runtime import ray_session
 from txstream.cluster.topology import check_executors
+from txstream.cluster.transport import RayTransport, ThreadTransport
 from txstream.config import RunConfig
 from txstream.connectors.sources import ArrowSource, SkippedSource, Source
+from txstream.engine.plan import plan
 from txstream.errors import UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.logs import level_number, run_log
 from txstream.result import Result
-from txstream.session import Session, plan
+from txstream.session import Session
 from txstream.state.init import InitState
 
 __all__ = ["Job", "Result"]
@@ -36,12 +38,17 @@ class Job:
 
     Options are those of `txstream run` (see :class:`txstream.config.RunConfig`). The
     ``console`` shows phases, progress and warnings (default: on stderr, phases and bar
-    only with ``progress``).
+    only with ``progress``). The ``transport`` says how the team runs: Ray actors
+    (default), or ``ThreadTransport()`` — threads of this process, no Ray (tests and
+    benchmarks of the engine; no outside readers, no recovery from a dead process).
     """
 
-    def __init__(self, topology: str = "sl", console: Console | None = None, **options: Any):
+    def __init__(self, topology: str = "sl", console: Console | None = None,
+                 transport: RayTransport | ThreadTransport | None = None,
+                 **options: Any):  # fmt: skip
         self.config = RunConfig(topology=topology, **options)
         self.console = console or Console(enabled=self.config.progress)
+        self.transport = transport
 
     def start(
         self, init_state: InitState, output: str | Path | None = None, name: str | None = None
@@ -52,7 +59,7 @@ class Job:
         ``_SUCCESS`` at ``close()``. With ``name`` (on a Ray cluster, ``address``), other
         processes reach it with ``txstream query`` and ``txstream status``."""
         session_plan = self._plan(init_state, output, name=name)
-        return Session(session_plan, console=self.console)
+        return Session(session_plan, console=self.console, transport=self.transport)
 
     def run(
         self,
@@ -76,7 +83,7 @@ class Job:
                     ExitStack() as stack:  # fmt: skip
                 source, ingest, job_config = self._open_source(events, stack)
                 session_plan.expected_events = source.num_rows
-                with Session(session_plan, job_config, self.console) as session:
+                with Session(session_plan, job_config, self.console, self.transport) as session:
                     session.startup_s = time.perf_counter() - begin  # Spark's included
                     session.extra_metrics = ingest
                     if session.resumed_from:  # a checkpoint covers the events before it
@@ -87,7 +94,7 @@ class Job:
             session_plan.discard_unused()
 
     def _plan(self, init_state: InitState, output: str | Path | None, **options: Any):
-        """Everything checked before anything starts (`txstream.session.plan`); too many
+        """Everything checked before anything starts (`txstream.engine.plan`); too many
         executors for the cores is a warning."""
         warning = check_executors(self.config.executors)
         session_plan = plan(self.config, init_state, output, **options)
@@ -168,7 +175,7 @@ class Job:
             with run_log(output, self.config.log_level, self.config.verbose, self.console), \
                     ExitStack() as stack:  # fmt: skip
                 job_config = self._start_spark(stack) if self.config.source == "spark" else None
-                with Session(session_plan, job_config, self.console) as session:
+                with Session(session_plan, job_config, self.console, self.transport) as session:
 
                     def push(path: Path, skip: int = 0) -> None:
                         source = session.source(path)

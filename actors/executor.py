@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 from txstream import schedulers, topologies
 from txstream.cluster.topology import pin_process
+from txstream.cluster.transport import get
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers.team.aborts import MAP_SEGMENT
 from txstream.schedulers.team.member import Team
@@ -287,10 +288,9 @@ class Executor:
         }
 
     def _wait(self, ref: object) -> None:
-        import ray
 
         with self.time.timing("sync"):
-            ray.get(ref, timeout=self.config.timeout_s)
+            get(ref, self.config.timeout_s)
 
     def close(self) -> None:
         """Detach from shared state."""

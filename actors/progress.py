@@ -27,11 +27,11 @@ import numpy as np
 import pyarrow as pa
 import ray
 from txstream.actors.punctuation import Chunk, ChunkSizer, Punctuator
-from txstream.cluster.ray_runtime import wait_all
-from txstream.cluster.topology import yield_to_executors
+from txstream.cluster.transport import get, wait_all
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
-from txstream.state.shared import ArrayHandle, SharedArray
+from txstream.state.shared import ArrayHandle
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
+from txstream.state.watermark import Watermark
 from txstream.topologies.api import Layout, conform_events
 
 if TYPE_CHECKING:
@@ -73,7 +73,6 @@ class ProgressController:
                  watermark: ArrayHandle, snapshots: SnapshotHandle, layout: Layout,
                  tables: dict[str, list[str]], checkpoints: CheckpointBufferHandle | None = None,
                  start_ts: int = 0):  # fmt: skip
-        yield_to_executors()
         self.config = config
         self.schema = schema
         self.executors = executors
@@ -81,7 +80,7 @@ class ProgressController:
         self._handles = (watermark, snapshots)
         self.layout = layout
         self.tables = tables
-        self._readers: tuple[SharedArray, SnapshotRing] | None = None
+        self._readers: tuple[Watermark, SnapshotRing] | None = None
         self._cond = threading.Condition()
         self._queue: deque = deque()  # ("table", [(RecordBatch, arrival)]) | ("source", Source)
         self._flush_through = 0
@@ -93,7 +92,7 @@ class ProgressController:
         self._punctuator = Punctuator(config.punctuation_interval, punctuation_s, start_ts)
         self._checkpoints = CheckpointBuffer.attach(checkpoints) if checkpoints else None
         self._batches_since_checkpoint = 0
-        self._sizer = ChunkSizer(config.latency_target_ms / 1e3)
+        self._sizer = ChunkSizer(config.latency_target_ms / 1e3, config.max_chunk_events)
         self._in_flight: deque[_InFlight] = deque()
         self._seq = 0
         self._chunk_sizes: list[int] = []
@@ -157,8 +156,8 @@ class ProgressController:
             reaper.join()
         if self._failure is not None:
             raise self._failure
-        executors = ray.get([e.flush.remote() for e in self.executors],
-                            timeout=self.config.timeout_s)  # fmt: skip
+        executors = get([e.flush.remote() for e in self.executors],
+                            self.config.timeout_s)  # fmt: skip
         sizes = np.asarray(self._chunk_sizes or [0])
         p = self._punctuator
         return {
@@ -213,7 +212,7 @@ class ProgressController:
             if flush or ending or idle:
                 p.punctuate()
             if flush:
-                ray.get(self.sink.commit_at.remote(flush), timeout=self.config.timeout_s)
+                get(self.sink.commit_at.remote(flush), self.config.timeout_s)
                 flushed = flush
             while len(self._in_flight) < CHUNKS_IN_FLIGHT:
                 chunk = p.take(self._sizer.limit(p.pending))
@@ -234,7 +233,7 @@ class ProgressController:
         if not due or not self._checkpoints.free:
             return False
         end = chunk.ts0 + chunk.size
-        ray.get(self.sink.commit_at.remote(end), timeout=self.config.timeout_s)
+        get(self.sink.commit_at.remote(end), self.config.timeout_s)
         self._batches_since_checkpoint = 0
         return True
 
@@ -294,9 +293,9 @@ class ProgressController:
     def status(self) -> dict:
         """Watermark, events received, throughput and latency so far."""
         watermark, _ = self._attach()
-        sink = ray.get(self.sink.stats.remote(), timeout=self.config.timeout_s)
+        sink = get(self.sink.stats.remote(), self.config.timeout_s)
         up = time.time() - self._started
-        w = int(watermark.array[0])
+        w = watermark.written
         return {
             "watermark": w,
             "received": self._received,
@@ -313,12 +312,12 @@ class ProgressController:
         """A table's rows as of the watermark (see `SnapshotRing.query`)."""
         watermark, ring = self._attach()
         return ring.query(self.layout, self.tables, table, keys,
-                          lambda: int(watermark.array[0]), self.config.timeout_s)  # fmt: skip
+                          lambda: watermark.written, self.config.timeout_s)  # fmt: skip
 
-    def _attach(self) -> tuple[SharedArray, SnapshotRing]:
+    def _attach(self) -> tuple[Watermark, SnapshotRing]:
         if self._readers is None:
             watermark, snapshots = self._handles
-            self._readers = (SharedArray.attach(watermark), SnapshotRing.attach(snapshots))
+            self._readers = (Watermark.attach(watermark), SnapshotRing.attach(snapshots))
         return self._readers
 
 

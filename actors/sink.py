@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from txstream.cluster.topology import yield_to_executors
 from txstream.monitor.metrics import LatencyHistogram
 from txstream.state.operations import STATUS_NAMES
-from txstream.state.shared import ArrayHandle, SharedArray
+from txstream.state.shared import ArrayHandle
+from txstream.state.watermark import Watermark
 
 DICTIONARY_COLUMNS = ["status", "reason"]
 """Few distinct values: dictionary-encoded. Dictionary attempts on unique int64 columns
@@ -40,10 +40,9 @@ class Sink:
 
     def __init__(self, output: OutputDir, schema: pa.Schema, watermark: ArrayHandle,
                  start_ts: int = 0):  # fmt: skip
-        yield_to_executors()
         self.output = output
         self.schema = schema
-        self._watermark = SharedArray.attach(watermark)
+        self._watermark = Watermark.attach(watermark)
         self._waiting: dict[int, tuple[pa.RecordBatch, np.ndarray]] = {}
         self._next_ts = start_ts
         self._commit_points: list[int] = []
@@ -124,7 +123,7 @@ class Sink:
 
     def _publish(self) -> None:
         """The watermark (outputs written up to it) and the end of what is committed."""
-        self._watermark.array[:] = (self._next_ts, self._committed)
+        self._watermark.publish(self._next_ts, self._committed)
 
     def stats(self) -> dict:
         """What the sink has seen so far: watermark, status counts, latency percentiles."""

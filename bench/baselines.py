@@ -10,10 +10,10 @@ in the same invocation just before; each figure is the median of --repeat runs (
 host's 2 cores are shared with other tenants). For nolock, the distance from serial's results: the
 share of state cells and of event statuses that differ.
 
-``--engine threads`` (default) runs the team as threads of this process
-(tests/local_engine.py: the executors' classes, kernels and shared memory of a run,
-without Ray's actors, ProgressController and Sink): a Ray run also costs ~10 s of actor
-start-up, which would take the whole matrix past 40 minutes on this 2-core host.
+``--engine threads`` (default) runs the whole engine as threads of this process
+(`ThreadTransport`: the same ProgressController, executors, Coordinator and Sink, no Ray):
+a Ray run also costs ~10 s of actor start-up, which would take the whole matrix past 40
+minutes on this 2-core host.
 ``--engine ray`` measures through Job (the figures then exclude start-up).
 
 Results: bench/results/baselines.{json,png}.
@@ -25,7 +25,6 @@ Results: bench/results/baselines.{json,png}.
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -33,10 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from common import RESULTS, bench_ray, write_results
 from txstream import Job
+from txstream.cluster.transport import ThreadTransport
 from txstream.topologies.generators import WorkloadSpec, generate
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from local_engine import run_local  # noqa: E402
 
 SCHEDULERS = ("serial", "tstream", "morphstream", "lock", "mvlk", "sstore", "nolock")
 ACTIVITIES = ("useful", "sync", "lock", "construct", "explore", "abort")
@@ -47,21 +44,13 @@ def run(engine: str, topology: str, events: pa.Table, init: dict, scheduler: str
         executors: int, cost: float) -> tuple[dict, tuple]:  # fmt: skip
     """Events/s and time breakdown (summed over executors) of one configuration, and its
     (events, state)."""
-    if engine == "threads":
-        timing: dict = {}
-        out = run_local(topology, events, init, scheduler=scheduler, executors=executors,
-                        punctuation_interval=INTERVAL, batches_per_chunk=None,
-                        udf_cost_us=cost, timing=timing, timeout_s=600)  # fmt: skip
-        seconds, per_executor = timing["seconds"], timing["breakdown_s"]
-    else:
-        result = Job(topology, scheduler=scheduler, executors=executors, udf_cost_us=cost,
-                     punctuation_interval=INTERVAL, source="arrow",
-                     progress=False).run(events, init)  # fmt: skip
-        out = (result.events, result.state)
-        seconds, per_executor = (
-            result.metrics["seconds"],
-            result.metrics["breakdown_per_executor_s"],
-        )
+    transport = ThreadTransport() if engine == "threads" else None
+    result = Job(topology, transport=transport, scheduler=scheduler, executors=executors,
+                 udf_cost_us=cost, punctuation_interval=INTERVAL, source="arrow",
+                 progress=False, timeout_s=600).run(events, init)  # fmt: skip
+    out = (result.events, result.state)
+    seconds = result.metrics["seconds"]
+    per_executor = result.metrics["breakdown_per_executor_s"]
     summed = {k: round(sum(b[k] for b in per_executor), 4) for k in ACTIVITIES}
     return {"throughput_eps": round(events.num_rows / seconds), "seconds": round(seconds, 4),
             "breakdown_s": summed}, out  # fmt: skip

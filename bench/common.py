@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import platform
 import subprocess
 import tempfile
@@ -20,21 +19,10 @@ RESULTS = Path(__file__).parent / "results"
 @contextmanager
 def bench_ray(job_config: object | None = None) -> Iterator[None]:
     """One lean Ray for a whole benchmark (its start-up is never in a figure)."""
-    import ray
-    from txstream.cluster.ray_runtime import OBJECT_STORE_BYTES
+    from txstream.cluster.ray_runtime import ray_session
 
-    ray.init(
-        address="local",  # its own, even if another Ray runs on this host
-        include_dashboard=False,
-        object_store_memory=OBJECT_STORE_BYTES,
-        logging_level=logging.WARNING,
-        log_to_driver=False,
-        job_config=job_config,
-    )
-    try:
+    with ray_session(job_config=job_config, log_to_driver=False):
         yield
-    finally:
-        ray.shutdown()
 
 
 @contextmanager

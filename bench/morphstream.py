@@ -11,8 +11,8 @@ Headline: GS, SL and TP at the generator's defaults (theta 0.2, 1% aborts) at C 
 and SL at C = 0 on --headline-events events: serial, tstream and morphstream (auto).
 
 Results go to bench/results/morphstream.{json,png} (the figure marks what auto chose).
-``--engine threads`` runs the team as threads of this process (tests/local_engine.py: no
-Ray, no ProgressController or Sink): the team's side alone.
+``--engine threads`` runs the whole engine as threads of this process (`ThreadTransport`:
+the same ProgressController, executors, Coordinator and Sink, no Ray).
 
     python bench/morphstream.py [--quick] [--engine ray|threads] [--executors 2]
         [--events 200000] [--costly-events 30000] [--headline-events 1000000]
@@ -22,18 +22,15 @@ Ray, no ProgressController or Sink): the team's side alone.
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import nullcontext
 from itertools import product
 from pathlib import Path
 
 from common import RESULTS, bench_ray, write_results
+from pairwise import pairwise
 from txstream import Job
+from txstream.cluster.transport import ThreadTransport
 from txstream.topologies.generators import WorkloadSpec, generate
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from local_engine import run_local  # noqa: E402
-from pairwise import pairwise  # noqa: E402
 
 FIXED = [
     {"explore": e, "granularity": g, "abort": a}
@@ -71,25 +68,14 @@ class Runner:
     def __call__(self, topology: str, events, init, cost: float, scheduler: str,
                  options: dict) -> dict:  # fmt: skip
         team = 1 if scheduler == "serial" else self.executors
-        if self.engine == "threads":
-            timing: dict = {}
-            reports: list[dict] = []
-            run_local(topology, events, init, scheduler=scheduler, executors=team,
-                      punctuation_interval=INTERVAL, batches_per_chunk=None, udf_cost_us=cost,
-                      timing=timing, reports=reports, timeout_s=600, **options)  # fmt: skip
-            return {"throughput_eps": events.num_rows / timing["seconds"],
-                    "breakdown_s": _summed(timing["breakdown_s"]),
-                    "breakdown_per_executor_s": timing["breakdown_s"], **reports[0]}  # fmt: skip
-        job = Job(topology, scheduler=scheduler, executors=team, punctuation_interval=INTERVAL,
-                  udf_cost_us=cost, source="arrow", progress=False, **options)  # fmt: skip
+        transport = ThreadTransport() if self.engine == "threads" else None
+        job = Job(topology, transport=transport, scheduler=scheduler, executors=team,
+                  punctuation_interval=INTERVAL, udf_cost_us=cost, source="arrow",
+                  progress=False, timeout_s=600, **options)  # fmt: skip
         m = job.run(events, init).metrics
         keep = ("throughput_eps", "breakdown_s", "breakdown_per_executor_s", "coordinator",
                 "decisions", "decision_batches", "redone_operations", "latency_ms")  # fmt: skip
         return {k: m[k] for k in keep if k in m}
-
-
-def _summed(per_executor: list[dict]) -> dict:
-    return {k: round(sum(b[k] for b in per_executor), 6) for k in per_executor[0]}
 
 
 def _label(scheduler: str, options: dict) -> str:

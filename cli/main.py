@@ -226,6 +226,14 @@ def _parser() -> argparse.ArgumentParser:
         help="size the work in flight so that outputs follow inputs within MS ms",
     )
     run.add_argument(
+        "--max-chunk-events",
+        type=int,
+        default=defaults.max_chunk_events,
+        metavar="N",
+        help="hand the team at most N events at once (whole punctuation batches; larger "
+        "amortises per-chunk costs, smaller bounds the latency)",
+    )
+    run.add_argument(
         "--follow",
         action="store_true",
         help="watch the --input folder: push each new complete Parquet file in name order "
@@ -318,6 +326,7 @@ def _run(args: argparse.Namespace) -> None:
         address=args.address,
         punctuation_ms=args.punctuation_ms,
         latency_target_ms=args.latency_target_ms,
+        max_chunk_events=args.max_chunk_events,
         overwrite=args.overwrite,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,

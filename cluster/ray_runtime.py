@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 
 from txstream.cluster.scratch import scratch, sweep_abandoned_rays
 from txstream.cluster.topology import usable_cores
-from txstream.errors import ActorDied, PeerFailed, RuntimeFailure, TxstreamError, UsageError
+from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
 
 OBJECT_STORE_BYTES = 512 * 1024**2
 CONNECT_TIMEOUT_S = 3.0
@@ -38,11 +38,13 @@ def ray_session(
     *,
     phase: Phase | None = None,
     logging_level: int = logging.WARNING,
+    log_to_driver: bool = True,
 ) -> Iterator[bool]:
     """A Ray session for one run: reuse an initialised one, attach to ``address`` (or
     ``$RAY_ADDRESS``), or start a lean local Ray. Yields whether this call started or
     attached it; shuts it down (and removes a local Ray's folder) only then. ``phase``
-    reports starting, connecting and stopping."""
+    reports starting, connecting and stopping; ``log_to_driver``: the workers' output
+    comes to this process's stderr (a run's log)."""
     import ray
 
     if ray.is_initialized():
@@ -53,7 +55,7 @@ def ray_session(
     options = dict(
         include_dashboard=False,
         logging_level=logging_level,
-        log_to_driver=True,  # workers' output -> this process's stderr -> the run's log
+        log_to_driver=log_to_driver,
         configure_logging=True,
         job_config=job_config,
     )
@@ -153,29 +155,6 @@ def stop_actors(actors: list) -> None:
             ray.kill(actor, no_restart=True)
         except Exception:  # already dead or Ray gone: nothing left to stop
             pass
-
-
-def wait_all(calls: list, timeout_s: float) -> list:
-    """The results of ``calls``, each awaited as it ends; the first failure that is a
-    root cause is raised at once (a dead actor leaves its peers waiting for it: do not
-    wait for them), a peer's `PeerFailed` (raised once it learns of another's failure)
-    only if nothing else failed. GetTimeoutError if one takes over ``timeout_s``."""
-    import ray
-
-    pending, results, peer_failed = list(calls), {}, None
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
-        if not ready:
-            raise ray.exceptions.GetTimeoutError(f"a call took over {timeout_s} s")
-        try:
-            results[ready[0]] = ray.get(ready[0])
-        except ray.exceptions.RayTaskError as exc:
-            if not isinstance(exc.cause, PeerFailed):
-                raise exc from None
-            peer_failed = exc
-    if peer_failed is not None:
-        raise peer_failed
-    return [results[call] for call in calls]
 
 
 def actor_failure(exc: BaseException) -> TxstreamError:

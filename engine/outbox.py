@@ -15,10 +15,11 @@ import threading
 from collections.abc import Callable
 
 import pyarrow as pa
+from txstream.cluster.transport import get
 from txstream.errors import RuntimeFailure
 
 Send = Callable[[pa.Table, list[tuple[int, float]]], object]
-"""Sends a table and its ``(rows, arrival)`` runs; returns the call's ObjectRef."""
+"""Sends a table and its ``(rows, arrival)`` runs; returns the call's reference."""
 
 
 class Outbox:
@@ -65,8 +66,6 @@ class Outbox:
             raise RuntimeFailure(f"pushing events failed: {self._failure}") from self._failure
 
     def _run(self) -> None:
-        import ray
-
         while True:
             with self._cond:
                 while not self._tables and not self._closed:
@@ -77,7 +76,7 @@ class Outbox:
                 self._tables, self._runs = [], []
                 self._busy = True
             try:
-                ray.get(self._send(pa.concat_tables(tables), runs), timeout=self._timeout_s)
+                get(self._send(pa.concat_tables(tables), runs), self._timeout_s)
             except BaseException as exc:  # surfaces on the next put or drain
                 with self._cond:
                     self._failure = exc

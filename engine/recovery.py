@@ -20,23 +20,30 @@ a topology) would fail the same way again and fails the session.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from txstream.connectors.sources import ArrowSource, SkippedSource, Source
 from txstream.errors import UsageError
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer, CheckpointStore
 
+if TYPE_CHECKING:
+    from txstream.engine.engine import Engine
+    from txstream.engine.plan import Plan
+
 log = logging.getLogger(__name__)
 
 FORMAT = 1
 """Version of the checkpoint metadata this build writes and reads."""
+MAX_RECOVERIES = 3
+"""Recoveries from one checkpoint without getting past it, before the session gives up."""
 
 
 @dataclass
@@ -200,3 +207,90 @@ def resume_point(store: CheckpointStore, identity: dict[str, Any]) -> Checkpoint
                 "use another --checkpoint-dir or remove it"
             )
     return checkpoint
+
+
+class Checkpointing:
+    """A session's checkpoints (with a checkpoint folder): the background writer, the
+    metadata that pairs each with its input position and committed outputs, and recovery
+    from the latest when an actor dies.
+
+    A new session (not a resumed one) clears the folder, marks its output as this run's
+    and writes a checkpoint of the init state at once.
+    """
+
+    def __init__(self, plan: Plan, engine: Engine, inputs: InputLog):
+        self.plan = plan
+        self.engine = engine
+        self.inputs = inputs
+        self.token = plan.resume.meta["output_run"] if plan.resume else secrets.token_hex(8)
+        """Identifies the run's output, so a checkpoint resumes only into its own."""
+        self.recoveries: list[dict[str, Any]] = []
+        self.writer = CheckpointWriter(
+            engine.buffer, plan.store, lambda: engine.watermark.committed, self.meta,
+            inputs.release,
+        )  # fmt: skip
+        if plan.resume is None:
+            plan.store.clear()
+            plan.output.mark_run(self.token)
+            self.write_now(0)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why writing a checkpoint failed, if it did."""
+        return self.writer.failure
+
+    def meta(self, ts: int) -> dict[str, Any]:
+        """The metadata of a checkpoint at ``ts``."""
+        plan = self.plan
+        return {
+            "format": FORMAT,
+            "topology": plan.config.topology,
+            "sizes": plan.layout.sizes,
+            "input": plan.input,
+            "output": None if plan.own_output else str(plan.output.path.resolve()),
+            "output_run": self.token,
+            "progressive": plan.output.progressive,
+            **self.inputs.position(ts),
+        }
+
+    def write_now(self, ts: int) -> None:
+        """A checkpoint of the state as it stands, at ``ts`` (the team is idle)."""
+        state = self.engine.state
+        arrays = {n: getattr(state, n) for n in ("values", "set_cells", "set_members")}
+        self.writer.write_now(ts, arrays, self.meta(ts))
+
+    def recover(self, cause: BaseException, launch: Callable[[int], None]) -> bool:
+        """A new team from the latest checkpoint (``launch(ts)`` starts it and pushes the
+        input after ``ts`` again); False if it cannot be done — recovering from the same
+        checkpoint again and again."""
+        begin = time.perf_counter()
+        engine = self.engine
+        with self.writer.paused():
+            checkpoint = self.plan.store.latest()
+            stuck = [r for r in self.recoveries if r["from_ts"] == checkpoint.ts]
+            if len(stuck) >= MAX_RECOVERIES:
+                return False
+            log.warning("recovering from checkpoint %s after: %s", checkpoint.ts, cause)
+            self.recoveries.append({
+                "cause": str(cause).splitlines()[0][:300], "watermark": engine.watermark.written,
+                "from_ts": checkpoint.ts, "seconds": None,
+            })  # fmt: skip
+            phases = {
+                "stop_s": engine.stop,
+                "restore_s": lambda: checkpoint.restore(engine.state),
+                "launch_s": lambda: launch(checkpoint.ts),
+            }
+            for name, phase in phases.items():
+                started = time.perf_counter()
+                phase()
+                self.recoveries[-1][name] = round(time.perf_counter() - started, 3)
+        self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
+        return True
+
+    def report(self) -> dict[str, Any]:
+        """What metrics.json says of the checkpoints written."""
+        return {"written": self.writer.count, "seconds": round(self.writer.seconds, 3)}
+
+    def stop(self) -> None:
+        """End the writer (a copy not yet written is dropped)."""
+        self.writer.stop()

@@ -113,3 +113,25 @@ def batch_metrics(executors: list[dict]) -> dict[str, Any]:
         p50, p99, top = np.percentile(seconds, [50, 99, 100]) * 1e3
         state_access = {"p50": round(p50, 4), "p99": round(p99, 4), "max": round(top, 4)}
     return {"count": len(seconds), "state_access_ms": state_access, "chunks": chunks}
+
+
+def session_metrics(summary: dict, run_info: dict, seconds: float, *, coordinator: dict | None,
+                    startup_s: float, phases_s: dict[str, float], cores: list[tuple[int, int]],
+                    recoveries: list[dict], checkpoints: dict | None,
+                    config: dict) -> dict[str, Any]:  # fmt: skip
+    """metrics.json of a session: the engine's part (`run_metrics`) with the Coordinator's
+    report, start-up and console phases, each executor's socket and cores, recoveries,
+    checkpoints and the configuration."""
+    return {
+        **run_metrics(summary, run_info, seconds),
+        "coordinator": coordinator,
+        "startup_s": round(startup_s, 3),
+        "phases_s": phases_s,
+        "executor_cores": [
+            {"socket": socket, "cpus": e["cpus"]}
+            for (socket, _), e in zip(cores, run_info["executors"], strict=True)
+        ],
+        "recoveries": recoveries,
+        "checkpoints": checkpoints,
+        "config": config,
+    }

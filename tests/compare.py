@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+from txstream.result import Result
 
 
 def assert_same_run(got_events: pa.Table, got_state: dict, want_events: pa.Table, want_state: dict):
@@ -31,10 +32,10 @@ def assert_same_run(got_events: pa.Table, got_state: dict, want_events: pa.Table
             assert got.column(name).to_pylist() == want.column(name).to_pylist(), (table, name)
 
 
-def assert_same_tables(got: tuple, want: tuple) -> None:
-    """Two runs' (events, state) are equal to the letter, abort reasons included."""
-    got_events, got_state = got
-    want_events, want_state = want
+def assert_same_tables(got: Result, want: Result) -> None:
+    """Two runs' events and state are equal to the letter, abort reasons included."""
+    got_events, got_state = got.events, got.state
+    want_events, want_state = want.events, want.state
     assert got_events.equals(want_events), _first_difference(got_events, want_events)
     assert sorted(got_state) == sorted(want_state)
     for name, table in want_state.items():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
@@ -20,25 +19,15 @@ os.environ["TXSTREAM_TEST_RUN"] = str(os.getpid())
 def ray_cluster():
     """A lean local Ray, with the JVM flags Spark needs; actors see tests/ on their path
     (for test topologies)."""
-    import ray
     from ray.job_config import JobConfig
-    from txstream.cluster.ray_runtime import OBJECT_STORE_BYTES
+    from txstream.cluster.ray_runtime import ray_session
     from txstream.connectors.spark import JVM_OPTIONS
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=OBJECT_STORE_BYTES,
-        logging_level=logging.WARNING,
-        log_to_driver=False,
-        job_config=JobConfig(
-            jvm_options=list(JVM_OPTIONS),
-            runtime_env={"env_vars": {"PYTHONPATH": str(TESTS)}},
-        ),
+    job_config = JobConfig(
+        jvm_options=list(JVM_OPTIONS), runtime_env={"env_vars": {"PYTHONPATH": str(TESTS)}}
     )
-    yield
-    ray.shutdown()
+    with ray_session(job_config=job_config, log_to_driver=False):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -134,9 +134,10 @@ def test_nolock_writes_every_event_exactly_once_in_ts_order(topology, data):
     events, init = data.draw(workloads(topology))
     executors = data.draw(st.integers(1, 3), label="executors")
     interval = data.draw(st.sampled_from((1, 97, 10240)), label="interval")
-    got, state = run_local(topology, events, init, scheduler="nolock", executors=executors,
-                           punctuation_interval=interval)  # fmt: skip
-    want, want_state = run_local(topology, events, init, punctuation_interval=interval)
+    run = run_local(topology, events, init, scheduler="nolock", executors=executors,
+                    punctuation_interval=interval)  # fmt: skip
+    serial = run_local(topology, events, init, punctuation_interval=interval)
+    got, state, want, want_state = run.events, run.state, serial.events, serial.state
     assert got.num_rows == events.num_rows
     assert got["ts"].to_pylist() == list(range(events.num_rows))
     assert got["event_id"].equals(want["event_id"])
@@ -155,12 +156,9 @@ def test_breakdown_shows_where_the_baselines_spend_their_time():
     events, init = generate("gs", WorkloadSpec(events=20_000, keys=50, theta=0.9, seed=3))
     spent = {}
     for scheduler in ("lock", "mvlk", "sstore", "nolock"):
-        timing: dict = {}
-        run_local("gs", events, init, scheduler=scheduler, executors=2, udf_cost_us=2,
-                  batches_per_chunk=None, timing=timing)  # fmt: skip
-        spent[scheduler] = {
-            k: sum(b[k] for b in timing["breakdown_s"]) for k in timing["breakdown_s"][0]
-        }
+        metrics = run_local("gs", events, init, scheduler=scheduler, executors=2,
+                            udf_cost_us=2, batches_per_chunk=None).metrics  # fmt: skip
+        spent[scheduler] = metrics["breakdown_s"]
     for scheduler in ("lock", "mvlk"):
         assert spent[scheduler]["lock"] > 0 and spent[scheduler]["sync"] > 0, spent[scheduler]
     assert spent["sstore"]["sync"] > 0 and spent["sstore"]["lock"] == 0

@@ -17,8 +17,8 @@ def test_on_hot_keys_the_coordinator_has_transactions_redone(monkeypatch):
     serial = run_local("sl", events, init, punctuation_interval=500)
     tstream = run_local("sl", events, init, scheduler="tstream", executors=2,
                         punctuation_interval=500)  # fmt: skip
-    assert tstream[0].equals(serial[0]) and tstream[1] == serial[1]
-    assert (serial[0].column("status").to_numpy(zero_copy_only=False) == "aborted").any()
+    assert tstream.events.equals(serial.events) and tstream.state == serial.state
+    assert (serial.events.column("status").to_numpy(zero_copy_only=False) == "aborted").any()
     [stats] = served  # failures in exploration, some of them on polluted inputs: redone
     assert stats["failed"] > 0 and stats["marked"] > 0 and stats["requests"]["lazy"] <= 10
 

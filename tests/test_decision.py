@@ -89,10 +89,8 @@ def test_the_log_counts_every_batch_and_keeps_its_statistics_up_to_a_limit():
 
 def _decisions(topology: str, spec: WorkloadSpec, **options) -> dict:
     events, init = generate(topology, spec)
-    reports: list[dict] = []
-    run_local(topology, events, init, scheduler="morphstream", executors=2,
-              punctuation_interval=1000, reports=reports, **options)  # fmt: skip
-    return reports[0]
+    return run_local(topology, events, init, scheduler="morphstream", executors=2,
+                     punctuation_interval=1000, punctuation_ms=None, **options).metrics  # fmt: skip
 
 
 def test_auto_decides_from_the_measured_graph_of_each_batch():

@@ -66,10 +66,7 @@ def test_equals_serial(scheduler, case, data):
     topology = case.pop("topology")
     events, init = data.draw(workloads(topology))
     per_chunk = data.draw(st.integers(1, 3), label="batches_per_chunk")
-    sockets = data.draw(
-        st.lists(st.integers(0, 1), min_size=case["executors"], max_size=case["executors"]),
-        label="sockets",
-    )
+    sockets = data.draw(st.integers(1, 2), label="sockets")
     interval = case["punctuation_interval"]
     want = run_local(topology, events, init, punctuation_interval=interval,
                      batches_per_chunk=per_chunk)  # fmt: skip
@@ -91,7 +88,7 @@ def test_equals_serial_on_long_streams(scheduler, data):
     executors = data.draw(st.integers(2, 3), label="executors")
     got = run_local(
         topology, events, init, scheduler=scheduler, executors=executors,
-        sockets=[0, 1, 1][:executors],
+        sockets=2,
         punctuation_interval=64, batches_per_chunk=2, **options,
     )  # fmt: skip
     assert_same_tables(got, want)

@@ -49,10 +49,9 @@ def test_the_command_refuses_an_option_that_does_not_apply_in_one_line(tmp_path,
 def test_morphstream_runs_every_batch_with_the_dimensions_it_is_given():
     events, init = generate("gs", WorkloadSpec(events=2000, keys=40, theta=0.8, seed=4))
     for explore, granularity, abort in [("dfs", "coarse", "lazy"), ("ns", "fine", "eager")]:
-        reports: list[dict] = []
-        run_local("gs", events, init, scheduler="morphstream", executors=2, explore=explore,
-                  granularity=granularity, abort=abort, punctuation_interval=500,
-                  reports=reports)  # fmt: skip
-        decisions = reports[0]["decisions"]
+        decisions = run_local("gs", events, init, scheduler="morphstream", executors=2,
+                              explore=explore, granularity=granularity, abort=abort,
+                              punctuation_interval=500, punctuation_ms=None,
+                              ).metrics["decisions"]  # fmt: skip
         assert decisions["explore"][explore] == 4 and decisions["granularity"][granularity] == 4
         assert decisions["abort"][abort] == 4

@@ -24,7 +24,7 @@ def test_serial_equals_model(topology, data):
     got = run_local(
         topology, events, init, punctuation_interval=interval, batches_per_chunk=per_chunk
     )
-    assert_same_run(*got, *naive.run_model(topology, events, init))
+    assert_same_run(got.events, got.state, *naive.run_model(topology, events, init))
 
 
 @pytest.mark.parametrize("topology", BUNDLED)
@@ -33,4 +33,4 @@ def test_serial_equals_model(topology, data):
 def test_serial_equals_model_on_long_streams(topology, data):
     events, init = data.draw(workloads(topology, max_events=600))
     got = run_local(topology, events, init, punctuation_interval=64)
-    assert_same_run(*got, *naive.run_model(topology, events, init))
+    assert_same_run(got.events, got.state, *naive.run_model(topology, events, init))

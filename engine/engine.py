@@ -1,0 +1,274 @@
+"""The engine: assembles a team from a `Plan`, runs it, tells how it fares, tears it down.
+
+A team is the state and synchronisation words in shared memory, the executors (one per
+seat, pinned to their cores), the Coordinator (for schedulers whose aborts need one), the
+Sink and the ProgressController that feeds them. The *transport* says how the actors run
+(`txstream.cluster.transport`): as Ray actors, or as threads of this process, with the same
+classes and wiring — tests and benchmarks run the whole engine without Ray.
+
+The shared memory lives as long as the engine; the actors as long as a launch: a recovery
+stops them, restores the state and launches new ones on the same memory (`stop`, `restore`,
+`launch`). Whatever happens, `close` stops every actor, unlinks every segment and ends the
+Ray it started.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import ExitStack
+from typing import Any
+
+from txstream import schedulers
+from txstream.actors.coordinator import Coordinator
+from txstream.actors.executor import Executor, output_schema
+from txstream.actors.progress import CONCURRENCY, ProgressController
+from txstream.actors.sink import Sink
+from txstream.cluster.ray_runtime import actor_failure
+from txstream.cluster.transport import RayTransport, ThreadTransport, ended, get, wait_all
+from txstream.engine.plan import Plan
+from txstream.errors import PeerFailed, RuntimeFailure, TxstreamError, UsageError
+from txstream.monitor.console import Console
+from txstream.monitor.logs import level_number
+from txstream.schedulers.team.placement import seats
+from txstream.state.checkpoints import Checkpoint, CheckpointBuffer
+from txstream.state.chunk import sweep_segments
+from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
+from txstream.state.snapshots import SnapshotRing
+from txstream.state.sync import ask_to_stop, slots
+from txstream.state.tables import SharedState
+from txstream.state.watermark import Watermark
+
+NAMESPACE = "txstream"
+"""Ray namespace of named sessions, where `txstream query/status` look for them."""
+
+Transport = RayTransport | ThreadTransport
+
+
+class Engine:
+    """A team's shared memory for as long as the engine lives, and its actors per launch
+    (module docstring). ``job_config``: the Ray job config of a Ray started for Spark."""
+
+    def __init__(self, plan: Plan, console: Console, transport: Transport | None = None,
+                 job_config: object | None = None):  # fmt: skip
+        self.plan = plan
+        self.config = plan.config
+        self.console = console
+        self.transport = transport or RayTransport()
+        self.launches = 0
+        """Teams launched so far (a recovery launches another)."""
+        self._stack = ExitStack()
+        self._actors: list = []
+        self._pids: list[int] = []
+        self.controller: Any = None
+        self.sink: Any = None
+        self.executors: list = []
+        self.running: Any = None
+        """The ProgressController's loop: ends with the run (its report) or its failure."""
+        self.serving: Any = None
+        """The Coordinator's loop, if the scheduler needs one."""
+        try:
+            self._allocate(job_config)
+        except BaseException:
+            self.close()
+            raise
+
+    def _allocate(self, job_config: object | None) -> None:
+        cfg, plan, stack = self.config, self.plan, self._stack
+        sweep_stale_segments()
+        run_id = new_run_id()
+        self.prefix = run_prefix(run_id)
+        self.state = stack.enter_context(SharedState.create(run_id, plan.layout, plan.set_capacity))
+        if plan.resume is not None:
+            self.restore(plan.resume)
+        else:
+            self.state.load(plan.topology, plan.init)
+        self.watermark = Watermark.create(run_id)
+        stack.callback(self.watermark.close)
+        self.seats = seats(cfg.placement, [socket for socket, _ in plan.cores])
+        self._sync = SharedArray.create(run_id, "sync", (slots(len(self.seats)),), "int64")
+        stack.callback(self._sync.close)
+        self.snapshots = SnapshotRing.create(run_id, plan.layout.cells)
+        stack.callback(self.snapshots.close)
+        stack.callback(sweep_segments, self.prefix)  # if an executor died
+        self.buffer = None
+        if plan.store is not None:
+            self.buffer = CheckpointBuffer.create(run_id, self.state)
+            stack.callback(self.buffer.close)
+        stack.enter_context(
+            self.transport.session(
+                cfg.address, job_config, self.console.phase, level_number(cfg.log_level)
+            )  # fmt: skip
+        )
+        stack.callback(self.stop)
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """The state as ``checkpoint`` has it (no team running)."""
+        for name in ("values", "set_cells", "set_members"):
+            want, got = getattr(self.state, name).shape, checkpoint.load(name).shape
+            if want != got:
+                raise UsageError(
+                    f"checkpoint {checkpoint.path} is of another state size ({name} {got}, "
+                    f"here {want}); use another --checkpoint-dir or remove it"
+                )
+        checkpoint.restore(self.state)
+
+    def launch(self, ts: int) -> None:
+        """Start a team (Sink, executors, Coordinator, ProgressController) on the state as
+        it stands, which is as after the first ``ts`` events, and warm it up."""
+        cfg, plan, topology, transport = self.config, self.plan, self.plan.topology, self.transport
+        self._sync.array[:] = 0
+        self.snapshots.reset(self.state.values, ts)
+        self.watermark.reset(ts)
+        if self.buffer is not None:
+            self.buffer.reset(ts)
+        plan.output.drop_parts_from(ts)
+        sweep_segments(self.prefix)
+        sink = transport.start(Sink, plan.output, output_schema(topology), self.watermark.handle,
+                               ts, feeder=True)  # fmt: skip
+        self._actors.append(sink)
+        buffer = self.buffer.handle if self.buffer is not None else None
+        pin = transport.separate_processes  # pinning a thread's process pins every thread
+        executors = [
+            transport.start(
+                Executor,
+                cfg,
+                self.state.handle,
+                seat,
+                self._sync.handle,
+                self.prefix,
+                self.snapshots.handle,
+                sink,
+                cpu if pin else None,
+                buffer,
+                label=f"Executor {seat.rank}",
+            )  # fmt: skip
+            for seat, (_, cpu) in zip(self.seats, plan.cores, strict=True)
+        ]
+        self._actors += executors
+        self.serving = None
+        if schedulers.get(cfg.scheduler).coordinator_policies(cfg):
+            coordinator = transport.start(Coordinator, cfg, self._sync.handle, self.prefix)
+            self._actors.append(coordinator)
+            self.serving = coordinator.serve.remote()
+        named = plan.name and transport.separate_processes
+        self.controller = transport.start(
+            ProgressController, cfg, topology.event_schema, executors, sink,
+            self.watermark.handle, self.snapshots.handle, plan.layout, plan.tables, buffer, ts,
+            feeder=True, name=plan.name if named else None,
+            namespace=NAMESPACE if named else None, concurrency_groups=CONCURRENCY,
+        )  # fmt: skip
+        self._actors.append(self.controller)
+        self.sink, self.executors = sink, executors
+        team = f"starting {len(executors)} executor{'s' * (len(executors) > 1)}"
+        with self.console.phase(team if self.launches == 0 else f"re{team}"):
+            pids = self._get_watching([e.warm_up.remote(topology.event_schema) for e in executors])
+        self._pids = pids if transport.separate_processes else []
+        self.running = self.controller.run.remote()
+        self.launches += 1
+
+    # ---------------------------------------------------------------- health
+    def get(self, refs: Any) -> Any:
+        """The results of ``refs`` within the run's timeout; user and engine errors keep
+        their own type, the death of an actor's process is `ActorDied`."""
+        try:
+            return get(refs, self.config.timeout_s)
+        except TimeoutError as exc:
+            raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
+        except TxstreamError:
+            raise
+        except Exception as exc:
+            if not self.transport.separate_processes:
+                raise  # a thread's call raised the error itself
+            raise actor_failure(exc) from exc
+
+    def ended(self, refs: list, timeout_s: float = 0.0) -> list:
+        """Those of ``refs`` that have ended (at least one within ``timeout_s``, if any)."""
+        return ended([r for r in refs if r is not None], timeout_s)
+
+    def stopped(self) -> bool:
+        """Whether the ProgressController's or the Coordinator's loop has ended."""
+        return bool(self.ended([self.running, self.serving]))
+
+    def ended_well(self) -> bool:
+        """Whether the ProgressController's loop ended with the run's report."""
+        try:
+            self.get(self.running)
+        except TxstreamError:
+            return False
+        return True
+
+    def cause(self) -> BaseException:
+        """Why the ProgressController's loop or the Coordinator ended: the root cause, not
+        an executor that stopped because a peer failed."""
+        try:
+            if self.serving is not None and self.ended([self.serving]):
+                self.get(self.serving)
+                return RuntimeFailure("the Coordinator stopped before the end of the session")
+            self.get(self.running)
+            return RuntimeFailure("the ProgressController stopped before the end of the session")
+        except PeerFailed:
+            try:
+                self.get(self.running)  # the executor that failed first
+            except TxstreamError as exc:
+                return exc
+            return RuntimeFailure("an executor failed")
+        except TxstreamError as exc:
+            return exc
+
+    def _get_watching(self, refs: list) -> Any:
+        """The results of ``refs``, failing at once if one fails (its peers may wait for
+        it) or if the Coordinator ends first (e.g. during warm-up, while executors wait
+        for it to map their segment)."""
+        deadline = time.monotonic() + self.config.timeout_s
+        while self.serving is not None and not _all_ended(refs):
+            if self.ended([self.serving]):
+                self.get(self.serving)
+                raise RuntimeFailure("the Coordinator stopped before the end of the run")
+            self.get(self.ended(refs))  # one failed?
+            if time.monotonic() > deadline:
+                break  # reported below
+            time.sleep(0.01)
+        try:
+            return wait_all(refs, self.config.timeout_s)
+        except TimeoutError as exc:
+            raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
+        except TxstreamError:
+            raise
+        except Exception as exc:
+            if not self.transport.separate_processes:
+                raise  # a thread's call raised the error itself
+            raise actor_failure(exc) from exc
+
+    # ---------------------------------------------------------------- the end
+    def finish(self) -> tuple[dict, dict | None, dict]:
+        """Once the ProgressController's loop ended well: stop the team; the loop's report,
+        the Coordinator's and the Sink's summary."""
+        run_info = self.get(self.running)
+        ask_to_stop(self._sync.array)
+        coordinator = self.get(self.serving) if self.serving is not None else None
+        summary = self.get(self.sink.finish.remote())
+        self.get([e.close.remote() for e in self.executors])
+        return run_info, coordinator, summary
+
+    def stop(self) -> None:
+        """Stop every actor of the team and wait until its executors' processes are gone
+        (a dying executor must not write into the state after it was restored)."""
+        ask_to_stop(self._sync.array)
+        self.transport.stop(self._actors)
+        self._actors.clear()
+        deadline = time.monotonic() + 10
+        while any(os.path.exists(f"/proc/{pid}") for pid in self._pids):
+            if time.monotonic() > deadline:
+                raise RuntimeFailure("an executor's process does not exit")
+            time.sleep(0.01)
+        self._pids = []
+
+    def close(self) -> None:
+        """Stop the team, free the shared memory, end the Ray this engine started
+        (idempotent)."""
+        self._stack.close()
+
+
+def _all_ended(refs: list) -> bool:
+    return all(ended([ref]) for ref in refs)

@@ -1,0 +1,135 @@
+"""A session's plan: everything checked before anything starts.
+
+The topology, the init state, the cores, the output folder and a checkpoint to resume from
+are checked here, in the driver, so that a mistake is one clear error before Ray, Spark or
+shared memory exist (`plan`); the `Plan` then holds what the engine needs to start.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from txstream import topologies
+from txstream.cluster.topology import host_topology
+from txstream.config import RunConfig
+from txstream.connectors.outputs import OutputDir
+from txstream.engine.recovery import input_identity, resume_point
+from txstream.errors import UsageError
+from txstream.state.checkpoints import Checkpoint, CheckpointStore
+from txstream.state.init import InitState, read_init_state
+from txstream.state.layout import Layout
+from txstream.topologies.api import Topology
+
+DEFAULT_SET_CAPACITY = 1 << 20
+"""Distinct-set slots when the number of events is not known in advance (a session)."""
+
+
+@dataclass
+class Plan:
+    """A session checked and ready to start; nothing is running yet."""
+
+    config: RunConfig
+    topology: Topology
+    init: dict[str, pa.Table]
+    layout: Layout
+    cores: list[tuple[int, int]]
+    output: OutputDir
+    own_output: bool
+    """The output is a private temporary folder (no output asked for): removed at the end."""
+    name: str | None
+    expected_events: int | None = None
+    input: dict[str, Any] | None = None
+    """What identifies a one-shot run's input (checkpoints of another input are refused)."""
+    store: CheckpointStore | None = None
+    resume: Checkpoint | None = None
+    """The checkpoint of an interrupted run this session continues from."""
+
+    @property
+    def tables(self) -> dict[str, list[str]]:
+        """The value columns of every table, by table name."""
+        return {t.name: list(t.columns) for t in self.topology.tables}
+
+    @property
+    def set_capacity(self) -> int:
+        """Slots of the distinct sets (twice the events, when known)."""
+        if not any(t.distinct for t in self.topology.tables):
+            return 16
+        wanted = 2 * (self.expected_events or DEFAULT_SET_CAPACITY)
+        return 1 << max(4, int(wanted - 1).bit_length())
+
+    def discard_unused(self) -> None:
+        """Remove what was prepared and not committed: the private output folder, or the
+        ``_temporary`` of an output that was never committed (idempotent). An output
+        that checkpoints can resume is kept."""
+        if self.own_output:
+            shutil.rmtree(self.output.path, ignore_errors=True)
+        elif self.store is None or self.store.complete:
+            self.output.abandon()
+
+
+def plan(
+    config: RunConfig,
+    init_state: InitState,
+    output: str | Path | None,
+    *,
+    name: str | None = None,
+    progressive: bool = True,
+    source: Any = None,
+) -> Plan:
+    """Check everything a session needs before starting anything; UsageError,
+    SchemaError or TopologyError otherwise. ``progressive``: outputs are committed as
+    part files while the session runs (a one-shot run commits once, at the end).
+    ``source``: a one-shot run's input (it identifies the run for checkpoints)."""
+    topology = topologies.get(config.topology)
+    cores = host_topology(config.sockets).assign(config.executors)
+    init = read_init_state(topology, init_state)
+    layout = Layout.of(
+        topology.tables, topology.sizes_from({k: t.num_rows for k, t in init.items()})
+    )
+    if name is not None and not name:
+        raise UsageError("a session name must not be empty")
+    store = CheckpointStore(config.checkpoint_dir) if config.checkpoint_dir else None
+    identity = input_identity(source) if source is not None else None
+    resume = None
+    if store is not None:
+        resume = resume_point(
+            store, {"topology": config.topology, "sizes": layout.sizes, "input": identity}
+        )
+    own = output is None
+    if resume is not None:
+        _check_resumable(resume, output, progressive)
+    # absolute: the Sink writes from its own process, whose working folder may differ
+    path = Path(tempfile.mkdtemp(prefix="txstream_")) if own else Path(output).resolve()
+    out = OutputDir(path, overwrite=config.overwrite or own, progressive=progressive)
+    try:
+        out.prepare(resume=resume is not None)
+    except BaseException:
+        if own:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+    expected = getattr(source, "num_rows", None)
+    return Plan(config, topology, init, layout, cores, out, own, name, expected,
+                       identity, store, resume)  # fmt: skip
+
+
+def _check_resumable(checkpoint: Checkpoint, output: str | Path | None, progressive: bool) -> None:
+    """An interrupted run is resumed only into its own uncommitted output."""
+    meta, where = checkpoint.meta, f"checkpoint {checkpoint.path}"
+    if output is None or meta.get("output") is None:
+        raise UsageError(
+            f"{where} belongs to a run without an output directory, whose outputs cannot be "
+            "resumed; remove it to start afresh"
+        )
+    out = OutputDir(Path(output), progressive=progressive)
+    if meta["output"] != str(Path(output).resolve()) or out.run_token() != meta["output_run"]:
+        raise UsageError(
+            f"{where} belongs to the output {meta['output']}, not to {output}, or that output "
+            "was committed or removed since; remove the checkpoints to start afresh"
+        )
+    if meta.get("progressive") != progressive:
+        raise UsageError(f"{where} is of a {'session' if meta.get('progressive') else 'run'}")
