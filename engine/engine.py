@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
@@ -171,8 +172,12 @@ class Engine:
     def get(self, refs: Any) -> Any:
         """The results of ``refs`` within the run's timeout; user and engine errors keep
         their own type, the death of an actor's process is `ActorDied`."""
+        return self._results(get, refs)
+
+    def _results(self, wait: Callable[[Any, float], Any], refs: Any) -> Any:
+        """``wait(refs, timeout)``, its failures as `get` says."""
         try:
-            return get(refs, self.config.timeout_s)
+            return wait(refs, self.config.timeout_s)
         except TimeoutError as exc:
             raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
         except TxstreamError:
@@ -229,16 +234,7 @@ class Engine:
             if time.monotonic() > deadline:
                 break  # reported below
             time.sleep(0.01)
-        try:
-            return wait_all(refs, self.config.timeout_s)
-        except TimeoutError as exc:
-            raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
-        except TxstreamError:
-            raise
-        except Exception as exc:
-            if not self.transport.separate_processes:
-                raise  # a thread's call raised the error itself
-            raise actor_failure(exc) from exc
+        return self._results(wait_all, refs)
 
     # ---------------------------------------------------------------- the end
     def finish(self) -> tuple[dict, dict | None, dict]:
