@@ -154,7 +154,7 @@ _ops = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(
-    interval=st.integers(1, 12),
+    interval=st.integers(1, 40),
     punctuation_s=st.sampled_from([None, 0.5]),
     start=st.integers(0, 5),
     ops=_ops,
@@ -167,7 +167,7 @@ def test_taken_chunks_are_the_input_in_order_cut_where_the_punctuator_cut(
     p = Punctuator(interval, punctuation_s, start_ts=start)
     now, end, open_start, open_since = 0.0, start, start, None
     cuts, arrivals, taken, taken_ends = [], [], [], []
-    expected_time_cuts = 0
+    expected_count_cuts = expected_time_cuts = 0
     for op, arg in ops:
         if op == "add":
             p.add(_rows(end, arg), now)
@@ -179,6 +179,7 @@ def test_taken_chunks_are_the_input_in_order_cut_where_the_punctuator_cut(
                 if end - open_start == interval:
                     cuts.append(end)
                     open_start, open_since = end, None
+                    expected_count_cuts += 1
         elif op == "wait":
             now += arg
             due = punctuation_s is not None and open_since is not None
@@ -212,7 +213,7 @@ def test_taken_chunks_are_the_input_in_order_cut_where_the_punctuator_cut(
         last_cut = cuts[-1] if cuts else start
         assert p.closed == last_cut - p.ts
     assert taken == list(range(start, start + len(taken)))
-    assert p.time_cuts == expected_time_cuts
+    assert (p.count_cuts, p.time_cuts) == (expected_count_cuts, expected_time_cuts)
 
 
 # ---------------------------------------------------------------- ChunkSizer
