@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from txstream.connectors.sources import ArrowSource, SkippedSource
 from txstream.engine.recovery import InputLog, Pushed
@@ -56,6 +56,7 @@ def test_a_pushed_source_from_ts_on_skips_its_first_rows():
 
 
 # ---------------------------------------------------------------- InputLog.after
+@settings(deadline=None)
 @given(ts=st.integers(0, N))
 def test_after_replays_exactly_the_events_from_ts_on(ts):
     assert _replayed(_log(), ts) == list(range(ts, N))
@@ -82,6 +83,7 @@ def test_release_drops_only_pushes_entirely_before_ts():
     assert [p.start for p, _ in log.after(0)] == [25]
 
 
+@settings(deadline=None)
 @given(released=st.integers(0, N), ts=st.integers(0, N))
 def test_after_a_release_the_events_from_the_release_on_are_still_replayed(released, ts):
     log = _log()

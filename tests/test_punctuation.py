@@ -262,6 +262,7 @@ def test_empty_or_instant_chunks_tell_the_sizer_nothing():
     assert sizer.rate == 1000
 
 
+@settings(deadline=None)
 @given(
     chunks=st.lists(st.tuples(st.integers(1, 10**6), st.floats(1e-4, 10.0)), min_size=1),
     backlog=st.integers(0, 10**7),

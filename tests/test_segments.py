@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from txstream.state.segments import ALIGN, ArraySpec, SegmentLayout
 
@@ -47,6 +47,7 @@ def test_arrays_are_laid_out_one_after_the_other_on_cache_lines():
     assert layout.nbytes == 384
 
 
+@settings(deadline=None)
 @given(specs=_specs)
 def test_every_array_starts_on_its_own_cache_line_with_room_for_it(specs):
     layout = SegmentLayout(specs)
@@ -126,6 +127,7 @@ def test_views_in_a_larger_capacity_start_where_its_regions_do():
     assert all(arrays[s.name].shape == (1,) for s in SPECS)
 
 
+@settings(deadline=None)
 @given(specs=_specs)
 def test_views_do_not_overlap(specs):
     layout = SegmentLayout(specs)
