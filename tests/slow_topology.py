@@ -1,0 +1,30 @@
+"""A test topology: SL whose every chunk takes at least `CHUNK_S` (the team stays busy)."""
+
+from __future__ import annotations
+
+import time
+
+from txstream.topologies import sl
+from txstream.topologies.api import Topology
+
+CHUNK_S = 0.02
+
+
+def _slow_state_access(events, txn):
+    time.sleep(CHUNK_S)
+    sl.state_access(events, txn)
+
+
+def build() -> Topology:
+    """SL with a state_access that sleeps `CHUNK_S` first."""
+    base = sl.topology()
+    return Topology(
+        name="slow-sl",
+        tables=base.tables,
+        event_columns=base.event_columns,
+        kinds=base.kinds,
+        functions=base.functions,
+        conditions=base.conditions,
+        pre_process=base.pre_process,
+        state_access=_slow_state_access,
+    )
