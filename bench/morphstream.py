@@ -1,4 +1,4 @@
-"""MorphStream's sensitivity study (paper 003 §6.4) on this host, plus its headline ratios.
+"""MorphStream's sensitivity study (SIGMOD'23 §6.4) on this host, plus its headline ratios.
 
 Sensitivity: GS and SL workloads over Zipf theta {0, 0.6, 1.2}, abort ratio {0, 10%,
 50%}, UDF cost C {0, 10} us, GS deps r {1, 4} and length l {1, 4} (SL has neither),

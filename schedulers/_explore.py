@@ -1,4 +1,4 @@
-"""MorphStream's explorations of a TPG (paper 003 §4.1), over fine or coarse units.
+"""MorphStream's explorations of a TPG (SIGMOD'23 §4.1), over fine or coarse units.
 
 - BFS: the strata in order; each executor runs the operations of its units of a
   stratum (`_tpg.work_strata`: its pool's units, shared by hash among the pool's

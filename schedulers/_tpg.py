@@ -1,5 +1,5 @@
 """MorphStream's task precedence graph (TPG) beyond the links: scheduling units, their
-dependencies, strata (paper 003 §4.1-4.2).
+dependencies, strata (MorphStream, SIGMOD'23 §4.1-4.2).
 
 The vertices are the batch's operations; temporal and parametric dependencies are the
 `Links` (`chain_prev`, `dep_prev`, and their successors `chain_next`, `pd_head`/

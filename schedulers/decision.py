@@ -1,4 +1,4 @@
-"""MorphStream's decision model (paper 003 §4.4, Fig. 6), from measured statistics.
+"""MorphStream's decision model (SIGMOD'23 §4.4, Fig. 6), from measured statistics.
 
 Before each punctuation batch is explored, the team has linked its TPG and counted
 what the paper's model reads (Table 3): temporal, parametric and logical dependencies,

@@ -1,5 +1,5 @@
 """morphstream: a task precedence graph per punctuation batch, explored adaptively
-(MorphStream, SIGMOD'23, paper 003 §3-5).
+(MorphStream, SIGMOD'23 §3-5).
 
 Per batch, the whole team:
 

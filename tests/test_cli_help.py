@@ -1,7 +1,7 @@
 """Honest help: every option of every verb explained with its default, only built choices,
-`--version`, and the README's CLI reference equal to `--help`.
+`--version`, and docs/options.md (the option reference) equal to `--help`.
 
-`python tests/test_cli_help.py` rewrites the README's reference from `--help`.
+`python tests/test_cli_help.py` rewrites docs/options.md's reference from `--help`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from txstream.cli.main import _parser, main
 from txstream.monitor.logs import version
 from txstream.schedulers import SCHEDULERS
 
-README = Path(__file__).parent.parent / "README.md"
+OPTIONS = Path(__file__).parent.parent / "docs" / "options.md"
 BEGIN = "<!-- cli-reference: generated from --help by tests/test_cli_help.py, do not edit -->"
 END = "<!-- end of cli-reference -->"
 
@@ -31,7 +31,7 @@ def _help_of(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
 
 
 def reference() -> str:
-    """What the README's CLI reference must hold: `--help` of the command and each verb."""
+    """What docs/options.md's reference must hold: `--help` of the command and each verb."""
     parser = _parser()
     parts = [("txstream --help", parser.format_help())]
     parts += [
@@ -81,24 +81,51 @@ def test_help_mentions_every_option_with_a_line():
     assert "(default: serial)" in text and "(default: 1)" in text
 
 
-def test_readme_cli_reference_is_the_help():
-    readme = README.read_text()
-    assert BEGIN in readme and END in readme, "README lacks the generated CLI reference"
-    begin = readme.index(BEGIN)
-    section = readme[begin : readme.index(END, begin) + len(END)]
-    assert section == reference(), "README's CLI reference is stale: python tests/test_cli_help.py"
+def _section(text: str) -> str:
+    assert BEGIN in text and END in text, "docs/options.md lacks the generated reference"
+    begin = text.index(BEGIN)
+    return text[begin : text.index(END, begin) + len(END)]
 
 
-def _write_readme_reference() -> None:
-    readme = README.read_text()
-    begin = readme.index(BEGIN)
-    end = readme.index(END, begin) + len(END)
-    README.write_text(readme[:begin] + reference() + readme[end:])
+def check_reference(text: str) -> None:
+    """Fail unless ``text`` (docs/options.md) holds exactly `--help` of every verb."""
+    section = _section(text)
+    for name, sub in _verbs(_parser()).items():
+        for action in sub._actions:
+            for option in action.option_strings:
+                assert option in section, f"docs/options.md lacks {name} {option}"
+    assert section == reference(), "docs/options.md is stale: python tests/test_cli_help.py"
+
+
+def test_options_reference_is_the_help():
+    check_reference(OPTIONS.read_text())
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("  --overwrite ", "  "),  # an option missing
+        ("replace a non-empty output", "replace an output"),  # its text differs
+        ("(default: 10240)", "(default: 1024)"),  # its default differs
+    ],
+)
+def test_a_stale_reference_fails(old, new):
+    text = OPTIONS.read_text()
+    assert old in text
+    with pytest.raises(AssertionError):
+        check_reference(text.replace(old, new, 1))
+
+
+def _write_reference() -> None:
+    text = OPTIONS.read_text()
+    begin = text.index(BEGIN)
+    end = text.index(END, begin) + len(END)
+    OPTIONS.write_text(text[:begin] + reference() + text[end:])
 
 
 if __name__ == "__main__":
     import os
 
     os.environ["COLUMNS"] = "200"
-    _write_readme_reference()
+    _write_reference()
     sys.exit(0)

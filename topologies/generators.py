@@ -1,8 +1,8 @@
 """Synthetic workloads for the bundled topologies, behind `txstream generate`.
 
-Knob defaults follow MorphStream (paper 003, Table 5): Zipf skew 0.2, 1% aborting
+Knob defaults follow MorphStream (SIGMOD'23, Table 5): Zipf skew 0.2, 1% aborting
 transactions, and per topology the transaction length `l` and the state accesses per
-operation `r`. OB, absent from MorphStream, follows TStream (paper 002 §VI).
+operation `r`. OB, absent from MorphStream, follows TStream (ICDE'20 §VI).
 
 `abort_ratio` is, as in the papers, the share of *all* events planted to abort. A planted
 event always takes its topology's abortable kind (SL transfer, GS write, OB bid); the
@@ -40,14 +40,14 @@ SL_MIX = {"deposit": 0.5, "transfer": 0.5}
 
 GS_MIX = {"read": 0.5, "write": 0.5}
 GS_TXN_LENGTH = 1
-"""Paper 003 Table 5: l = 1 key per GS transaction."""
+"""MorphStream Table 5: l = 1 key per GS transaction."""
 GS_DEPS = 2
-"""Paper 003 Table 5: r = 2 states read by each GS write."""
+"""MorphStream Table 5: r = 2 states read by each GS write."""
 
 OB_MIX = {"bid": 6 / 8, "alter": 1 / 8, "top": 1 / 8}
-"""Paper 002: bid : alter : top = 6 : 1 : 1."""
+"""TStream (ICDE'20): bid : alter : top = 6 : 1 : 1."""
 OB_TXN_LENGTH = 20
-"""Paper 002: alter and top requests touch 20 items; a bid touches one."""
+"""TStream (ICDE'20): alter and top requests touch 20 items; a bid touches one."""
 OB_PRICES = (2, 100)
 """Item prices, initial and altered; >= 2 so a planted bid of 1 always loses."""
 OB_BID_PRICES = (OB_PRICES[1], 2 * OB_PRICES[1])
