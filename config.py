@@ -90,7 +90,7 @@ class RunConfig:
             (
                 self.checkpoint_every is None or self.checkpoint_every >= 1,
                 "--checkpoint-every must be >= 1",
-            ),  # fmt: skip
+            ),
             (
                 self.checkpoint_every is None or self.checkpoint_dir is not None,
                 "--checkpoint-every needs --checkpoint-dir",

@@ -43,9 +43,13 @@ class Job:
     benchmarks of the engine; no outside readers, no recovery from a dead process).
     """
 
-    def __init__(self, topology: str = "sl", console: Console | None = None,
-                 transport: RayTransport | ThreadTransport | None = None,
-                 **options: Any):  # fmt: skip
+    def __init__(
+        self,
+        topology: str = "sl",
+        console: Console | None = None,
+        transport: RayTransport | ThreadTransport | None = None,
+        **options: Any,
+    ):
         self.config = RunConfig(topology=topology, **options)
         self.console = console or Console(enabled=self.config.progress)
         self.transport = transport
@@ -76,11 +80,18 @@ class Job:
         outside readers can query it while it runs (see `start`)."""
         begin = time.perf_counter()
         events = self._checked(events)
-        session_plan = self._plan(init_state, output, name=name, progressive=False,
-                                  source=None if _is_spark(events) else events)  # fmt: skip
+        session_plan = self._plan(
+            init_state,
+            output,
+            name=name,
+            progressive=False,
+            source=None if _is_spark(events) else events,
+        )
         try:
-            with run_log(output, self.config.log_level, self.config.verbose, self.console), \
-                    ExitStack() as stack:  # fmt: skip
+            with (
+                run_log(output, self.config.log_level, self.config.verbose, self.console),
+                ExitStack() as stack,
+            ):
                 source, ingest, job_config = self._open_source(events, stack)
                 session_plan.expected_events = source.num_rows
                 with Session(session_plan, job_config, self.console, self.transport) as session:
@@ -133,8 +144,10 @@ class Job:
             source = stack.enter_context(spark.SparkSource(events))
             topologies.get(self.config.topology).check_event_schema(source.schema)
         staged = time.perf_counter()
-        spark_seconds = {"startup_s": round(started - begin, 3),
-                         "staging_s": round(staged - started, 3)}  # fmt: skip
+        spark_seconds = {
+            "startup_s": round(started - begin, 3),
+            "staging_s": round(staged - started, 3),
+        }
         return source, {"spark": spark_seconds}, job_config
 
     def _start_spark(self, stack: ExitStack) -> Any:
@@ -172,8 +185,10 @@ class Job:
 
         session_plan = self._plan(init_state, output, name=name)
         try:
-            with run_log(output, self.config.log_level, self.config.verbose, self.console), \
-                    ExitStack() as stack:  # fmt: skip
+            with (
+                run_log(output, self.config.log_level, self.config.verbose, self.console),
+                ExitStack() as stack,
+            ):
                 job_config = self._start_spark(stack) if self.config.source == "spark" else None
                 with Session(session_plan, job_config, self.console, self.transport) as session:
 

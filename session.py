@@ -55,9 +55,13 @@ class Session:
     runs (default: Ray actors; tests and benchmarks use threads of this process).
     """
 
-    def __init__(self, plan: Plan, job_config: object | None = None,
-                 console: Console | None = None,
-                 transport: RayTransport | ThreadTransport | None = None):  # fmt: skip
+    def __init__(
+        self,
+        plan: Plan,
+        job_config: object | None = None,
+        console: Console | None = None,
+        transport: RayTransport | ThreadTransport | None = None,
+    ):
         self.plan = plan
         self.console = console or Console(enabled=plan.config.progress)
         self.config = plan.config
@@ -314,13 +318,21 @@ class Session:
             summary.update(dict.fromkeys(STATUS_NAMES, 0), events=events.num_rows)
             summary.update({c["values"]: c["counts"] for c in counts})
         metrics = session_metrics(
-            summary, run_info, seconds, coordinator=coordinator, startup_s=self.startup_s,
-            phases_s=dict(self.console.phases), cores=self.plan.cores,
+            summary,
+            run_info,
+            seconds,
+            coordinator=coordinator,
+            startup_s=self.startup_s,
+            phases_s=dict(self.console.phases),
+            cores=self.plan.cores,
             recoveries=self.recoveries,
             checkpoints=self._checkpoints.report() if self._checkpoints else None,
-            config={**self.config.as_dict(), "pushed": self._pushed,
-                    "resumed_from": self.resumed_from},
-        )  # fmt: skip
+            config={
+                **self.config.as_dict(),
+                "pushed": self._pushed,
+                "resumed_from": self.resumed_from,
+            },
+        )
         if self.resumed_from and seconds > 0:  # this process ran the events after it only
             metrics["throughput_eps"] = round((events.num_rows - self.resumed_from) / seconds, 1)
         metrics.update(self.extra_metrics)
@@ -441,8 +453,9 @@ def attach(address: str, name: str) -> Any:
     """The front door (ProgressController) of the session named ``name`` on the Ray cluster
     at ``address``, for outside readers; connects this process to that cluster."""
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR,
-                 log_to_driver=False)  # fmt: skip
+        ray.init(
+            address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False
+        )
     try:
         return ray.get_actor(name, namespace=NAMESPACE)
     except ValueError as exc:

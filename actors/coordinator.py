@@ -56,8 +56,12 @@ class Coordinator:
         self._stack = np.zeros(0, np.int64)
         self._chunk: ChunkArrays | None = None
         self._dims: ChunkDims | None = None
-        self.stats = {"requests": dict.fromkeys(self.policies, 0), "failed": 0, "marked": 0,
-                      "seconds": 0.0}  # fmt: skip
+        self.stats = {
+            "requests": dict.fromkeys(self.policies, 0),
+            "failed": 0,
+            "marked": 0,
+            "seconds": 0.0,
+        }
 
     def serve(self) -> dict:
         """Answer requests until the driver asks to stop; returns what was resolved:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -24,16 +23,23 @@ from txstream.cluster.topology import pin_process
 from txstream.cluster.transport import get
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers.team.aborts import MAP_SEGMENT
-from txstream.schedulers.team.member import Team
+from txstream.schedulers.team.member import Member, ShareCounts
 from txstream.schedulers.team.placement import Seat
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
-from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims, TeamSegment, segment_name
+from txstream.state.chunk import (
+    ChunkArrays,
+    ChunkDims,
+    Outcomes,
+    RunDims,
+    TeamSegment,
+    segment_name,
+)
 from txstream.state.operations import STATUS_NAMES
 from txstream.state.segments import SegmentLayout
 from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.state.tables import SharedState, StateHandle
-from txstream.topologies.api import EventBatch, Outputs, Topology, Transactions
+from txstream.topologies.api import EventShare, Outputs, Topology, Transactions
 
 if TYPE_CHECKING:
     from txstream.config import RunConfig
@@ -54,33 +60,23 @@ def output_schema(topology: Topology) -> pa.Schema:
     return pa.schema(fields)
 
 
-@dataclass
-class Results:
-    """Per-event results of a share: status, abort reason, output slots."""
-
-    status: np.ndarray
-    reason: np.ndarray
-    out_values: np.ndarray
-    out_set: np.ndarray
-
-
 def _output_rows(
-    topology: Topology, events: EventBatch, results: Results, ts0: int
+    topology: Topology, events: EventShare, outcomes: Outcomes, ts0: int
 ) -> pa.RecordBatch:
-    committed = results.status == 0
+    committed = outcomes.status == 0
     outputs = Outputs(
-        status=results.status,
-        values={name: results.out_values[:, i] for i, name in enumerate(topology.outputs)},
-        valid={name: results.out_set[:, i] & committed for i, name in enumerate(topology.outputs)},
+        status=outcomes.status,
+        values={name: outcomes.out_values[:, i] for i, name in enumerate(topology.outputs)},
+        valid={name: outcomes.out_set[:, i] & committed for i, name in enumerate(topology.outputs)},
     )
     extra = topology.post_process(events, outputs)
     reasons = pa.array(topology.reason_strings(), pa.string())
-    reason_codes = pa.array(results.reason, pa.int32(), mask=results.reason == 0)
+    reason_codes = pa.array(outcomes.status_reason, pa.int32(), mask=outcomes.status_reason == 0)
     columns = [
         pa.array(np.arange(ts0, ts0 + events.n, dtype=np.int64)),
         events.arrow.column("event_id").cast(pa.int64()),
         pa.DictionaryArray.from_arrays(
-            pa.array(results.status, pa.int8()), pa.array(STATUS_NAMES)
+            pa.array(outcomes.status, pa.int8()), pa.array(STATUS_NAMES)
         ).cast(pa.string()),
         pa.DictionaryArray.from_arrays(reason_codes, reasons).cast(pa.string()),
     ]
@@ -120,7 +116,7 @@ class Executor:
         self.topology = topologies.get(config.topology)
         self.state = SharedState.attach(state)
         self._sync = SharedArray.attach(sync) if isinstance(sync, ArrayHandle) else None
-        self.team = Team(seat, self._sync.array if self._sync else sync, config.timeout_s)
+        self.team = Member(seat, self._sync.array if self._sync else sync, config.timeout_s)
         self.scheduler_class = schedulers.get(config.scheduler)
         self.scheduler = self.scheduler_class(config, self.topology, self.state, self.team)
         self.segment_prefix = segment_prefix
@@ -129,7 +125,7 @@ class Executor:
         )
         self.sink = sink
         self.checkpoints = CheckpointBuffer.attach(checkpoints) if checkpoints else None
-        self.time = Breakdown()
+        self.breakdown = Breakdown()
         self.chunks: list[dict] = []
         self.batch_seconds: list[float] = []
         self.operations = 0
@@ -150,9 +146,16 @@ class Executor:
         self.batch_seconds.clear()
         return os.getpid()
 
-    def process(self, share: pa.RecordBatch, seq: int, first: int, ts0: int,
-                batch_ends: np.ndarray, arrival: np.ndarray,
-                checkpoint: bool = False) -> None:  # fmt: skip
+    def process(
+        self,
+        share: pa.RecordBatch,
+        seq: int,
+        first: int,
+        ts0: int,
+        batch_ends: np.ndarray,
+        arrival: np.ndarray,
+        checkpoint: bool = False,
+    ) -> None:
         """Run this executor's share of chunk ``seq`` (its events ``first..`` of the
         chunk, which starts at ``ts0`` and whose punctuation batches end at
         ``batch_ends``) and hand its rows to the sink, keeping at most a few writes in
@@ -161,77 +164,83 @@ class Executor:
         chunk_time = Breakdown()
         events = int(batch_ends[-1])
         rows = self.run_share(share, seq, first, ts0, batch_ends, chunk_time, checkpoint)
-        self.time.add(chunk_time)
+        self.breakdown.add(chunk_time)
         self.chunks.append({"ts": ts0, "events": events, "breakdown_s": chunk_time.as_dict()})
         self._pending.append(self.sink.write.remote(rows, ts0 + first, arrival))
         if len(self._pending) > MAX_PENDING_WRITES:
             self._wait(self._pending.popleft())
 
-    def run_share(self, share: pa.RecordBatch, seq: int, first: int, ts0: int,
-                  batch_ends: np.ndarray, time: Breakdown,
-                  checkpoint: bool = False) -> pa.RecordBatch:  # fmt: skip
+    def run_share(
+        self,
+        share: pa.RecordBatch,
+        seq: int,
+        first: int,
+        ts0: int,
+        batch_ends: np.ndarray,
+        breakdown: Breakdown,
+        checkpoint: bool = False,
+    ) -> pa.RecordBatch:
         """Pre-process the share, execute the chunk's punctuation batches with the team,
         post-process the share; its output rows. A failure here releases the peers'
         waits."""
         try:
-            return self._run_share(share, seq, first, ts0, batch_ends, time, checkpoint)
+            return self._run_share(share, seq, first, ts0, batch_ends, breakdown, checkpoint)
         except BaseException:
             self.team.fail()
             raise
 
-    def _run_share(self, share, seq, first, ts0, batch_ends, time, checkpoint) -> pa.RecordBatch:
+    def _run_share(
+        self, share, seq, first, ts0, batch_ends, breakdown, checkpoint
+    ) -> pa.RecordBatch:
         events = int(batch_ends[-1]) if len(batch_ends) else 0
         team, topology, layout = self.team, self.topology, self.state.layout
-        with time.timing("useful"):
-            batch = EventBatch(share, topology, layout.sizes)
+        with breakdown.timing("useful"):
+            batch = EventShare(share, topology, layout.sizes)
             topology.pre_process(batch)
-        with time.timing("construct"):
+        with breakdown.timing("construct"):
             txn = Transactions(batch, layout)
             topology.state_access(batch, txn)
             mine = txn.build()
         self.operations += len(mine)
-        team.publish_counts(len(mine), len(mine.dep_cell), mine.args.shape[1])
-        self.team.barrier(time)
-        chunk = self._map_chunk(seq, events, time)
+        team.publish_share(ShareCounts(len(mine), len(mine.dep_cell), mine.args.shape[1]))
+        self.team.barrier(breakdown)
+        chunk = self._map_chunk(seq, events, breakdown)
         r = team.rank
-        chunk.copy_in(mine, first, sum(team.counts(0)[:r]), sum(team.counts(1)[:r]))
+        before = team.shares()[:r]
+        chunk.copy_in(mine, first, sum(c.operations for c in before), sum(c.reads for c in before))
         share = slice(first, first + batch.n)
         chunk.start_share(share, batch.reason)
-        self.team.barrier(time)
+        self.team.barrier(breakdown)
         ops = chunk.operations()
-        self.scheduler.prepare(chunk, ops, time)
+        self.scheduler.prepare(chunk, ops, breakdown)
         begin = 0
         for end in batch_ends:
             start = perf_counter()
-            self.scheduler.execute(chunk, ops, begin, int(end), time)
-            self.team.barrier(time)
+            self.scheduler.execute(chunk, ops, begin, int(end), breakdown)
+            self.team.barrier(breakdown)
             self.batch_seconds.append(perf_counter() - start)
             begin = int(end)
-        self.scheduler.finish(chunk, ops, first, first + batch.n, time)
-        self.team.barrier(time)  # the whole chunk is done: the state is as of ts0 + events
+        self.scheduler.finish(chunk, ops, first, first + batch.n, breakdown)
+        self.team.barrier(breakdown)  # the whole chunk is done: the state is as of ts0 + events
         if team.rank == 0 and seq >= 0:
             self.snapshots.publish(self.state.values, ts0 + events, seq + 1)
             if checkpoint:
                 self.checkpoints.copy_from(self.state, ts0 + events)
-        results = Results(
-            status=chunk.status[share].copy(),
-            reason=chunk.status_reason[share].copy(),
-            out_values=chunk.out_values[share].copy(),
-            out_set=chunk.out_set[share].copy(),
-        )
-        with time.timing("useful"):
-            return _output_rows(topology, batch, results, ts0 + first)
+        outcomes = Outcomes(*(column[share].copy() for column in chunk.outcomes))
+        with breakdown.timing("useful"):
+            return _output_rows(topology, batch, outcomes, ts0 + first)
 
-    def _map_chunk(self, seq: int, events: int, time: Breakdown) -> ChunkArrays:
+    def _map_chunk(self, seq: int, events: int, breakdown: Breakdown) -> ChunkArrays:
         """The chunk segment laid out for this chunk; when the chunk does not fit,
         executor 0 replaces the segment by a larger one and the others map it. The
         first time, the run segment too."""
         team, layout = self.team, self.state.layout
+        shares = team.shares()
         dims = ChunkDims(
-            operations=sum(team.counts(0)),
-            reads=sum(team.counts(1)),
+            operations=sum(c.operations for c in shares),
+            reads=sum(c.reads for c in shares),
             transactions=events,
-            arg_width=max(1, *team.counts(2)),
+            arg_width=max(1, *(c.arg_width for c in shares)),
             outputs=max(1, len(self.topology.outputs)),
             parties=team.parties,
             pools=team.seat.pools,
@@ -241,33 +250,33 @@ class Executor:
         run_dims = RunDims(layout.cells, layout.rows, team.parties, team.seat.pools)
         run_layout = SegmentLayout(self.scheduler_class.run_arrays(self.config, run_dims))
         if self._run is None and run_layout.specs:
-            self._run = self._shared_segment(TeamSegment, "run", run_layout, None, time)
+            self._run = self._shared_segment(TeamSegment, "run", run_layout, None, breakdown)
             self._run.use(run_layout)
             if team.rank == 0:
                 run_layout.fill(self._run.arrays)
             self.scheduler.map_run(self._run.arrays)
-            team.barrier(time)  # the run arrays hold their initial values
+            team.barrier(breakdown)  # the run arrays hold their initial values
         if self._chunk is None or not chunk_layout.fits(self._chunk.capacity):
             if self._chunk is not None:
                 self._chunk.close()
             self._chunk = self._shared_segment(
-                ChunkArrays, seq, chunk_layout.grown(), [seq, *dims.words()], time
+                ChunkArrays, seq, chunk_layout.grown(), [seq, *dims.words()], breakdown
             )
         self._chunk.use_chunk(dims, chunk_layout)
         return self._chunk
 
-    def _shared_segment(self, kind, what, capacity: SegmentLayout, coordinator_args, time):
+    def _shared_segment(self, kind, what, capacity: SegmentLayout, coordinator_args, breakdown):
         """A segment executor 0 creates and every executor maps (the Coordinator too,
         with ``coordinator_args``, if the scheduler has one), then unlinked."""
         team = self.team
         name = segment_name(self.segment_prefix, what)
         segment = kind.create(name, capacity) if team.rank == 0 else None
         if coordinator_args is not None and self.scheduler_class.coordinator_policies(self.config):
-            team.ask_coordinator(MAP_SEGMENT, coordinator_args, time, "sync")
-        team.barrier(time)
+            team.ask_coordinator(MAP_SEGMENT, coordinator_args, breakdown, "sync")
+        team.barrier(breakdown)
         if team.rank != 0:
             segment = kind.attach(name, capacity)
-        team.barrier(time)
+        team.barrier(breakdown)
         if team.rank == 0:
             segment.unlink()  # every executor (and the Coordinator) has it mapped
         return segment
@@ -279,7 +288,7 @@ class Executor:
         while self._pending:
             self._wait(self._pending.popleft())
         return {
-            "breakdown_s": self.time.as_dict(),
+            "breakdown_s": self.breakdown.as_dict(),
             "chunks": self.chunks,
             "batch_seconds": self.batch_seconds,
             "operations": self.operations,
@@ -289,7 +298,7 @@ class Executor:
 
     def _wait(self, ref: object) -> None:
 
-        with self.time.timing("sync"):
+        with self.breakdown.timing("sync"):
             get(ref, self.config.timeout_s)
 
     def close(self) -> None:

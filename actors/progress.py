@@ -69,10 +69,19 @@ class ProgressController:
     table) serve outside readers.
     """
 
-    def __init__(self, config: RunConfig, schema: pa.Schema, executors: list, sink: object,
-                 watermark: ArrayHandle, snapshots: SnapshotHandle, layout: Layout,
-                 tables: dict[str, list[str]], checkpoints: CheckpointBufferHandle | None = None,
-                 start_ts: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        config: RunConfig,
+        schema: pa.Schema,
+        executors: list,
+        sink: object,
+        watermark: ArrayHandle,
+        snapshots: SnapshotHandle,
+        layout: Layout,
+        tables: dict[str, list[str]],
+        checkpoints: CheckpointBufferHandle | None = None,
+        start_ts: int = 0,
+    ):
         self.config = config
         self.schema = schema
         self.executors = executors
@@ -156,8 +165,7 @@ class ProgressController:
             reaper.join()
         if self._failure is not None:
             raise self._failure
-        executors = get([e.flush.remote() for e in self.executors],
-                            self.config.timeout_s)  # fmt: skip
+        executors = get([e.flush.remote() for e in self.executors], self.config.timeout_s)
         sizes = np.asarray(self._chunk_sizes or [0])
         p = self._punctuator
         return {
@@ -168,7 +176,7 @@ class ProgressController:
                 "count": len(self._chunk_sizes),
                 "events_p50": int(np.median(sizes)),
                 "events_max": int(sizes.max()),
-            },  # fmt: skip
+            },
             "punctuations": {"by_count": p.count_cuts, "by_time": p.time_cuts},
         }
 
@@ -311,8 +319,9 @@ class ProgressController:
     def query(self, table: str, keys: list[int] | None) -> tuple[int, pa.Table]:
         """A table's rows as of the watermark (see `SnapshotRing.query`)."""
         watermark, ring = self._attach()
-        return ring.query(self.layout, self.tables, table, keys,
-                          lambda: watermark.written, self.config.timeout_s)  # fmt: skip
+        return ring.query(
+            self.layout, self.tables, table, keys, lambda: watermark.written, self.config.timeout_s
+        )
 
     def _attach(self) -> tuple[Watermark, SnapshotRing]:
         if self._readers is None:

@@ -38,8 +38,9 @@ class Sink:
     """Receives shares of output rows (from any executor, in any order) and writes them
     in ts order into part files (see module docstring)."""
 
-    def __init__(self, output: OutputDir, schema: pa.Schema, watermark: ArrayHandle,
-                 start_ts: int = 0):  # fmt: skip
+    def __init__(
+        self, output: OutputDir, schema: pa.Schema, watermark: ArrayHandle, start_ts: int = 0
+    ):
         self.output = output
         self.schema = schema
         self._watermark = Watermark.attach(watermark)

@@ -40,20 +40,38 @@ ACTIVITIES = ("useful", "sync", "lock", "construct", "explore", "abort")
 INTERVAL = 10240
 
 
-def run(engine: str, topology: str, events: pa.Table, init: dict, scheduler: str,
-        executors: int, cost: float) -> tuple[dict, tuple]:  # fmt: skip
+def run(
+    engine: str,
+    topology: str,
+    events: pa.Table,
+    init: dict,
+    scheduler: str,
+    executors: int,
+    cost: float,
+) -> tuple[dict, tuple]:
     """Events/s and time breakdown (summed over executors) of one configuration, and its
     (events, state)."""
     transport = ThreadTransport() if engine == "threads" else None
-    result = Job(topology, transport=transport, scheduler=scheduler, executors=executors,
-                 udf_cost_us=cost, punctuation_interval=INTERVAL, source="arrow",
-                 progress=False, timeout_s=600).run(events, init)  # fmt: skip
+    result = Job(
+        topology,
+        transport=transport,
+        scheduler=scheduler,
+        executors=executors,
+        udf_cost_us=cost,
+        punctuation_interval=INTERVAL,
+        source="arrow",
+        progress=False,
+        timeout_s=600,
+    ).run(events, init)
     out = (result.events, result.state)
     seconds = result.metrics["seconds"]
     per_executor = result.metrics["breakdown_per_executor_s"]
     summed = {k: round(sum(b[k] for b in per_executor), 4) for k in ACTIVITIES}
-    return {"throughput_eps": round(events.num_rows / seconds), "seconds": round(seconds, 4),
-            "breakdown_s": summed}, out  # fmt: skip
+    return {
+        "throughput_eps": round(events.num_rows / seconds),
+        "seconds": round(seconds, 4),
+        "breakdown_s": summed,
+    }, out
 
 
 def distance(got: tuple, want: tuple) -> dict:
@@ -64,8 +82,10 @@ def distance(got: tuple, want: tuple) -> dict:
             cells += table.num_rows
             differing += pc.sum(pc.not_equal(got[1][name][column], table[column])).as_py() or 0
     statuses = pc.sum(pc.not_equal(got[0]["status"], want[0]["status"])).as_py() or 0
-    return {"state_cells_differing": round(differing / max(1, cells), 6),
-            "statuses_differing": round(statuses / max(1, want[0].num_rows), 6)}  # fmt: skip
+    return {
+        "state_cells_differing": round(differing / max(1, cells), 6),
+        "statuses_differing": round(statuses / max(1, want[0].num_rows), 6),
+    }
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -87,9 +107,19 @@ def plot(rows: list[dict], path: Path) -> None:
         at = [r for r in rows if (r["udf_cost_us"], r["theta"]) == (cost, theta)]
         for j, scheduler in enumerate(schedulers):
             executors = 1 if scheduler == "serial" else 2
-            ys = [next((r["throughput_eps"] for r in at if r["topology"] == t and
-                        r["scheduler"] == scheduler and r["executors"] == executors), 0)
-                  for t in topologies]  # fmt: skip
+            ys = [
+                next(
+                    (
+                        r["throughput_eps"]
+                        for r in at
+                        if r["topology"] == t
+                        and r["scheduler"] == scheduler
+                        and r["executors"] == executors
+                    ),
+                    0,
+                )
+                for t in topologies
+            ]
             xs = [i + (j - len(schedulers) / 2 + 0.5) * width for i in range(len(topologies))]
             top.bar(xs, ys, width, label=scheduler + (" (1)" if executors == 1 else ""))
         top.set_xticks(range(len(topologies)), topologies)
@@ -101,8 +131,12 @@ def plot(rows: list[dict], path: Path) -> None:
             heights = [r["breakdown_s"][activity] / r["events"] * 1e6 for r in bars]
             bottom_ax.bar(range(len(bars)), heights, bottom=base, label=activity)
             base = [b + h for b, h in zip(base, heights, strict=True)]
-        bottom_ax.set_xticks(range(len(bars)), [f"{r['topology']} {r['scheduler']}" for r in bars],
-                             fontsize=6, rotation=90)  # fmt: skip
+        bottom_ax.set_xticks(
+            range(len(bars)),
+            [f"{r['topology']} {r['scheduler']}" for r in bars],
+            fontsize=6,
+            rotation=90,
+        )
         bottom_ax.set(ylabel="us per event (summed over 2 executors)")
         bottom_ax.legend(fontsize=7)
     fig.tight_layout()
@@ -110,11 +144,14 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def median_run(args, topology: str, events: pa.Table, init: dict, scheduler: str,
-               executors: int, cost: float) -> tuple[dict, tuple]:  # fmt: skip
+def median_run(
+    args, topology: str, events: pa.Table, init: dict, scheduler: str, executors: int, cost: float
+) -> tuple[dict, tuple]:
     """The run of median throughput of --repeat runs (with every run's events/s)."""
-    runs = [run(args.engine, topology, events, init, scheduler, executors, cost)
-            for _ in range(args.repeat)]  # fmt: skip
+    runs = [
+        run(args.engine, topology, events, init, scheduler, executors, cost)
+        for _ in range(args.repeat)
+    ]
     runs.sort(key=lambda r: r[0]["throughput_eps"])
     m, out = runs[len(runs) // 2]
     m["throughput_runs"] = [r[0]["throughput_eps"] for r in runs]
@@ -135,13 +172,21 @@ def workload_rows(args, workload: dict, events: pa.Table, init: dict) -> list[di
                 if scheduler == "nolock":
                     m["distance_from_serial"] = distance(got, want)
             ratio = round(m["throughput_eps"] / serial["throughput_eps"], 3)
-            m.update(workload, scheduler=scheduler, executors=executors,
-                     events=events.num_rows, vs_serial=ratio)  # fmt: skip
+            m.update(
+                workload,
+                scheduler=scheduler,
+                executors=executors,
+                events=events.num_rows,
+                vs_serial=ratio,
+            )
             rows.append(m)
             b = m["breakdown_s"]
-            print(f"{topology} theta={workload['theta']:g} C={cost:g} {scheduler:11} "
-                  f"x{executors} {m['throughput_eps']:>10,} ev/s {ratio:6.2f}x serial  "
-                  + " ".join(f"{k}={b[k]:.3f}" for k in ACTIVITIES), flush=True)  # fmt: skip
+            print(
+                f"{topology} theta={workload['theta']:g} C={cost:g} {scheduler:11} "
+                f"x{executors} {m['throughput_eps']:>10,} ev/s {ratio:6.2f}x serial  "
+                + " ".join(f"{k}={b[k]:.3f}" for k in ACTIVITIES),
+                flush=True,
+            )
     return rows
 
 

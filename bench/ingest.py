@@ -64,10 +64,15 @@ def _run(events, init, scheduler: str, label: str, attempt: int) -> dict:
     m = job.run(events, init).metrics
     ingest_s = m["spark"]["staging_s"] + m["seconds"]
     row = {
-        "scheduler": scheduler, "input": label, "attempt": attempt, "events": m["events"],
-        "staging_s": m["spark"]["staging_s"], "engine_s": m["seconds"],
-        "ingest_eps": round(m["events"] / ingest_s, 1), "engine_eps": m["throughput_eps"],
-    }  # fmt: skip
+        "scheduler": scheduler,
+        "input": label,
+        "attempt": attempt,
+        "events": m["events"],
+        "staging_s": m["spark"]["staging_s"],
+        "engine_s": m["seconds"],
+        "ingest_eps": round(m["events"] / ingest_s, 1),
+        "engine_eps": m["throughput_eps"],
+    }
     print(
         f"{scheduler}, {label} #{attempt}: staging {row['staging_s']:.2f} s"
         f" + engine {row['engine_s']:.2f} s"
@@ -115,11 +120,18 @@ def main() -> None:
             summary[f"{scheduler}, {label}"] = {"best_eps": best, "median_eps": median}
             print(f"{scheduler}, {label}: best {best:,.0f}, median {median:,.0f} events/s")
     print(f"peak RSS: {rss.peak_mib:,.0f} MiB (JVMs {rss.peak_java_mib:,.0f} MiB)")
-    path = write_results(args.name, {
-        "events": args.events, "spark_startup_s": round(spark_startup, 2),
-        "summary": summary, "warmup": warmup, "rows": rows,
-        "peak_rss_mib": round(rss.peak_mib), "peak_java_rss_mib": round(rss.peak_java_mib),
-    })  # fmt: skip
+    path = write_results(
+        args.name,
+        {
+            "events": args.events,
+            "spark_startup_s": round(spark_startup, 2),
+            "summary": summary,
+            "warmup": warmup,
+            "rows": rows,
+            "peak_rss_mib": round(rss.peak_mib),
+            "peak_java_rss_mib": round(rss.peak_java_mib),
+        },
+    )
     print("->", path)
 
 

@@ -71,7 +71,7 @@ def one_shot(folder: Path, topology: str, cost: float, events: int, executors: i
             udf_cost_us=cost,
             source="arrow",
             progress=False,
-        )  # fmt: skip
+        )
         .run(table, folder / "init")
         .metrics
     )
@@ -195,8 +195,9 @@ class Querier(threading.Thread):
             n += 1
 
 
-def feed(session, table, first: int, rate: float, seconds: float,
-         tick_s: float) -> list[tuple[float, int]]:  # fmt: skip
+def feed(
+    session, table, first: int, rate: float, seconds: float, tick_s: float
+) -> list[tuple[float, int]]:
     """Push ``rate`` events/s for ``seconds``, one table every ``tick_s`` with the events
     due by then (cycling through ``table``, from event ``first``: the ts of the first event
     pushed); ``(time of the push call, end ts)`` per push."""
@@ -222,8 +223,9 @@ def feed(session, table, first: int, rate: float, seconds: float,
     return pushes
 
 
-def latencies(pushes: list[tuple[float, int]], first: int, trace: np.ndarray, column: int,
-              from_ts: int) -> np.ndarray:  # fmt: skip
+def latencies(
+    pushes: list[tuple[float, int]], first: int, trace: np.ndarray, column: int, from_ts: int
+) -> np.ndarray:
     """Per event from ``from_ts`` on (pushes began at ts ``first``): seconds from its push
     until the traced ``column`` (1: watermark, 2: committed end) first exceeded its ts."""
     times = np.asarray([t for t, _ in pushes])
@@ -251,8 +253,14 @@ def steady(args, folder: Path, topology: str, cost: float, rate: float, query: b
     from txstream import Job
 
     events = pq.read_table(folder / "events.parquet").slice(0, WORKLOAD_EVENTS[cost])
-    job = Job(topology, scheduler="tstream", executors=args.executors, udf_cost_us=cost,
-              source="arrow", progress=False)  # fmt: skip
+    job = Job(
+        topology,
+        scheduler="tstream",
+        executors=args.executors,
+        udf_cost_us=cost,
+        source="arrow",
+        progress=False,
+    )
     with job.start(folder / "init") as session:
         warm = max(1, int(rate * args.warm_up))  # the first chunk's one-time costs
         session.push(events.slice(0, warm))
@@ -334,16 +342,28 @@ def plot(workloads: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(workloads), figsize=(6.5 * len(workloads), 4.5), squeeze=False)
     for ax, (name, w) in zip(axes[0], workloads.items(), strict=True):
         loads = [r["load"] for r in w["loads"]]
-        for key, label, style in (("latency_written_ms", "written", "-"),
-                                  ("latency_committed_ms", "committed", ":")):  # fmt: skip
+        for key, label, style in (
+            ("latency_written_ms", "written", "-"),
+            ("latency_committed_ms", "committed", ":"),
+        ):
             for q, marker in (("p50", "o"), ("p99", "s")):
-                ax.plot(loads, [r[key][q] for r in w["loads"]], style + marker,
-                        label=f"{label} {q}")  # fmt: skip
-        ax.axhline(w["acceptance"]["latency_bound_ms"], color="grey", lw=0.8, ls="--",
-                   label="bound at 50% (2 x batch + 50 ms)")  # fmt: skip
+                ax.plot(
+                    loads, [r[key][q] for r in w["loads"]], style + marker, label=f"{label} {q}"
+                )
+        ax.axhline(
+            w["acceptance"]["latency_bound_ms"],
+            color="grey",
+            lw=0.8,
+            ls="--",
+            label="bound at 50% (2 x batch + 50 ms)",
+        )
         best = w["one_shot"]["throughput_eps"]["this"]
-        ax.set(xlabel="load (share of one-shot throughput)", ylabel="push-to-output ms",
-               yscale="log", title=f"{name}: one-shot {best:,.0f} ev/s")  # fmt: skip
+        ax.set(
+            xlabel="load (share of one-shot throughput)",
+            ylabel="push-to-output ms",
+            yscale="log",
+            title=f"{name}: one-shot {best:,.0f} ev/s",
+        )
         ax.set_xticks(loads)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -358,8 +378,9 @@ def _workload(spec: str) -> tuple[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", default=["sl:0", "gs:10"],
-                        help="topology:udf_cost_us")  # fmt: skip
+    parser.add_argument(
+        "--workloads", nargs="+", default=["sl:0", "gs:10"], help="topology:udf_cost_us"
+    )
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--loads", nargs="+", type=float, default=[0.25, 0.5, 0.9])
     parser.add_argument("--seconds", type=float, default=8.0, help="feeding time per load")
@@ -406,12 +427,18 @@ def main() -> None:
                     "batch_ms": {
                         "state_access": round(state_ms, 2),
                         "pipeline": round(interval / best * 1e3, 2),
-                    },  # fmt: skip
+                    },
                     "loads": [],
                 }
                 for load in args.loads:
-                    row = steady(args, dirs[topology], topology, cost, load * best,
-                                 query=load == args.query_load)  # fmt: skip
+                    row = steady(
+                        args,
+                        dirs[topology],
+                        topology,
+                        cost,
+                        load * best,
+                        query=load == args.query_load,
+                    )
                     row["load"] = load
                     row["uptime_load"] = os.getloadavg()[0]
                     w["loads"].append(row)

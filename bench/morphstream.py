@@ -38,10 +38,15 @@ FIXED = [
 ]
 AUTO = {"explore": "auto", "granularity": "auto", "abort": "auto"}
 GRID = {
-    "gs": {"theta": (0.0, 0.6, 1.2), "abort_ratio": (0.0, 0.1, 0.5), "udf_cost_us": (0.0, 10.0),
-           "deps": (1, 4), "txn_length": (1, 4)},
+    "gs": {
+        "theta": (0.0, 0.6, 1.2),
+        "abort_ratio": (0.0, 0.1, 0.5),
+        "udf_cost_us": (0.0, 10.0),
+        "deps": (1, 4),
+        "txn_length": (1, 4),
+    },
     "sl": {"theta": (0.0, 0.6, 1.2), "abort_ratio": (0.0, 0.1, 0.5), "udf_cost_us": (0.0, 10.0)},
-}  # fmt: skip
+}
 QUICK = [
     ("gs", {"theta": 1.2, "abort_ratio": 0.1, "udf_cost_us": 10.0, "deps": 1, "txn_length": 1}),
     ("gs", {"theta": 0.0, "abort_ratio": 0.0, "udf_cost_us": 0.0, "deps": 4, "txn_length": 4}),
@@ -65,16 +70,34 @@ class Runner:
         self.engine = engine
         self.executors = executors
 
-    def __call__(self, topology: str, events, init, cost: float, scheduler: str,
-                 options: dict) -> dict:  # fmt: skip
+    def __call__(
+        self, topology: str, events, init, cost: float, scheduler: str, options: dict
+    ) -> dict:
         team = 1 if scheduler == "serial" else self.executors
         transport = ThreadTransport() if self.engine == "threads" else None
-        job = Job(topology, transport=transport, scheduler=scheduler, executors=team,
-                  punctuation_interval=INTERVAL, udf_cost_us=cost, source="arrow",
-                  progress=False, timeout_s=600, **options)  # fmt: skip
+        job = Job(
+            topology,
+            transport=transport,
+            scheduler=scheduler,
+            executors=team,
+            punctuation_interval=INTERVAL,
+            udf_cost_us=cost,
+            source="arrow",
+            progress=False,
+            timeout_s=600,
+            **options,
+        )
         m = job.run(events, init).metrics
-        keep = ("throughput_eps", "breakdown_s", "breakdown_per_executor_s", "coordinator",
-                "decisions", "decision_batches", "redone_operations", "latency_ms")  # fmt: skip
+        keep = (
+            "throughput_eps",
+            "breakdown_s",
+            "breakdown_per_executor_s",
+            "coordinator",
+            "decisions",
+            "decision_batches",
+            "redone_operations",
+            "latency_ms",
+        )
         return {k: m[k] for k in keep if k in m}
 
 
@@ -86,8 +109,10 @@ def _label(scheduler: str, options: dict) -> str:
 
 def _choice(run: dict) -> str:
     """What auto chose most often, per dimension."""
-    return "/".join(max(run["decisions"][d], key=run["decisions"][d].get)
-                    for d in ("explore", "granularity", "abort"))  # fmt: skip
+    return "/".join(
+        max(run["decisions"][d], key=run["decisions"][d].get)
+        for d in ("explore", "granularity", "abort")
+    )
 
 
 def study(runner: Runner, events: int, costly: int, quick: bool) -> list[dict]:
@@ -102,23 +127,33 @@ def study(runner: Runner, events: int, costly: int, quick: bool) -> list[dict]:
         configs = [("serial", {}), ("tstream", {}), ("morphstream", AUTO)]
         configs += [("morphstream", f) for f in FIXED]
         for scheduler, options in configs:
-            runs[_label(scheduler, options)] = runner(topology, table, init, cost, scheduler,
-                                                      options)  # fmt: skip
-        fixed = {k: v["throughput_eps"] for k, v in runs.items() if k.count("/") == 2 and
-                 "auto" not in k}  # fmt: skip
+            runs[_label(scheduler, options)] = runner(
+                topology, table, init, cost, scheduler, options
+            )
+        fixed = {
+            k: v["throughput_eps"] for k, v in runs.items() if k.count("/") == 2 and "auto" not in k
+        }
         best = max(fixed, key=fixed.get)
         auto = runs["auto/auto/auto"]
         row = {
-            "topology": topology, "udf_cost_us": cost, "events": n, **knobs,
-            "runs": runs, "best_fixed": best, "auto_choice": _choice(auto),
+            "topology": topology,
+            "udf_cost_us": cost,
+            "events": n,
+            **knobs,
+            "runs": runs,
+            "best_fixed": best,
+            "auto_choice": _choice(auto),
             "auto_vs_best": round(auto["throughput_eps"] / fixed[best], 3),
             "auto_vs_tstream": round(auto["throughput_eps"] / runs["tstream"]["throughput_eps"], 3),
             "auto_vs_serial": round(auto["throughput_eps"] / runs["serial"]["throughput_eps"], 3),
-        }  # fmt: skip
+        }
         rows.append(row)
-        print(f"{topology} C={cost:g} {knobs}: auto {row['auto_choice']} "
-              f"{row['auto_vs_best']:.2f}x best ({best}), {row['auto_vs_tstream']:.2f}x tstream, "
-              f"{row['auto_vs_serial']:.2f}x serial", flush=True)  # fmt: skip
+        print(
+            f"{topology} C={cost:g} {knobs}: auto {row['auto_choice']} "
+            f"{row['auto_vs_best']:.2f}x best ({best}), {row['auto_vs_tstream']:.2f}x tstream, "
+            f"{row['auto_vs_serial']:.2f}x serial",
+            flush=True,
+        )
     return rows
 
 
@@ -128,12 +163,19 @@ def headline(runner: Runner, events: int, costly: int) -> list[dict]:
     for topology, cost in [("gs", 10.0), ("sl", 10.0), ("tp", 10.0), ("sl", 0.0)]:
         n = costly if cost else events
         table, init = generate(topology, WorkloadSpec(events=n, seed=1))
-        runs = {_label(s, o): runner(topology, table, init, cost, s, o)
-                for s, o in [("serial", {}), ("tstream", {}), ("morphstream", AUTO)]}  # fmt: skip
+        runs = {
+            _label(s, o): runner(topology, table, init, cost, s, o)
+            for s, o in [("serial", {}), ("tstream", {}), ("morphstream", AUTO)]
+        }
         base = runs["serial"]["throughput_eps"]
         ratios = {k: round(r["throughput_eps"] / base, 3) for k, r in runs.items()}
-        row = {"topology": topology, "udf_cost_us": cost, "events": n, "runs": runs,
-               "vs_serial": ratios}  # fmt: skip
+        row = {
+            "topology": topology,
+            "udf_cost_us": cost,
+            "events": n,
+            "runs": runs,
+            "vs_serial": ratios,
+        }
         rows.append(row)
         print(f"headline {topology} C={cost:g} {n:,} events: {row['vs_serial']}", flush=True)
     return rows
@@ -159,11 +201,15 @@ def plot(rows: list[dict], path: Path) -> None:
                 colours[i] = "tab:orange"
         ax.bar(range(len(labels)), values, color=colours)
         ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
-        knobs = ", ".join(f"{k}={row[k]}" for k in ("theta", "abort_ratio", "deps", "txn_length")
-                          if k in row)  # fmt: skip
-        ax.set_title(f"{row['topology']} C={row['udf_cost_us']:g}: {knobs}\n"
-                     f"auto (red) chose {row['auto_choice']} (orange): "
-                     f"{row['auto_vs_best']:.2f}x best", fontsize=7)  # fmt: skip
+        knobs = ", ".join(
+            f"{k}={row[k]}" for k in ("theta", "abort_ratio", "deps", "txn_length") if k in row
+        )
+        ax.set_title(
+            f"{row['topology']} C={row['udf_cost_us']:g}: {knobs}\n"
+            f"auto (red) chose {row['auto_choice']} (orange): "
+            f"{row['auto_vs_best']:.2f}x best",
+            fontsize=7,
+        )
         ax.set_ylabel("events/s", fontsize=7)
     for ax in axes.flat[len(rows) :]:
         ax.axis("off")
@@ -188,20 +234,32 @@ def main() -> None:
     runner = Runner(args.engine, args.executors)
     with bench_ray() if args.engine == "ray" else nullcontext():
         rows = study(runner, events, costly, args.quick)
-        tops = [] if args.no_headline else headline(
-            runner, args.headline_events or (300_000 if args.quick else 1_000_000),
-            3 * costly if args.quick else 300_000,
-        )  # fmt: skip
+        tops = (
+            []
+            if args.no_headline
+            else headline(
+                runner,
+                args.headline_events or (300_000 if args.quick else 1_000_000),
+                3 * costly if args.quick else 300_000,
+            )
+        )
     summary = {
         "auto_vs_best_min": min(r["auto_vs_best"] for r in rows),
         "auto_vs_tstream_mean": round(sum(r["auto_vs_tstream"] for r in rows) / len(rows), 3),
-        "headline_vs_serial": {f"{r['topology']} C={r['udf_cost_us']:g}": r["vs_serial"]
-                               for r in tops},
-    }  # fmt: skip
+        "headline_vs_serial": {
+            f"{r['topology']} C={r['udf_cost_us']:g}": r["vs_serial"] for r in tops
+        },
+    }
     print("summary:", summary)
-    results = {"engine": args.engine, "executors": args.executors, "quick": args.quick,
-               "interval": INTERVAL, "summary": summary, "workloads": rows,
-               "headline": tops}  # fmt: skip
+    results = {
+        "engine": args.engine,
+        "executors": args.executors,
+        "quick": args.quick,
+        "interval": INTERVAL,
+        "summary": summary,
+        "workloads": rows,
+        "headline": tops,
+    }
     path = write_results(args.out.stem, results, args.out.parent)
     plot(rows, path.with_suffix(".png"))
     print("->", path, "and", path.with_suffix(".png"))

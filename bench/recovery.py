@@ -47,21 +47,28 @@ SAMPLE_S = 0.001
 
 def _job(topology: str, cost: float, every: int | None, ckpt: Path | None) -> Job:
     checkpoints = {} if ckpt is None else {"checkpoint_dir": str(ckpt), "checkpoint_every": every}
-    return Job(topology, scheduler="tstream", executors=2, udf_cost_us=cost, source="arrow",
-               progress=False, **checkpoints)  # fmt: skip
+    return Job(
+        topology,
+        scheduler="tstream",
+        executors=2,
+        udf_cost_us=cost,
+        source="arrow",
+        progress=False,
+        **checkpoints,
+    )
 
 
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def throughput(topology: str, cost: float, folder: Path, intervals: list[int],
-               rounds: int) -> dict:  # fmt: skip
+def throughput(topology: str, cost: float, folder: Path, intervals: list[int], rounds: int) -> dict:
     """Events/s without checkpoints and per interval, in turns; ratios of medians."""
     runs: dict[str, list[dict]] = {"none": [], **{str(i): [] for i in intervals}}
     with tempfile.TemporaryDirectory(prefix="txstream_bench_") as tmp:  # numba caches, page cache
-        _job(topology, cost, None, None).run(folder / "events.parquet", folder / "init",
-                                             Path(tmp) / "out")  # fmt: skip
+        _job(topology, cost, None, None).run(
+            folder / "events.parquet", folder / "init", Path(tmp) / "out"
+        )
     for _ in range(rounds):
         for every in [None, *intervals]:
             with tempfile.TemporaryDirectory(prefix="txstream_bench_") as tmp:
@@ -69,10 +76,18 @@ def throughput(topology: str, cost: float, folder: Path, intervals: list[int],
                 job = _job(topology, cost, every, ckpt)
                 m = job.run(folder / "events.parquet", folder / "init", Path(tmp) / "out").metrics
             key = "none" if every is None else str(every)
-            runs[key].append({"throughput_eps": m["throughput_eps"], "seconds": m["seconds"],
-                              "checkpoints": m["checkpoints"], "load": _load()})  # fmt: skip
-            print(f"  {topology} C={cost:g} every={key:>4}: {m['throughput_eps']:>10,.0f} ev/s"
-                  f"  checkpoints {m['checkpoints']}")  # fmt: skip
+            runs[key].append(
+                {
+                    "throughput_eps": m["throughput_eps"],
+                    "seconds": m["seconds"],
+                    "checkpoints": m["checkpoints"],
+                    "load": _load(),
+                }
+            )
+            print(
+                f"  {topology} C={cost:g} every={key:>4}: {m['throughput_eps']:>10,.0f} ev/s"
+                f"  checkpoints {m['checkpoints']}"
+            )
     medians = {k: statistics.median(r["throughput_eps"] for r in v) for k, v in runs.items()}
     return {
         "median_eps": medians,
@@ -174,10 +189,21 @@ def recovery(topology: str, cost: float, folder: Path, every: int, kill_at: floa
         row["replay_s"] = round(times["caught_up_s"] - times["recovered_s"], 3)
         row["replay_share"] = round(row["replay_s"] / times["caught_up_s"], 3)
     row["phases_s"] = result.metrics["phases_s"]
-    print(f"  {topology} C={cost:g} every={every:>4}: " + ", ".join(
-        f"{k} {row.get(k)}" for k in ("killed_at_watermark", "from_ts", "detected_s",
-                                      "recovered_s", "processing_s", "caught_up_s", "replay_s")
-    ))  # fmt: skip
+    print(
+        f"  {topology} C={cost:g} every={every:>4}: "
+        + ", ".join(
+            f"{k} {row.get(k)}"
+            for k in (
+                "killed_at_watermark",
+                "from_ts",
+                "detected_s",
+                "recovered_s",
+                "processing_s",
+                "caught_up_s",
+                "replay_s",
+            )
+        )
+    )
     return row
 
 
@@ -198,8 +224,9 @@ def plot(cases: list[dict], path: Path) -> None:
         for i, k in enumerate(labels[1:], start=1):
             ratio = case["throughput"]["ratio"][k]
             bar_ax.text(i, medians[k], f"{ratio:.2f}x", ha="center", va="bottom", fontsize=8)
-        bar_ax.set_xticks(range(len(labels)),
-                          ["no checkpoints", *(f"every {k}" for k in labels[1:])])  # fmt: skip
+        bar_ax.set_xticks(
+            range(len(labels)), ["no checkpoints", *(f"every {k}" for k in labels[1:])]
+        )
         bar_ax.set(ylabel="events/s (median)", title=f"(a) throughput, {title}")
         rows = case["recovery"]
         marks = ("detected_s", "recovered_s", "processing_s", "caught_up_s")
@@ -233,18 +260,29 @@ def main() -> None:
             with workload_dirs([topology], events, **knobs) as dirs:
                 folder = dirs[topology]
                 print(f"{topology}: throughput")
-                case = {"topology": topology, "udf_cost_us": cost, "events": events,
-                        "throughput": throughput(topology, cost, folder, args.intervals,
-                                                 args.rounds)}  # fmt: skip
+                case = {
+                    "topology": topology,
+                    "udf_cost_us": cost,
+                    "events": events,
+                    "throughput": throughput(topology, cost, folder, args.intervals, args.rounds),
+                }
                 print(f"{topology}: recovery")
                 case["recovery"] = [
                     recovery(topology, cost, folder, every, args.kill_at)
                     for every in args.intervals
                 ]
                 cases.append(case)
-    results = {"scheduler": "tstream", "executors": 2, "source": "arrow", "workload": knobs,
-               "rounds": args.rounds, "kill_at": args.kill_at, "load_before": load_before,
-               "load_after": _load(), "cases": cases}  # fmt: skip
+    results = {
+        "scheduler": "tstream",
+        "executors": 2,
+        "source": "arrow",
+        "workload": knobs,
+        "rounds": args.rounds,
+        "kill_at": args.kill_at,
+        "load_before": load_before,
+        "load_after": _load(),
+        "cases": cases,
+    }
     path = write_results(args.out.stem, results, args.out.parent)
     plot(cases, path.with_suffix(".png"))
     print("->", path, "and", path.with_suffix(".png"))

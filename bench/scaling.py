@@ -150,8 +150,16 @@ def main() -> None:
                 events = pq.read_table(folder / "events.parquet").slice(0, n)
                 baseline = None  # serial at 1 executor, always the first config
                 for scheduler, executors, placement in _configs(args):
-                    row = _measure(name, events, folder / "init", scheduler, executors, placement,
-                                   cost, args.repeat)  # fmt: skip
+                    row = _measure(
+                        name,
+                        events,
+                        folder / "init",
+                        scheduler,
+                        executors,
+                        placement,
+                        cost,
+                        args.repeat,
+                    )
                     baseline = baseline or row["throughput_eps"]
                     row["speedup_vs_serial_1"] = round((row["throughput_eps"] or 0) / baseline, 3)
                     rows.append(row)

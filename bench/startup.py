@@ -30,9 +30,20 @@ HERE = Path(__file__).resolve().parent.parent
 def run_once(venv: Path, data: Path, source: str, out: Path) -> dict:
     """One `txstream run` of ``data`` through ``source``: wall seconds and metrics."""
     shutil.rmtree(out, ignore_errors=True)
-    command = [str(venv / "bin" / "txstream"), "run", "sl", "--input", str(data / "events.parquet"),
-               "--init-state", str(data / "init"), "--output", str(out), "--source", source,
-               "--no-progress"]  # fmt: skip
+    command = [
+        str(venv / "bin" / "txstream"),
+        "run",
+        "sl",
+        "--input",
+        str(data / "events.parquet"),
+        "--init-state",
+        str(data / "init"),
+        "--output",
+        str(out),
+        "--source",
+        source,
+        "--no-progress",
+    ]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -91,8 +102,12 @@ def main() -> None:
     for source, by_checkout in results.items():
         for name, figures in by_checkout.items():
             print(f"{source} {name}: {figures['median']}")
-    print("->", write_results(args.name, {"events": args.events, "checkouts": checkouts,
-                                          "results": results}))  # fmt: skip
+    print(
+        "->",
+        write_results(
+            args.name, {"events": args.events, "checkouts": checkouts, "results": results}
+        ),
+    )
 
 
 if __name__ == "__main__":

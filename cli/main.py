@@ -268,8 +268,12 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
     )
     query.add_argument("table", metavar="TABLE", help="a table of the session's topology")
-    query.add_argument("--address", required=True, metavar="RAY_ADDRESS",
-                       help="the Ray cluster the session runs on (required)")  # fmt: skip
+    query.add_argument(
+        "--address",
+        required=True,
+        metavar="RAY_ADDRESS",
+        help="the Ray cluster the session runs on (required)",
+    )
     query.add_argument("--name", required=True, help="the session's --name (required)")
     query.add_argument("--keys", default=None, metavar="K,...", help="keys (default: all)")
 
@@ -279,8 +283,12 @@ def _parser() -> argparse.ArgumentParser:
         description="Print the session's watermark, throughput and latency.",
         formatter_class=_HelpFormatter,
     )
-    status.add_argument("--address", required=True, metavar="RAY_ADDRESS",
-                        help="the Ray cluster the session runs on (required)")  # fmt: skip
+    status.add_argument(
+        "--address",
+        required=True,
+        metavar="RAY_ADDRESS",
+        help="the Ray cluster the session runs on (required)",
+    )
     status.add_argument("--name", required=True, help="the session's --name (required)")
     return parser
 

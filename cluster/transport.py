@@ -30,8 +30,9 @@ class RayTransport:
 
     separate_processes = True
 
-    def session(self, address: str | None, job_config: object | None, phase: Phase,
-                logging_level: int) -> AbstractContextManager[bool]:  # fmt: skip
+    def session(
+        self, address: str | None, job_config: object | None, phase: Phase, logging_level: int
+    ) -> AbstractContextManager[bool]:
         """Ray for the run (see `ray_session`)."""
         return ray_session(address, job_config, phase=phase, logging_level=logging_level)
 
@@ -47,8 +48,14 @@ class RayTransport:
     ) -> Any:
         """``cls(*args)`` as a Ray actor; a ``feeder`` (ProgressController, Sink) runs at a
         lower priority than the executors it feeds (`yield_to_executors`)."""
-        actor = start_actor(cls, *args, label=label, name=name, namespace=namespace,
-                            concurrency_groups=concurrency_groups)  # fmt: skip
+        actor = start_actor(
+            cls,
+            *args,
+            label=label,
+            name=name,
+            namespace=namespace,
+            concurrency_groups=concurrency_groups,
+        )
         if feeder:  # the actor's first call, before any other
             actor.__ray_call__.remote(_lower_priority)
         return actor
@@ -73,16 +80,22 @@ class ThreadTransport:
         self._lanes: list[_Lane] = []
 
     @contextmanager
-    def session(self, address: str | None, job_config: object | None, phase: Phase,
-                logging_level: int) -> Iterator[bool]:  # fmt: skip
+    def session(
+        self, address: str | None, job_config: object | None, phase: Phase, logging_level: int
+    ) -> Iterator[bool]:
         """Nothing to start; the lanes of the actors end with it."""
         try:
             yield False
         finally:
             self.stop([])
 
-    def start(self, cls: type, *args: object, concurrency_groups: dict[str, int] | None = None,
-              **_placement: object) -> LocalActor:  # fmt: skip
+    def start(
+        self,
+        cls: type,
+        *args: object,
+        concurrency_groups: dict[str, int] | None = None,
+        **_placement: object,
+    ) -> LocalActor:
         """``cls(*args)`` in this process, its calls on a thread per concurrency group."""
         groups = ["", *(concurrency_groups or {})]
         lanes = {group: _Lane(f"{cls.__name__}{':' + group if group else ''}") for group in groups}

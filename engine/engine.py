@@ -36,7 +36,7 @@ from txstream.state.checkpoints import Checkpoint, CheckpointBuffer
 from txstream.state.chunk import sweep_segments
 from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
 from txstream.state.snapshots import SnapshotRing
-from txstream.state.sync import ask_to_stop, slots
+from txstream.state.sync import ask_to_stop, sync_words
 from txstream.state.tables import SharedState
 from txstream.state.watermark import Watermark
 
@@ -50,8 +50,13 @@ class Engine:
     """A team's shared memory for as long as the engine lives, and its actors per launch
     (module docstring). ``job_config``: the Ray job config of a Ray started for Spark."""
 
-    def __init__(self, plan: Plan, console: Console, transport: Transport | None = None,
-                 job_config: object | None = None):  # fmt: skip
+    def __init__(
+        self,
+        plan: Plan,
+        console: Console,
+        transport: Transport | None = None,
+        job_config: object | None = None,
+    ):
         self.plan = plan
         self.config = plan.config
         self.console = console
@@ -87,7 +92,7 @@ class Engine:
         self.watermark = Watermark.create(run_id)
         stack.callback(self.watermark.close)
         self.seats = seats(cfg.placement, [socket for socket, _ in plan.cores])
-        self._sync = SharedArray.create(run_id, "sync", (slots(len(self.seats)),), "int64")
+        self._sync = SharedArray.create(run_id, "sync", (sync_words(len(self.seats)),), "int64")
         stack.callback(self._sync.close)
         self.snapshots = SnapshotRing.create(run_id, plan.layout.cells)
         stack.callback(self.snapshots.close)
@@ -99,7 +104,7 @@ class Engine:
         stack.enter_context(
             self.transport.session(
                 cfg.address, job_config, self.console.phase, level_number(cfg.log_level)
-            )  # fmt: skip
+            )
         )
         stack.callback(self.stop)
 
@@ -125,8 +130,9 @@ class Engine:
             self.buffer.reset(ts)
         plan.output.drop_parts_from(ts)
         sweep_segments(self.prefix)
-        sink = transport.start(Sink, plan.output, output_schema(topology), self.watermark.handle,
-                               ts, feeder=True)  # fmt: skip
+        sink = transport.start(
+            Sink, plan.output, output_schema(topology), self.watermark.handle, ts, feeder=True
+        )
         self._actors.append(sink)
         buffer = self.buffer.handle if self.buffer is not None else None
         pin = transport.separate_processes  # pinning a thread's process pins every thread
@@ -143,7 +149,7 @@ class Engine:
                 cpu if pin else None,
                 buffer,
                 label=f"Executor {seat.rank}",
-            )  # fmt: skip
+            )
             for seat, (_, cpu) in zip(self.seats, plan.cores, strict=True)
         ]
         self._actors += executors
@@ -154,11 +160,22 @@ class Engine:
             self.serving = coordinator.serve.remote()
         named = plan.name and transport.separate_processes
         self.controller = transport.start(
-            ProgressController, cfg, topology.event_schema, executors, sink,
-            self.watermark.handle, self.snapshots.handle, plan.layout, plan.tables, buffer, ts,
-            feeder=True, name=plan.name if named else None,
-            namespace=NAMESPACE if named else None, concurrency_groups=CONCURRENCY,
-        )  # fmt: skip
+            ProgressController,
+            cfg,
+            topology.event_schema,
+            executors,
+            sink,
+            self.watermark.handle,
+            self.snapshots.handle,
+            plan.layout,
+            plan.tables,
+            buffer,
+            ts,
+            feeder=True,
+            name=plan.name if named else None,
+            namespace=NAMESPACE if named else None,
+            concurrency_groups=CONCURRENCY,
+        )
         self._actors.append(self.controller)
         self.sink, self.executors = sink, executors
         team = f"starting {len(executors)} executor{'s' * (len(executors) > 1)}"

@@ -113,8 +113,9 @@ def plan(
             shutil.rmtree(path, ignore_errors=True)
         raise
     expected = getattr(source, "num_rows", None)
-    return Plan(config, topology, init, layout, cores, out, own, name, expected,
-                       identity, store, resume)  # fmt: skip
+    return Plan(
+        config, topology, init, layout, cores, out, own, name, expected, identity, store, resume
+    )
 
 
 def _check_resumable(checkpoint: Checkpoint, output: str | Path | None, progressive: bool) -> None:

@@ -77,8 +77,9 @@ class InputLog:
     def record(self, pushed: Pushed) -> None:
         """A push, in stream order."""
         if isinstance(pushed.source, ArrowSource) and len(pushed.source.files) == 1:
-            self._files.append({"path": str(pushed.source.files[0]), "start": pushed.start,
-                                "end": pushed.end})  # fmt: skip
+            self._files.append(
+                {"path": str(pushed.source.files[0]), "start": pushed.start, "end": pushed.end}
+            )
         if pushed.batch_id is not None:
             self._batch_ids.append((pushed.end, pushed.batch_id))
         if self.keep:
@@ -114,9 +115,14 @@ class CheckpointWriter:
 
     POLL_S = 0.005
 
-    def __init__(self, buffer: CheckpointBuffer, store: CheckpointStore,
-                 committed: Callable[[], int], meta: Callable[[int], dict],
-                 written: Callable[[int], None]):  # fmt: skip
+    def __init__(
+        self,
+        buffer: CheckpointBuffer,
+        store: CheckpointStore,
+        committed: Callable[[], int],
+        meta: Callable[[int], dict],
+        written: Callable[[int], None],
+    ):
         self.buffer = buffer
         self.store = store
         self._committed = committed
@@ -181,8 +187,10 @@ def input_identity(source: Any) -> dict[str, Any] | None:
     """What identifies a one-shot run's input, so that a checkpoint of another input is
     refused: its files (names, sizes, rows) or its row count and schema."""
     if isinstance(source, ArrowSource) and source.files:
-        return {"files": [[str(Path(f).resolve()), Path(f).stat().st_size] for f in source.files],
-                "rows": source.num_rows}  # fmt: skip
+        return {
+            "files": [[str(Path(f).resolve()), Path(f).stat().st_size] for f in source.files],
+            "rows": source.num_rows,
+        }
     if hasattr(source, "schema") and getattr(source, "num_rows", None) is not None:
         return {"rows": source.num_rows, "schema": str(source.schema)}
     return None
@@ -226,9 +234,12 @@ class Checkpointing:
         """Identifies the run's output, so a checkpoint resumes only into its own."""
         self.recoveries: list[dict[str, Any]] = []
         self.writer = CheckpointWriter(
-            engine.buffer, plan.store, lambda: engine.watermark.committed, self.meta,
+            engine.buffer,
+            plan.store,
+            lambda: engine.watermark.committed,
+            self.meta,
             inputs.release,
-        )  # fmt: skip
+        )
         if plan.resume is None:
             plan.store.clear()
             plan.output.mark_run(self.token)
@@ -271,10 +282,14 @@ class Checkpointing:
             if len(stuck) >= MAX_RECOVERIES:
                 return False
             log.warning("recovering from checkpoint %s after: %s", checkpoint.ts, cause)
-            self.recoveries.append({
-                "cause": str(cause).splitlines()[0][:300], "watermark": engine.watermark.written,
-                "from_ts": checkpoint.ts, "seconds": None,
-            })  # fmt: skip
+            self.recoveries.append(
+                {
+                    "cause": str(cause).splitlines()[0][:300],
+                    "watermark": engine.watermark.written,
+                    "from_ts": checkpoint.ts,
+                    "seconds": None,
+                }
+            )
             phases = {
                 "stop_s": engine.stop,
                 "restore_s": lambda: checkpoint.restore(engine.state),

@@ -106,8 +106,9 @@ def batch_metrics(executors: list[dict]) -> dict[str, Any]:
         total = Breakdown()
         for part in parts:
             total.add(Breakdown(**part["breakdown_s"]))
-        chunks.append({"ts": parts[0]["ts"], "events": parts[0]["events"],
-                       "breakdown_s": total.as_dict()})  # fmt: skip
+        chunks.append(
+            {"ts": parts[0]["ts"], "events": parts[0]["events"], "breakdown_s": total.as_dict()}
+        )
     state_access = dict.fromkeys(("p50", "p99", "max"))
     if len(seconds):
         p50, p99, top = np.percentile(seconds, [50, 99, 100]) * 1e3
@@ -115,10 +116,19 @@ def batch_metrics(executors: list[dict]) -> dict[str, Any]:
     return {"count": len(seconds), "state_access_ms": state_access, "chunks": chunks}
 
 
-def session_metrics(summary: dict, run_info: dict, seconds: float, *, coordinator: dict | None,
-                    startup_s: float, phases_s: dict[str, float], cores: list[tuple[int, int]],
-                    recoveries: list[dict], checkpoints: dict | None,
-                    config: dict) -> dict[str, Any]:  # fmt: skip
+def session_metrics(
+    summary: dict,
+    run_info: dict,
+    seconds: float,
+    *,
+    coordinator: dict | None,
+    startup_s: float,
+    phases_s: dict[str, float],
+    cores: list[tuple[int, int]],
+    recoveries: list[dict],
+    checkpoints: dict | None,
+    config: dict,
+) -> dict[str, Any]:
     """metrics.json of a session: the engine's part (`run_metrics`) with the Coordinator's
     report, start-up and console phases, each executor's socket and cores, recoveries,
     checkpoints and the configuration."""

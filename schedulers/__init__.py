@@ -9,14 +9,14 @@ from txstream.schedulers.morphstream import MorphStreamScheduler
 from txstream.schedulers.mvlk import MultiVersionLockScheduler
 from txstream.schedulers.nolock import NoLockScheduler
 from txstream.schedulers.serial import SerialScheduler
-from txstream.schedulers.sstore import PartitionedScheduler
+from txstream.schedulers.sstore import SStoreScheduler
 from txstream.schedulers.tstream import TStreamScheduler
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
     "serial": SerialScheduler,
     "tstream": TStreamScheduler,
     "morphstream": MorphStreamScheduler,
-    "sstore": PartitionedScheduler,
+    "sstore": SStoreScheduler,
     "lock": LockScheduler,
     "mvlk": MultiVersionLockScheduler,
     "nolock": NoLockScheduler,

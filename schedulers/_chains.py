@@ -15,8 +15,9 @@ from txstream.state.sync import OK, STRIDE, wait_at_least
 
 
 @jit
-def pool_rows(first, end, ops, row_of_cell, row_pool, pools, row_ops, fill, claims, claim_ops,
-              pool_ptr):  # fmt: skip
+def pool_rows(
+    first, end, ops, row_of_cell, row_pool, pools, row_ops, fill, claims, claim_ops, pool_ptr
+):
     """Work pools: the rows operations first..end-1 touch, grouped by pool, busiest
     first, with their operation counts. ``row_ops`` (per row, all 0) and ``fill`` (per
     pool) are scratch; ``row_ops`` is left all 0. Returns the number of rows."""
@@ -89,8 +90,7 @@ def fill_owners(first, end, ops, row_of_cell, row_owner, owner):
 
 
 @jit
-def explore_chains(me, first, end, ops, links, v, fates, state, udf, progress, sync, timeout_ns,
-                   s):  # fmt: skip
+def explore_chains(me, first, end, ops, links, v, fates, state, udf, position, sync, timeout_ns, s):
     """Explore this executor's operations among first..end-1 in ts order, waiting only
     for the operations its parametric reads read (owned by others). Returns OK, a
     `txstream.state.sync` error code, or SET_FULL; ns waiting go to ``s.waited[0]``."""
@@ -98,15 +98,16 @@ def explore_chains(me, first, end, ops, links, v, fates, state, udf, progress, s
     for o in range(first, end):
         if links.owner[o] != me:
             continue
-        store_release(progress, STRIDE * me, o)
+        store_release(position, STRIDE * me, o)
         for k in range(ops.dep_ptr[o], ops.dep_ptr[o + 1]):
             q = links.dep_prev[k]
             if q >= first:
-                why = wait_at_least(progress, STRIDE * links.owner[q], q + 1, sync, deadline,
-                                    s.waited, False)  # fmt: skip
+                why = wait_at_least(
+                    position, STRIDE * links.owner[q], q + 1, sync, deadline, s.waited, False
+                )
                 if why != OK:
                     return why
         if explore_op(o, ops, links, v, fates, state, udf, s) == SET_FULL:
             return SET_FULL
-    store_release(progress, STRIDE * me, end)
+    store_release(position, STRIDE * me, end)
     return OK

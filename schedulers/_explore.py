@@ -59,7 +59,7 @@ def total_word(pool: int) -> int:
     return STRIDE * (QUEUE + 3 * pool + 2)
 
 
-class Batch(NamedTuple):
+class Exploration(NamedTuple):
     """One batch's exploration: its operations and the choices made for it."""
 
     first: int
@@ -78,7 +78,7 @@ class Tpg(NamedTuple):
     units: object
 
 
-class Seat(NamedTuple):
+class PoolSeat(NamedTuple):
     """This executor in its pool, and the team's words."""
 
     pool: int
@@ -91,7 +91,7 @@ class Seat(NamedTuple):
     row_of_cell: np.ndarray
     words: np.ndarray
     ready: np.ndarray
-    """Per pool, a region of ``capacity`` slots holding queued units + 1."""
+    """Per pool, a region of ``capacity`` entries holding queued units + 1."""
     capacity: int
     sync: np.ndarray
     timeout_ns: int
@@ -201,8 +201,9 @@ def _finish(seat, cursor, deadline, s):
     if not cursor[1]:
         cursor[1] = 1
         fetch_add(seat.words, STRIDE * FINISHED, 1)
-    why = wait_at_least(seat.words, STRIDE * FINISHED, seat.parties, seat.sync, deadline,
-                        s.waited, True)  # fmt: skip
+    why = wait_at_least(
+        seat.words, STRIDE * FINISHED, seat.parties, seat.sync, deadline, s.waited, True
+    )
     return ALL_DONE if why == OK else why
 
 
@@ -278,7 +279,7 @@ def queue_ready(first, end, g, seat, fine, me):
 @jit
 def explore_ns(b, g, state, udf, s, seat, cursor):
     """NS: take ready units of this executor's pool until every one was taken; then
-    `_finish`. ``cursor[0]`` is a slot taken but not yet filled (-1: none)."""
+    `_finish`. ``cursor[0]`` is an entry taken but not yet filled (-1: none)."""
     deadline = monotonic_ns() + seat.timeout_ns
     base = seat.pool * seat.capacity
     head = STRIDE * (QUEUE + 3 * seat.pool)
@@ -293,7 +294,7 @@ def explore_ns(b, g, state, udf, s, seat, cursor):
             break
         why = wait_at_least(seat.ready, base + i, 1, seat.sync, deadline, s.waited, True)
         if why != OK:
-            return why  # REPAIR: this slot stays taken (cursor[0])
+            return why  # REPAIR: this entry stays taken (cursor[0])
         u = seat.ready[base + i] - 1
         seat.ready[base + i] = 0
         cursor[0] = -1

@@ -8,7 +8,7 @@ from txstream.state.operations import ABORTED, COMMITTED, REJECTED
 
 ABORT_NS = 2
 """Slot of a kernel's ``waited`` array where rolling back aborted transactions adds its
-nanoseconds (slots 0 and 1: waiting for peers, taking locks)."""
+nanoseconds (entries 0 and 1: waiting for peers, taking locks)."""
 
 
 @inline

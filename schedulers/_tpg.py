@@ -274,17 +274,17 @@ def _tarjan(n, g):
 
 
 @jit
-def fine_levels(me, first, end, ops, links, units, progress, sync, timeout_ns, waited):
+def fine_levels(me, first, end, ops, links, units, position, sync, timeout_ns, waited):
     """Strata of this executor's operations among first..end-1 (fine units), in ts
     order: one more than the TD and PD predecessors in the batch. A predecessor owned
-    by another executor is waited for (its progress word). Returns (OK or a sync error
+    by another executor is waited for (its position word). Returns (OK or a sync error
     code, the highest stratum + 1)."""
     deadline = monotonic_ns() + timeout_ns
     strata = 1
     for o in range(first, end):
         if links.owner[o] != me:
             continue
-        store_release(progress, STRIDE * me, o)
+        store_release(position, STRIDE * me, o)
         level = 0
         p = links.chain_prev[o]
         if p >= first:
@@ -292,14 +292,15 @@ def fine_levels(me, first, end, ops, links, units, progress, sync, timeout_ns, w
         for k in range(ops.dep_ptr[o], ops.dep_ptr[o + 1]):
             q = links.dep_prev[k]
             if q >= first:
-                why = wait_at_least(progress, STRIDE * links.owner[q], q + 1, sync, deadline,
-                                    waited, False)  # fmt: skip
+                why = wait_at_least(
+                    position, STRIDE * links.owner[q], q + 1, sync, deadline, waited, False
+                )
                 if why != OK:
                     return why, strata
                 level = max(level, units.level[q] + 1)
         units.level[o] = level
         strata = max(strata, level + 1)
-    store_release(progress, STRIDE * me, end)
+    store_release(position, STRIDE * me, end)
     return OK, strata
 
 
@@ -366,8 +367,9 @@ def _unit(o, fine, links, units):
 
 
 @jit
-def work_strata(first, end, fine, own, alone, seat, strata, ops, links, units, n_merged,
-                level_ptr, listed):  # fmt: skip
+def work_strata(
+    first, end, fine, own, alone, seat, strata, ops, links, units, n_merged, level_ptr, listed
+):
     """This executor's operations of a batch for structured exploration, by stratum of
     their unit, in ts order within a stratum (`level_ptr` over `listed`; units of a
     stratum are independent, so their operations may interleave). ``alone`` (every pool
@@ -413,7 +415,7 @@ def _count_or_place(phase, level, o, level_ptr, listed):
 
 @inline
 def pool_of(o, ops, seat):
-    """The pool of operation ``o``'s row (``seat``: `_explore.Seat`)."""
+    """The pool of operation ``o``'s row (``seat``: `_explore.PoolSeat`)."""
     return seat.row_pool[seat.row_of_cell[ops.cell[o]]]
 
 

@@ -279,8 +279,7 @@ def _run_versioned(t, n, ops, state, udf, results, s):
             s.reads[d] = values[s.cell[i]] if s.write[i] else s.value[i]
         i = _find(s, n, ops.cell[o])
         if s.write[i]:
-            ok, result, n_log = apply_operation(o, ops, state, udf, s.reads, n_reads, s.log,
-                                                n_log)  # fmt: skip
+            ok, result, n_log = apply_operation(o, ops, state, udf, s.reads, n_reads, s.log, n_log)
         else:
             ok, result = evaluate(o, s.value[i], ops, udf, s.reads, n_reads)
         if not ok:
@@ -380,8 +379,9 @@ def run_partitioned(begin, end, ops, state, udf, results, plan, counters, me, s)
         if not plan.mine[t]:
             continue
         for j in range(plan.ptr[t], plan.ptr[t + 1]):
-            why = wait_at_least(counters, STRIDE * plan.part[j], plan.seq[j], me.sync,
-                                deadline, s.waited, False)  # fmt: skip
+            why = wait_at_least(
+                counters, STRIDE * plan.part[j], plan.seq[j], me.sync, deadline, s.waited, False
+            )
             if why != OK:
                 return why
         if run_transaction(t, ops, state, udf, s.reads, s.log, results, True, s.waited):

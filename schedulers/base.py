@@ -5,7 +5,7 @@ generic: the options it honours (any other given option is a usage error) and th
 defaults, whether its results equal serial execution, the Coordinator policies it
 asks for, and the shared arrays it uses - per chunk (sized from the chunk's
 operations, reads and transactions) and per run (sized from the state's cells and
-rows; its progress counters, locks, ... live there). The executor lays those arrays
+rows; its position words, locks, ... live there). The executor lays those arrays
 out in shared memory and hands them over.
 
 Every executor of the team calls the same methods in the same order (they may
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 from txstream.errors import UsageError
 from txstream.monitor.metrics import Breakdown
-from txstream.schedulers.team.member import Team
+from txstream.schedulers.team.member import Member
 from txstream.state._kernels import Udf
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims, chunk_layout
-from txstream.state.operations import OperationBatch
+from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec, SegmentLayout
 from txstream.state.tables import SharedState
 
@@ -77,7 +77,7 @@ class Scheduler(ABC):
         """The chunk segment: operations and results, then `chunk_arrays`."""
         return chunk_layout(dims, cls.chunk_arrays(config, dims))
 
-    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Team):
+    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
         self.config = config
         self.topology = topology
         self.state = state
@@ -93,18 +93,18 @@ class Scheduler(ABC):
         """Receive the run segment's arrays (before the first chunk)."""
         self.run = arrays
 
-    def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
+    def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """Restructure the chunk's operations before its first batch (default: nothing)."""
         return None
 
     @abstractmethod
     def execute(
-        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
+        self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """This executor's part of transactions ``begin..end-1`` (one punctuation batch)."""
 
     def finish(
-        self, chunk: ChunkArrays, ops: OperationBatch, first: int, end: int, time: Breakdown
+        self, chunk: ChunkArrays, ops: OperationShare, first: int, end: int, breakdown: Breakdown
     ) -> None:
         """After the last batch: complete the results of transactions ``first..end-1``
         (this executor's share) in the chunk (default: nothing left to do)."""

@@ -14,7 +14,7 @@ from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._whole import LockWords, run_locked
 from txstream.schedulers.whole import WholeTransactionScheduler
 from txstream.state.chunk import ChunkArrays, RunDims
-from txstream.state.operations import OperationBatch
+from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
 from txstream.state.sync import STRIDE
 
@@ -32,17 +32,27 @@ class LockScheduler(WholeTransactionScheduler):
         """The order counter (a cache line) and a lock word per cell."""
         return [ArraySpec("order", "int64", (STRIDE,)), ArraySpec("locks", "int64", (dims.cells,))]
 
-    def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
+    def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """The chunk's tickets (every executor alike)."""
         self._tickets = self.tickets(ops)
 
     def execute(
-        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
+        self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """This executor's transactions of the batch, in ts order."""
         s = self.scratch(ops)
         words = LockWords(self.run["order"], self.run["locks"])
-        with time.timing("useful"):
-            why = run_locked(begin, end, ops.arrays, self.state.arrays, self.udf, chunk.outcomes,
-                             self._tickets, words, self.peer, s)  # fmt: skip
-        self.charge(why, s, time)
+        with breakdown.timing("useful"):
+            why = run_locked(
+                begin,
+                end,
+                ops.arrays,
+                self.state.arrays,
+                self.udf,
+                chunk.outcomes,
+                self._tickets,
+                words,
+                self.peer,
+                s,
+            )
+        self.charge(why, s, breakdown)

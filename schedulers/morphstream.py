@@ -19,7 +19,7 @@ The team's placement decides who may run a unit: its row's pool's executors.
 
 from __future__ import annotations
 
-import time as clock
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -57,10 +57,10 @@ from txstream.schedulers.team._links import (
 )
 from txstream.schedulers.team._versions import scratch
 from txstream.schedulers.team.aborts import EAGER, LAZY, Speculation
-from txstream.schedulers.team.member import Team
+from txstream.schedulers.team.member import Member
 from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
-from txstream.state.operations import OperationBatch
+from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
 from txstream.state.sync import PAUSE, STRIDE, add_to
 from txstream.state.tables import SharedState
@@ -112,7 +112,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
             ArraySpec("stats", "int64", (dims.parties, STATS)),
         ]
 
-    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Team):
+    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
         super().__init__(config, topology, state, team)
         self._fixed = Choice(config.explore, config.granularity, config.abort)
         self._history = History()
@@ -126,7 +126,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         """The operations this executor linked in the current batch, in ts order."""
 
     def execute(
-        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
+        self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """Construct, decide, explore and resolve the batch of transactions begin..end-1."""
         spec = Speculation.of(chunk)
@@ -134,31 +134,43 @@ class MorphStreamScheduler(SpeculativeScheduler):
         tpg = ex.Tpg(spec.ops, spec.links, spec.versions, spec.fates, units)
         first, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
         redone = self._repairs.redone
-        stats = self._construct(spec, units, begin, end, time)
+        stats = self._construct(spec, units, begin, end, breakdown)
         choice = decide(stats, self._history, self._fixed, self.thresholds)
         stats.explore, stats.granularity, stats.abort = (
-            choice.explore, choice.granularity, choice.abort
-        )  # fmt: skip
-        batch = ex.Batch(first, stop, choice.granularity == "fine", choice.abort == EAGER)
+            choice.explore,
+            choice.granularity,
+            choice.abort,
+        )
+        batch = ex.Exploration(first, stop, choice.granularity == "fine", choice.abort == EAGER)
         seat = self._seat(chunk.ready, chunk.dims.operations)
-        strata = self._units(tpg, batch, choice.explore, seat, stats, time)
+        strata = self._units(tpg, batch, choice.explore, seat, stats, breakdown)
         s = scratch(ops.max_reads, ops.max_txn_ops)
-        self._explore_ns = self._explore(choice, batch, tpg, seat, strata, spec, (begin, end), s,
-                                         stats, time)  # fmt: skip
+        self._explore_ns = self._explore(
+            choice, batch, tpg, seat, strata, spec, (begin, end), s, stats, breakdown
+        )
         stats.redone = self._repairs.redone - redone
         if self.team.rank == 0 and end > begin:  # (the warm-up runs an empty batch)
             self._log.add(stats)
 
-    def _seat(self, ready: np.ndarray, capacity: int) -> ex.Seat:
+    def _seat(self, ready: np.ndarray, capacity: int) -> ex.PoolSeat:
         seat, team = self.team.seat, self.team
-        return ex.Seat(
-            seat.pool, seat.pool_ranks.index(team.rank), len(seat.pool_ranks), team.parties,
-            self._row_pool, self._row_of_cell, self.run["words"], ready, capacity, team.sync,
+        return ex.PoolSeat(
+            seat.pool,
+            seat.pool_ranks.index(team.rank),
+            len(seat.pool_ranks),
+            team.parties,
+            self._row_pool,
+            self._row_of_cell,
+            self.run["words"],
+            ready,
+            capacity,
+            team.sync,
             team.timeout_ns,
-        )  # fmt: skip
+        )
 
-    def _construct(self, spec: Speculation, units: Units, begin: int, end: int,
-                   time: Breakdown) -> BatchStats:  # fmt: skip
+    def _construct(
+        self, spec: Speculation, units: Units, begin: int, end: int, breakdown: Breakdown
+    ) -> BatchStats:
         """The whole team: link the batch, fate the transactions, count. Returns the
         batch's statistics (the same on every executor); folds the previous batch's
         measured exploration time into the history."""
@@ -170,21 +182,22 @@ class MorphStreamScheduler(SpeculativeScheduler):
         o0, o1 = int(ops.txn_ptr[t0]), int(ops.txn_ptr[t1])
         table = self.run["stats"]
         row = table[rank]
-        with time.timing("construct"):
+        with breakdown.timing("construct"):
             row[:] = 0
             row[EXPLORE_NS] = self._explore_ns
             listed = int(self._part.counts[1])
-            link_batch(rank, first, stop, ops, self._part, spec.links, self.state.values,
-                       row[:LINK_STATS])  # fmt: skip
+            link_batch(
+                rank, first, stop, ops, self._part, spec.links, self.state.values, row[:LINK_STATS]
+            )
             self._own = self._part.mine[listed : self._part.counts[1]]
             txn_fates(t0, t1, ops, spec.fates)
             row[LD] = (o1 - o0) - int(np.count_nonzero(np.diff(ops.txn_ptr[t0 : t1 + 1])))
             spec.versions.done[o0:o1] = 0
             reset_units(o0, o1, units)
-            self.run["progress"][STRIDE * rank] = first
+            self.run["redo_position"][STRIDE * rank] = first
             if rank == 0:
                 self.run["words"][:] = 0
-        team.barrier(time)
+        team.barrier(breakdown)
         totals = table.sum(axis=0)
         if self._last is not None and self._last.transactions:  # the previous batch, measured
             self._last.explore_s = float(totals[EXPLORE_NS]) / 1e9
@@ -201,8 +214,15 @@ class MorphStreamScheduler(SpeculativeScheduler):
         )
         return self._last
 
-    def _units(self, tpg: ex.Tpg, batch: ex.Batch, explore: str, seat: ex.Seat,
-               stats: BatchStats, time: Breakdown) -> ex.Strata | None:  # fmt: skip
+    def _units(
+        self,
+        tpg: ex.Tpg,
+        batch: ex.Exploration,
+        explore: str,
+        seat: ex.PoolSeat,
+        stats: BatchStats,
+        breakdown: Breakdown,
+    ) -> ex.Strata | None:
         """The units' strata (structured exploration) or dependency counts and ready
         queues (non-structured: returns None)."""
         team, ops, links, units = self.team, tpg.ops, tpg.links, tpg.units
@@ -210,55 +230,97 @@ class MorphStreamScheduler(SpeculativeScheduler):
         strata = 1
         if batch.fine and explore != "ns":
             waited = np.zeros(1, np.int64)
-            with time.timing("construct"):
-                why, mine = fine_levels(rank, batch.first, batch.end, ops, links, units,
-                                        self.run["progress"], team.sync, team.timeout_ns,
-                                        waited)  # fmt: skip
+            with breakdown.timing("construct"):
+                why, mine = fine_levels(
+                    rank,
+                    batch.first,
+                    batch.end,
+                    ops,
+                    links,
+                    units,
+                    self.run["redo_position"],
+                    team.sync,
+                    team.timeout_ns,
+                    waited,
+                )
                 table[rank, STRATA] = mine
-            time.construct -= waited[0] / 1e9
-            time.sync += waited[0] / 1e9
+            breakdown.construct -= waited[0] / 1e9
+            breakdown.sync += waited[0] / 1e9
             team.check(why)
-            team.barrier(time)
+            team.barrier(breakdown)
             strata = int(table[:, STRATA].max())
         elif not batch.fine and stats.cross:
             if rank == 0:
-                with time.timing("construct"):
+                with breakdown.timing("construct"):
                     self._grow_cycles(batch.end - batch.first, len(ops.dep_cell))
                     table[0, MERGED : STRATA + 1] = 0
-                    merged, cyclic, strata0 = merge_cycles(batch.first, batch.end, ops, links,
-                                                            units, self._cycles)  # fmt: skip
+                    merged, cyclic, strata0 = merge_cycles(
+                        batch.first, batch.end, ops, links, units, self._cycles
+                    )
                     table[0, MERGED], table[0, CYCLIC], table[0, STRATA] = merged, cyclic, strata0
-            team.barrier(time)
+            team.barrier(breakdown)
             strata, stats.merged = int(table[0, STRATA]), int(table[0, MERGED])
         stats.strata = strata
         if explore == "ns":
-            with time.timing("explore"):
+            with breakdown.timing("explore"):
                 counted = np.zeros(team.seat.pools, np.int64)
-                count_pending(rank, batch.first, batch.end, batch.fine, ops, links, units,
-                              self._row_pool, self._row_of_cell, counted)  # fmt: skip
+                count_pending(
+                    rank,
+                    batch.first,
+                    batch.end,
+                    batch.fine,
+                    ops,
+                    links,
+                    units,
+                    self._row_pool,
+                    self._row_of_cell,
+                    counted,
+                )
                 for pool in np.flatnonzero(counted):
                     add_to(seat.words, ex.total_word(int(pool)), int(counted[pool]))
                 ex.queue_ready(batch.first, batch.end, tpg, seat, batch.fine, rank)
-            team.barrier(time)
+            team.barrier(breakdown)
             return None
-        with time.timing("explore"):
+        with breakdown.timing("explore"):
             if len(self._level_ptr) < strata + 1:
                 self._level_ptr = np.zeros(2 * strata + 1, np.int64)
             if len(self._listed) < batch.end - batch.first:
                 self._listed = np.zeros(2 * (batch.end - batch.first), np.int64)
             n_merged = int(table[0, CYCLIC]) if not batch.fine and stats.cross else 0
-            work_strata(batch.first, batch.end, batch.fine, self._own, team.seat.alone, seat,
-                        strata, ops, links, units, n_merged, self._level_ptr,
-                        self._listed)  # fmt: skip
+            work_strata(
+                batch.first,
+                batch.end,
+                batch.fine,
+                self._own,
+                team.seat.alone,
+                seat,
+                strata,
+                ops,
+                links,
+                units,
+                n_merged,
+                self._level_ptr,
+                self._listed,
+            )
         return ex.Strata(strata, self._level_ptr, self._listed)
 
     def _grow_cycles(self, operations: int, reads: int) -> None:
         if len(self._cycles.node) < operations or len(self._cycles.edges) < reads:
             self._cycles = cycle_scratch(2 * operations, 2 * reads)
 
-    def _explore(self, choice: Choice, batch: ex.Batch, tpg: ex.Tpg, seat: ex.Seat,
-                 strata: ex.Strata | None, spec: Speculation, txns: tuple[int, int],
-                 s: np.ndarray, stats: BatchStats, time: Breakdown) -> int:  # fmt: skip
+    def _explore(
+        self,
+        choice: Choice,
+        batch: ex.Exploration,
+        tpg: ex.Tpg,
+        seat: ex.PoolSeat,
+        strata: ex.Strata | None,
+        spec: Speculation,
+        txns: tuple[int, int],
+        s: np.ndarray,
+        stats: BatchStats,
+        breakdown: Breakdown,
+    ) -> int:
         """Explore the batch, resolving failures eagerly (at safe points) or lazily (once
         explored); every failure is resolved when it returns. Returns the ns this
         executor spent running operations (exploring, not waiting nor repairing)."""
@@ -276,33 +338,33 @@ class MorphStreamScheduler(SpeculativeScheduler):
         working = 0
         while True:
             s.waited[0] = 0
-            started = clock.perf_counter_ns()
+            started = time.perf_counter_ns()
             if strata is None:
                 why = ex.explore_ns(batch, tpg, state, self.udf, s, seat, cursor)
             elif choice.explore == "bfs":
                 why = ex.explore_bfs(batch, tpg, state, self.udf, s, seat, strata, cursor)
             else:
                 why = ex.explore_dfs(batch, tpg, state, self.udf, s, seat, strata, cursor)
-            spent = clock.perf_counter_ns() - started
+            spent = time.perf_counter_ns() - started
             working += spent - int(s.waited[0])
-            time.useful += (spent - int(s.waited[0])) / 1e9
-            time.sync += s.waited[0] / 1e9
+            breakdown.useful += (spent - int(s.waited[0])) / 1e9
+            breakdown.sync += s.waited[0] / 1e9
             if why == SET_FULL:
                 raise RuntimeFailure(SET_FULL_MESSAGE)
             if why == ex.REPAIR:
-                self._repair(policy, spec, txns, s, stats, time, paused)
+                self._repair(policy, spec, txns, s, stats, breakdown, paused)
                 continue
             if why != ex.ALL_DONE:
                 team.check(why)
             break
         stats.failed = int(words[STRIDE * ex.FRESH])
         if stats.failed > cursor[2]:
-            self._repair(policy, spec, txns, s, stats, time, paused)
+            self._repair(policy, spec, txns, s, stats, breakdown, paused)
         return working
 
-    def _repair(self, policy, spec, txns, s, stats, time, paused) -> None:
+    def _repair(self, policy, spec, txns, s, stats, breakdown, paused) -> None:
         stats.repairs += 1
-        self._repairs.run(policy, spec, txns[0], txns[1], s, time, paused)
+        self._repairs.run(policy, spec, txns[0], txns[1], s, breakdown, paused)
 
     def report(self) -> dict:
         """`decisions` (contract §5), per-batch statistics, operations redone."""

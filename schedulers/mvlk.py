@@ -17,7 +17,7 @@ from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._whole import MvVersions, MvWords, reset_heads, run_multiversioned
 from txstream.schedulers.whole import WholeTransactionScheduler
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
-from txstream.state.operations import OperationBatch
+from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
 from txstream.state.sync import STRIDE
 
@@ -44,27 +44,41 @@ class MultiVersionLockScheduler(WholeTransactionScheduler):
             ArraySpec("mv_head", "int64", (dims.cells,), -1),
         ]
 
-    def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
+    def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """The chunk's tickets; no writer of its cells listed yet (the team, then a
         barrier)."""
         self._tickets = self.tickets(ops)
         team = self.team
         n = len(ops)
-        with time.timing("lock"):
-            reset_heads(n * team.rank // team.parties, n * (team.rank + 1) // team.parties,
-                        ops.arrays, self.run["mv_head"])  # fmt: skip
-        team.barrier(time)
+        with breakdown.timing("lock"):
+            reset_heads(
+                n * team.rank // team.parties,
+                n * (team.rank + 1) // team.parties,
+                ops.arrays,
+                self.run["mv_head"],
+            )
+        team.barrier(breakdown)
 
     def execute(
-        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
+        self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """This executor's transactions of the batch, in ts order."""
         s = self.scratch(ops)
         run = self.run
         words = MvWords(run["order"], run["mv_seq"], run["mv_done"], run["mv_head"])
         versions = MvVersions(*(chunk.arrays[f"mv_{name}"] for name in MvVersions._fields))
-        with time.timing("useful"):
-            why = run_multiversioned(begin, end, ops.arrays, self.state.arrays, self.udf,
-                                     chunk.outcomes, self._tickets, words, versions, self.peer,
-                                     s)  # fmt: skip
-        self.charge(why, s, time)
+        with breakdown.timing("useful"):
+            why = run_multiversioned(
+                begin,
+                end,
+                ops.arrays,
+                self.state.arrays,
+                self.udf,
+                chunk.outcomes,
+                self._tickets,
+                words,
+                versions,
+                self.peer,
+                s,
+            )
+        self.charge(why, s, breakdown)

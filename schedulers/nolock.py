@@ -12,7 +12,7 @@ from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._whole import run_unordered
 from txstream.schedulers.whole import WholeTransactionScheduler
 from txstream.state.chunk import ChunkArrays
-from txstream.state.operations import OperationBatch
+from txstream.state.operations import OperationShare
 
 
 class NoLockScheduler(WholeTransactionScheduler):
@@ -22,11 +22,12 @@ class NoLockScheduler(WholeTransactionScheduler):
     serial_equivalent = False
 
     def execute(
-        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
+        self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """This executor's transactions of the batch."""
         s = self.scratch(ops)
-        with time.timing("useful"):
-            why = run_unordered(begin, end, ops.arrays, self.state.arrays, self.udf,
-                                chunk.outcomes, self.peer, s)  # fmt: skip
-        self.charge(why, s, time)
+        with breakdown.timing("useful"):
+            why = run_unordered(
+                begin, end, ops.arrays, self.state.arrays, self.udf, chunk.outcomes, self.peer, s
+            )
+        self.charge(why, s, breakdown)

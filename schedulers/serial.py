@@ -13,7 +13,7 @@ from txstream.schedulers._kernels import ABORT_NS, run_transactions
 from txstream.schedulers.base import Scheduler
 from txstream.state._kernels import SET_FULL_MESSAGE, undo_log
 from txstream.state.chunk import ChunkArrays
-from txstream.state.operations import OperationBatch
+from txstream.state.operations import OperationShare
 
 
 class SerialScheduler(Scheduler):
@@ -22,19 +22,26 @@ class SerialScheduler(Scheduler):
     name = "serial"
 
     def execute(
-        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
+        self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """Run the batch in one kernel call (executor 0)."""
         if self.team.rank != 0:
             return
         reads = np.empty(max(1, ops.max_reads), np.int64)
         waited = np.zeros(ABORT_NS + 1, np.int64)
-        with time.timing("useful"):
+        with breakdown.timing("useful"):
             error = run_transactions(
-                begin, end, ops.arrays, self.state.arrays, self.udf, reads,
-                undo_log(ops.max_txn_ops), chunk.outcomes, waited,
-            )  # fmt: skip
-        time.useful -= waited[ABORT_NS] / 1e9
-        time.abort += waited[ABORT_NS] / 1e9
+                begin,
+                end,
+                ops.arrays,
+                self.state.arrays,
+                self.udf,
+                reads,
+                undo_log(ops.max_txn_ops),
+                chunk.outcomes,
+                waited,
+            )
+        breakdown.useful -= waited[ABORT_NS] / 1e9
+        breakdown.abort += waited[ABORT_NS] / 1e9
         if error:
             raise RuntimeFailure(SET_FULL_MESSAGE)

@@ -1,7 +1,7 @@
 """The common ground of the schedulers that link each chunk in parallel and execute its
 operations speculatively, repairing failures through the Coordinator (tstream,
 morphstream): the row partition the team links by, the links and versions of a chunk
-and a progress word per executor, the repairs, the end of a chunk."""
+and a redo-position word per executor, the repairs, the end of a chunk."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from txstream.schedulers.team._links import forget_chunk, with_room
 from txstream.schedulers.team._links import partition as link_partition
 from txstream.schedulers.team._versions import undo_aborted_tails
 from txstream.schedulers.team.aborts import Repairs, Speculation, chunk_versions
-from txstream.schedulers.team.member import Team
+from txstream.schedulers.team.member import Member
 from txstream.schedulers.team.placement import row_pools
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
-from txstream.state.operations import OperationBatch
+from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
 from txstream.state.sync import STRIDE
 from txstream.state.tables import SharedState
@@ -38,10 +38,10 @@ class SpeculativeScheduler(Scheduler):
 
     @classmethod
     def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
-        """A progress word per executor (a redo publishes how far it is there)."""
-        return [ArraySpec("progress", "int64", (STRIDE * dims.parties,))]
+        """A redo-position word per executor (a redo publishes how far it is there)."""
+        return [ArraySpec("redo_position", "int64", (STRIDE * dims.parties,))]
 
-    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Team):
+    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
         super().__init__(config, topology, state, team)
         layout = state.layout
         self._row_of_cell = layout.row_of_cell()
@@ -50,25 +50,26 @@ class SpeculativeScheduler(Scheduler):
         self._repairs: Repairs | None = None
 
     def map_run(self, arrays: dict[str, np.ndarray]) -> None:
-        """Receive the run arrays; repairs publish their progress there."""
+        """Receive the run arrays; repairs publish their redo position there."""
         super().map_run(arrays)
-        self._repairs = Repairs(self.team, self.state.arrays, self.udf, arrays["progress"])
+        self._repairs = Repairs(self.team, self.state.arrays, self.udf, arrays["redo_position"])
 
-    def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
+    def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """Room to list the operations this executor links in the chunk."""
         self._part = with_room(self._part, len(ops))
 
     def finish(
-        self, chunk: ChunkArrays, ops: OperationBatch, first: int, end: int, time: Breakdown
+        self, chunk: ChunkArrays, ops: OperationShare, first: int, end: int, breakdown: Breakdown
     ) -> None:
         """Roll back aborted transactions at the ends of chains; collect results (this
         executor's share); forget the chunk's links."""
         spec = Speculation.of(chunk)
         first_op, stop = int(ops.txn_ptr[first]), int(ops.txn_ptr[end])
-        with time.timing("abort"):
-            undo_aborted_tails(first_op, stop, spec.ops, spec.links, spec.versions, spec.fates,
-                               self.state.arrays)  # fmt: skip
-        with time.timing("useful"):
+        with breakdown.timing("abort"):
+            undo_aborted_tails(
+                first_op, stop, spec.ops, spec.links, spec.versions, spec.fates, self.state.arrays
+            )
+        with breakdown.timing("useful"):
             collect_results(first, end, spec.ops, spec.versions, spec.fates, chunk.outcomes)
         forget_chunk(self._part)
 

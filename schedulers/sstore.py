@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._whole import PartitionPlan, plan_partitions, run_partitioned
-from txstream.schedulers.team.member import Team
+from txstream.schedulers.team.member import Member
 from txstream.schedulers.team.placement import row_pools
 from txstream.schedulers.whole import WholeTransactionScheduler
 from txstream.state.chunk import ChunkArrays, RunDims
-from txstream.state.operations import OperationBatch
+from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
 from txstream.state.sync import STRIDE
 from txstream.state.tables import SharedState
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from txstream.config import RunConfig
 
 
-class PartitionedScheduler(WholeTransactionScheduler):
+class SStoreScheduler(WholeTransactionScheduler):
     """Per-partition order counters (module docstring)."""
 
     name = "sstore"
@@ -41,14 +41,14 @@ class PartitionedScheduler(WholeTransactionScheduler):
         """A counter per partition, each on its own cache line."""
         return [ArraySpec("partition_done", "int64", (STRIDE * dims.pools,))]
 
-    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Team):
+    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
         super().__init__(config, topology, state, team)
         seat = team.seat
         self._part_of_cell = row_pools(state.layout.rows, seat.pools)[state.layout.row_of_cell()]
         self._next_seq = np.zeros(seat.pools, np.int64)
         self._last = np.empty(seat.pools, np.int64)
 
-    def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
+    def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """Plan the chunk: every executor alike, keeping the transactions it runs."""
         seat = self.team.seat
         entries = len(ops) + len(ops.dep_cell)
@@ -59,19 +59,34 @@ class PartitionedScheduler(WholeTransactionScheduler):
             np.empty(entries, np.int64),
             np.empty(n_txn, np.int8),
         )
-        with time.timing("construct"):
+        with breakdown.timing("construct"):
             plan_partitions(
-                ops.arrays, self._part_of_cell, self._next_seq, self._last, seat.pool,
-                len(seat.pool_ranks), seat.pool_ranks.index(seat.rank), self._plan,
-            )  # fmt: skip
+                ops.arrays,
+                self._part_of_cell,
+                self._next_seq,
+                self._last,
+                seat.pool,
+                len(seat.pool_ranks),
+                seat.pool_ranks.index(seat.rank),
+                self._plan,
+            )
 
     def execute(
-        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
+        self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """This executor's transactions of the batch, in ts order."""
         s = self.scratch(ops)
-        with time.timing("useful"):
-            why = run_partitioned(begin, end, ops.arrays, self.state.arrays, self.udf,
-                                  chunk.outcomes, self._plan, self.run["partition_done"],
-                                  self.peer, s)  # fmt: skip
-        self.charge(why, s, time)
+        with breakdown.timing("useful"):
+            why = run_partitioned(
+                begin,
+                end,
+                ops.arrays,
+                self.state.arrays,
+                self.udf,
+                chunk.outcomes,
+                self._plan,
+                self.run["partition_done"],
+                self.peer,
+                s,
+            )
+        self.charge(why, s, breakdown)

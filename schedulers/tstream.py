@@ -21,10 +21,10 @@ from txstream.schedulers.speculative import SpeculativeScheduler
 from txstream.schedulers.team._links import LINK_STATS, link_batch, txn_fates
 from txstream.schedulers.team._versions import scratch
 from txstream.schedulers.team.aborts import LAZY, Speculation
-from txstream.schedulers.team.member import Team
+from txstream.schedulers.team.member import Member
 from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
-from txstream.state.operations import OperationBatch
+from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
 from txstream.state.sync import STRIDE
 from txstream.state.tables import SharedState
@@ -60,62 +60,85 @@ class TStreamScheduler(SpeculativeScheduler):
 
     @classmethod
     def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
-        """A progress word per executor, a claim counter per pool."""
+        """A position word per executor, a claim counter per pool."""
         return [
             *super().run_arrays(config, dims),
             ArraySpec("claimed", "int64", (STRIDE * dims.pools,)),
         ]
 
-    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Team):
+    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
         super().__init__(config, topology, state, team)
         self._stats = np.zeros(LINK_STATS, np.int64)
         if not team.seat.alone:
             self._row_ops = np.zeros(state.layout.rows, np.int64)
             self._fill = np.empty(team.seat.pools, np.int64)
 
-    def prepare(self, chunk: ChunkArrays, ops: OperationBatch, time: Breakdown) -> None:
+    def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """Link the chains (the whole team) and hand every row's chains to an owner."""
-        super().prepare(chunk, ops, time)
+        super().prepare(chunk, ops, breakdown)
         team, seat = self.team, self.team.seat
         spec = Speculation.of(chunk)
         first_txn, end_txn = _share(len(ops.txn_ptr) - 1, team.rank, team.parties)
-        self.run["progress"][STRIDE * team.rank] = 0  # nothing of this chunk is done yet
-        with time.timing("construct"):
-            link_batch(team.rank, 0, len(ops), spec.ops, self._part, spec.links,
-                       self.state.values, self._stats)  # fmt: skip
+        self.run["redo_position"][STRIDE * team.rank] = 0  # nothing of this chunk is done yet
+        with breakdown.timing("construct"):
+            link_batch(
+                team.rank,
+                0,
+                len(ops),
+                spec.ops,
+                self._part,
+                spec.links,
+                self.state.values,
+                self._stats,
+            )
             txn_fates(first_txn, end_txn, spec.ops, spec.fates)
             if not seat.alone and team.rank == 0:
                 pool_rows(
-                    0, len(ops), spec.ops, self._row_of_cell, self._row_pool, seat.pools,
-                    self._row_ops, self._fill, chunk.claims, chunk.claim_ops, chunk.pool_ptr,
-                )  # fmt: skip
+                    0,
+                    len(ops),
+                    spec.ops,
+                    self._row_of_cell,
+                    self._row_pool,
+                    seat.pools,
+                    self._row_ops,
+                    self._fill,
+                    chunk.claims,
+                    chunk.claim_ops,
+                    chunk.pool_ptr,
+                )
                 self.run["claimed"][:] = 0
-        team.barrier(time)
+        team.barrier(breakdown)
         if seat.alone:
             return  # every executor owns the rows it linked
         begin, end = int(chunk.pool_ptr[seat.pool]), int(chunk.pool_ptr[seat.pool + 1])
-        with time.timing("explore"):
+        with breakdown.timing("explore"):
             quota = -(-int(chunk.claim_ops[begin:end].sum()) // len(seat.pool_ranks))
             self._claim(chunk, begin, end, quota)
-        team.barrier(time)
+        team.barrier(breakdown)
         if team.rank == seat.pool_ranks[0]:
-            with time.timing("explore"):
+            with breakdown.timing("explore"):
                 self._claim(chunk, begin, end, UNCAPPED)  # whatever the others left
-        team.barrier(time)
-        with time.timing("explore"):
+        team.barrier(breakdown)
+        with breakdown.timing("explore"):
             first, stop = _share(len(ops), team.rank, team.parties)
-            fill_owners(first, stop, spec.ops, self._row_of_cell, chunk.row_owner,
-                        spec.links.owner)  # fmt: skip
-        team.barrier(time)
+            fill_owners(first, stop, spec.ops, self._row_of_cell, chunk.row_owner, spec.links.owner)
+        team.barrier(breakdown)
 
     def _claim(self, chunk: ChunkArrays, begin: int, end: int, quota: int) -> None:
         claim_rows(
-            self.team.rank, begin, end, chunk.claims, chunk.claim_ops, chunk.row_owner,
-            self.run["claimed"], STRIDE * self.team.seat.pool, quota,
-        )  # fmt: skip
+            self.team.rank,
+            begin,
+            end,
+            chunk.claims,
+            chunk.claim_ops,
+            chunk.row_owner,
+            self.run["claimed"],
+            STRIDE * self.team.seat.pool,
+            quota,
+        )
 
     def execute(
-        self, chunk: ChunkArrays, ops: OperationBatch, begin: int, end: int, time: Breakdown
+        self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """Explore this executor's operations of the batch in ts order; if any failed,
         the Coordinator resolves the batch and the marked operations are redone."""
@@ -123,20 +146,31 @@ class TStreamScheduler(SpeculativeScheduler):
         spec = Speculation.of(chunk)
         first_op, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
         s = scratch(ops.max_reads, ops.max_txn_ops)
-        with time.timing("useful"):
+        with breakdown.timing("useful"):
             why = explore_chains(
-                team.rank, first_op, stop, spec.ops, spec.links, spec.versions, spec.fates,
-                self.state.arrays, self.udf, self.run["progress"], team.sync, team.timeout_ns, s,
-            )  # fmt: skip
-        time.useful -= s.waited[0] / 1e9
-        time.sync += s.waited[0] / 1e9
+                team.rank,
+                first_op,
+                stop,
+                spec.ops,
+                spec.links,
+                spec.versions,
+                spec.fates,
+                self.state.arrays,
+                self.udf,
+                self.run["redo_position"],
+                team.sync,
+                team.timeout_ns,
+                s,
+            )
+        breakdown.useful -= s.waited[0] / 1e9
+        breakdown.sync += s.waited[0] / 1e9
         if why == SET_FULL:
             raise RuntimeFailure(SET_FULL_MESSAGE)
         team.check(why)
         team.add_failures(int(s.waited[2]))
-        team.barrier(time)
+        team.barrier(breakdown)
         if team.failures_since_last_check():
-            self._repairs.run(LAZY, spec, begin, end, s, time)
+            self._repairs.run(LAZY, spec, begin, end, s, breakdown)
 
 
 def _share(total: int, rank: int, parties: int) -> tuple[int, int]:

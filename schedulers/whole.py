@@ -13,9 +13,9 @@ from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._kernels import ABORT_NS
 from txstream.schedulers._whole import LOCK_NS, SYNC_NS, Peer, TxnScratch
 from txstream.schedulers.base import Scheduler
-from txstream.schedulers.team.member import Team
+from txstream.schedulers.team.member import Member
 from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, undo_log
-from txstream.state.operations import OperationBatch
+from txstream.state.operations import OperationShare
 from txstream.state.tables import SharedState
 from txstream.topologies.api import Topology
 
@@ -26,12 +26,12 @@ if TYPE_CHECKING:
 class WholeTransactionScheduler(Scheduler):
     """Whole transactions per executor (module docstring)."""
 
-    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Team):
+    def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
         super().__init__(config, topology, state, team)
         self.peer = Peer(team.sync, team.timeout_ns, team.rank, team.parties)
         self._admitted = 0
 
-    def tickets(self, ops: OperationBatch) -> np.ndarray:
+    def tickets(self, ops: OperationShare) -> np.ndarray:
         """Every transaction's place in the run's order of transactions that have
         operations (-1: none, nothing to order); call once per chunk, on every executor."""
         has_ops = np.diff(ops.txn_ptr) > 0
@@ -40,7 +40,7 @@ class WholeTransactionScheduler(Scheduler):
         return tickets
 
     @staticmethod
-    def scratch(ops: OperationBatch) -> TxnScratch:
+    def scratch(ops: OperationShare) -> TxnScratch:
         """Scratch for the chunk's widest transaction (all its cells distinct)."""
         width = max(1, ops.max_txn_ops * (1 + ops.max_reads))
         return TxnScratch(
@@ -50,13 +50,13 @@ class WholeTransactionScheduler(Scheduler):
             np.zeros(ABORT_NS + 1, np.int64),
         )
 
-    def charge(self, why: int, s: TxnScratch, time: Breakdown) -> None:
+    def charge(self, why: int, s: TxnScratch, breakdown: Breakdown) -> None:
         """Move what the kernel (timed as useful) spent waiting, locking and rolling back
         to those activities; raise for a wait that did not end normally."""
-        for slot, activity in ((SYNC_NS, "sync"), (LOCK_NS, "lock"), (ABORT_NS, "abort")):
-            seconds = s.waited[slot] / 1e9
-            time.useful -= seconds
-            setattr(time, activity, getattr(time, activity) + seconds)
+        for which, activity in ((SYNC_NS, "sync"), (LOCK_NS, "lock"), (ABORT_NS, "abort")):
+            seconds = s.waited[which] / 1e9
+            breakdown.useful -= seconds
+            setattr(breakdown, activity, getattr(breakdown, activity) + seconds)
         if why == SET_FULL:
             raise RuntimeFailure(SET_FULL_MESSAGE)
         self.team.check(why)

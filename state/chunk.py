@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from txstream.state.operations import COMMITTED, REJECTED, OperationBatch, Ops
+from txstream.state.operations import COMMITTED, REJECTED, OperationShare, Ops
 from txstream.state.segments import ArraySpec, SegmentLayout
 from txstream.state.shared import attach_segment, create_segment, unlink_segment
 
@@ -175,11 +175,11 @@ class ChunkArrays(TeamSegment):
         self.out_values[share] = 0
         self.out_set[share] = False
 
-    def operations(self) -> OperationBatch:
+    def operations(self) -> OperationShare:
         """The chunk's operations, as views."""
-        return OperationBatch(self.ops)
+        return OperationShare(self.ops)
 
-    def copy_in(self, ops: OperationBatch, first_txn: int, first_op: int, first_read: int) -> None:
+    def copy_in(self, ops: OperationShare, first_txn: int, first_op: int, first_read: int) -> None:
         """Copy one share's operations to their place (indices made chunk-global)."""
         n, r, t = len(ops), len(ops.dep_cell), len(ops.txn_ptr) - 1
         ops_range, reads_range = slice(first_op, first_op + n), slice(first_read, first_read + r)

@@ -21,7 +21,7 @@ STATUS_NAMES = ("committed", "aborted", "rejected")
 
 
 class Ops(NamedTuple):
-    """A chunk's operations as kernels see them (see `OperationBatch`)."""
+    """A chunk's operations as kernels see them (see `OperationShare`)."""
 
     txn: np.ndarray
     cell: np.ndarray
@@ -36,7 +36,7 @@ class Ops(NamedTuple):
     txn_ptr: np.ndarray
 
 
-class OperationBatch:
+class OperationShare:
     """The operations of a batch of transactions, as parallel arrays in (txn, statement)
     order (`Ops`: ``batch.cell`` is ``batch.arrays.cell``), with their widest
     transaction and operation.

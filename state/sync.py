@@ -28,16 +28,18 @@ from txstream.state._numba import (
 )
 
 STRIDE = 8
-"""int64 words per slot: one 64-byte cache line, so executors never share a line."""
+"""int64 words per line of the sync block: one 64-byte cache line, so executors never
+share a line."""
 ARRIVE, EPOCH, FAILED = 0, 1, 2
 REQUEST, REPLY, STOP, FAILURES, ANSWER, ARGS = 3, 4, 5, 6, 7, 8
-"""Coordinator slots: requests posted and answered (counters), the driver's stop word,
-operations that failed so far (counter), the last answer, and a request's arguments."""
+"""Lines of the Coordinator's words: requests posted and answered (counters), the
+driver's stop word, operations that failed so far (counter), the last answer, and a
+request's arguments."""
 ARG_WORDS = 2 * STRIDE
 PAUSE = 10
 """Set by an executor that asks its peers to stop at their next safe point (an
 interruptible wait returns INTERRUPTED while it is set)."""
-FIXED_SLOTS = 11
+FIXED_LINES = 11
 PUBLISHED = STRIDE
 """Words each executor may publish for its peers (one cache line per executor)."""
 OK, TIMED_OUT, PEER_FAILED, INTERRUPTED = 0, 1, 2, 3
@@ -49,20 +51,20 @@ CHECK_EVERY = 63
 """Spin rounds between reads of the clock and the failure word (a mask)."""
 
 
-def slots(executors: int) -> int:
+def sync_words(executors: int) -> int:
     """Size in int64 words of the sync block of a team of ``executors``."""
-    return STRIDE * (FIXED_SLOTS + executors)
+    return STRIDE * (FIXED_LINES + executors)
 
 
 def published_word(executor: int, which: int) -> int:
     """Word where ``executor`` publishes its value ``which`` (< PUBLISHED)."""
-    return STRIDE * (FIXED_SLOTS + executor) + which
+    return STRIDE * (FIXED_LINES + executor) + which
 
 
 @inline
-def word(slot):
-    """Index of the first word of fixed slot ``slot``."""
-    return STRIDE * slot
+def word(line):
+    """Index of the first word of fixed line ``line``."""
+    return STRIDE * line
 
 
 @inline
@@ -187,9 +189,9 @@ def report_failure(sync):
 
 
 @jit
-def publish(sync, slot, value):
-    """Store a word for the peers (visible to them after the next barrier)."""
-    store_release(sync, slot, value)
+def publish(sync, index, value):
+    """Store word ``index`` for the peers (visible to them after the next barrier)."""
+    store_release(sync, index, value)
 
 
 @jit

@@ -13,8 +13,14 @@ from txstream.result import Result
 TIMEOUT_S = 60.0
 
 
-def run_local(topology: str, events: pa.Table, init: dict[str, pa.Table], *,
-              batches_per_chunk: int | None = 3, **options: object) -> Result:  # fmt: skip
+def run_local(
+    topology: str,
+    events: pa.Table,
+    init: dict[str, pa.Table],
+    *,
+    batches_per_chunk: int | None = 3,
+    **options: object,
+) -> Result:
     """The `Result` of ``events`` from ``init``; ``options`` are `RunConfig` fields.
     Chunks hold at most ``batches_per_chunk`` punctuation batches (None: a run's
     default)."""

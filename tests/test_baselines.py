@@ -33,8 +33,8 @@ from txstream.schedulers._whole import (
 from txstream.schedulers.whole import WholeTransactionScheduler
 from txstream.state._kernels import Udf
 from txstream.state.chunk import Outcomes
-from txstream.state.operations import WRITE, OperationBatch, Ops
-from txstream.state.sync import FAILED, PEER_FAILED, STRIDE, TIMED_OUT, slots, word
+from txstream.state.operations import WRITE, OperationShare, Ops
+from txstream.state.sync import FAILED, PEER_FAILED, STRIDE, TIMED_OUT, sync_words, word
 from txstream.state.tables import StateArrays
 from txstream.topologies import BUNDLED
 from txstream.topologies.generators import WorkloadSpec, generate
@@ -47,20 +47,31 @@ def _one_write() -> Ops:
     """One transaction writing cell 0."""
     one = np.zeros(1, np.int64)
     return Ops(
-        txn=one, cell=one, kind=np.full(1, WRITE, np.int8), fun=np.zeros(1, np.int32),
-        cond=np.zeros(1, np.int32), reason=np.zeros(1, np.int32), out=np.full(1, -1, np.int32),
-        args=np.zeros((1, 1), np.int64), dep_ptr=np.zeros(2, np.int64),
-        dep_cell=np.zeros(0, np.int64), txn_ptr=np.array([0, 1], np.int64),
-    )  # fmt: skip
+        txn=one,
+        cell=one,
+        kind=np.full(1, WRITE, np.int8),
+        fun=np.zeros(1, np.int32),
+        cond=np.zeros(1, np.int32),
+        reason=np.zeros(1, np.int32),
+        out=np.full(1, -1, np.int32),
+        args=np.zeros((1, 1), np.int64),
+        dep_ptr=np.zeros(2, np.int64),
+        dep_cell=np.zeros(0, np.int64),
+        txn_ptr=np.array([0, 1], np.int64),
+    )
 
 
 def _blocked_run(wait: str, ops: Ops, peer: Peer) -> int:
     """Run one kernel with the word ``wait`` names never reaching what it waits for."""
     state = StateArrays(np.zeros(1, np.int64), np.full(16, -1, np.int64), np.zeros(16, np.int64))
     udf = Udf(np.zeros(1, np.int64), np.zeros(1, np.int64), 0)
-    results = Outcomes(np.zeros(1, np.int8), np.zeros(1, np.int32), np.zeros((1, 1), np.int64),
-                       np.zeros((1, 1), bool))  # fmt: skip
-    s = WholeTransactionScheduler.scratch(OperationBatch(ops))
+    results = Outcomes(
+        np.zeros(1, np.int8),
+        np.zeros(1, np.int32),
+        np.zeros((1, 1), np.int64),
+        np.zeros((1, 1), bool),
+    )
+    s = WholeTransactionScheduler.scratch(OperationShare(ops))
     words = [np.zeros(STRIDE, np.int64), np.zeros(1, np.int64)]
     if wait == "lock turn":  # transaction 0 is the 6th in order; the 5th never took its locks
         return run_locked(0, 1, ops, state, udf, results, np.array([5]), LockWords(*words), peer, s)
@@ -74,7 +85,7 @@ def _blocked_run(wait: str, ops: Ops, peer: Peer) -> int:
         versions = MvVersions(*(np.zeros(1, np.int64) for _ in MvVersions._fields))
         return run_multiversioned(
             0, 1, ops, state, udf, results, np.array([ticket]), mv, versions, peer, s
-        )  # fmt: skip  (2 earlier writers not done)
+        )  # 2 earlier writers not done
     plan = PartitionPlan(
         np.array([0, 1]), np.zeros(1, np.int64), np.array([3]), np.ones(1, np.int8)
     )
@@ -87,7 +98,7 @@ WAITS = ("lock turn", "lock word", "mvlk turn", "mvlk low-water mark", "partitio
 @pytest.mark.parametrize("wait", WAITS)
 def test_every_wait_ends_at_the_timeout_or_when_a_peer_fails(wait):
     ops = _one_write()
-    sync = np.zeros(slots(2), np.int64)
+    sync = np.zeros(sync_words(2), np.int64)
     sync[word(FAILED)] = 1  # (first: this call also compiles the kernel)
     assert _blocked_run(wait, ops, Peer(sync, int(600e9), 1, 2)) == PEER_FAILED
     sync[word(FAILED)] = 0
@@ -98,11 +109,15 @@ def test_every_wait_ends_at_the_timeout_or_when_a_peer_fails(wait):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    first=st.integers(0, 4), writers=st.integers(0, 4), done=st.integers(0, 4),
-    taken=st.integers(0, 4), history=st.lists(st.integers(0, 99), min_size=9, max_size=9),
-)  # fmt: skip
-def test_a_versioned_read_sees_the_cell_as_its_earlier_writers_left_it(first, writers, done,
-                                                                       taken, history):  # fmt: skip
+    first=st.integers(0, 4),
+    writers=st.integers(0, 4),
+    done=st.integers(0, 4),
+    taken=st.integers(0, 4),
+    history=st.lists(st.integers(0, 99), min_size=9, max_size=9),
+)
+def test_a_versioned_read_sees_the_cell_as_its_earlier_writers_left_it(
+    first, writers, done, taken, history
+):
     """MVLK: writers ``first..first+writers-1`` of cell 0 are this chunk's (listed newest
     first from ``head``), earlier ones were done in earlier chunks; ``done`` of the
     chunk's are done, ``taken >= done`` have taken the cell (the last of them may be
@@ -122,8 +137,12 @@ def test_a_versioned_read_sees_the_cell_as_its_earlier_writers_left_it(first, wr
         if node < done:
             v.after[node] = history[k + 1]
     current = history[r] if taken == done else -5  # a later writer may be writing it
-    w = MvWords(np.zeros(STRIDE, np.int64), np.array([first + writers]), np.array([r]),
-                np.array([writers - 1]))  # fmt: skip
+    w = MvWords(
+        np.zeros(STRIDE, np.int64),
+        np.array([first + writers]),
+        np.array([r]),
+        np.array([writers - 1]),
+    )
     assert version_read(0, r, w, v, np.array([current])) == history[r]
 
 
@@ -134,8 +153,14 @@ def test_nolock_writes_every_event_exactly_once_in_ts_order(topology, data):
     events, init = data.draw(workloads(topology))
     executors = data.draw(st.integers(1, 3), label="executors")
     interval = data.draw(st.sampled_from((1, 97, 10240)), label="interval")
-    run = run_local(topology, events, init, scheduler="nolock", executors=executors,
-                    punctuation_interval=interval)  # fmt: skip
+    run = run_local(
+        topology,
+        events,
+        init,
+        scheduler="nolock",
+        executors=executors,
+        punctuation_interval=interval,
+    )
     serial = run_local(topology, events, init, punctuation_interval=interval)
     got, state, want, want_state = run.events, run.state, serial.events, serial.state
     assert got.num_rows == events.num_rows
@@ -156,8 +181,15 @@ def test_breakdown_shows_where_the_baselines_spend_their_time():
     events, init = generate("gs", WorkloadSpec(events=20_000, keys=50, theta=0.9, seed=3))
     spent = {}
     for scheduler in ("lock", "mvlk", "sstore", "nolock"):
-        metrics = run_local("gs", events, init, scheduler=scheduler, executors=2,
-                            udf_cost_us=2, batches_per_chunk=None).metrics  # fmt: skip
+        metrics = run_local(
+            "gs",
+            events,
+            init,
+            scheduler=scheduler,
+            executors=2,
+            udf_cost_us=2,
+            batches_per_chunk=None,
+        ).metrics
         spent[scheduler] = metrics["breakdown_s"]
     for scheduler in ("lock", "mvlk"):
         assert spent[scheduler]["lock"] > 0 and spent[scheduler]["sync"] > 0, spent[scheduler]
@@ -177,8 +209,9 @@ def hot_sl():
 @pytest.mark.parametrize("scheduler", ("mvlk", "sstore", "nolock"))  # lock: below
 def test_two_executor_actors_run_the_baselines(hot_sl, scheduler):
     events, init, serial = hot_sl
-    run = Job("sl", scheduler=scheduler, executors=2, punctuation_interval=4096,
-              progress=False).run(events, init)  # fmt: skip
+    run = Job(
+        "sl", scheduler=scheduler, executors=2, punctuation_interval=4096, progress=False
+    ).run(events, init)
     assert len(run.metrics["breakdown_per_executor_s"]) == 2
     assert run.metrics["events"] == events.num_rows
     assert run.metrics["coordinator"] is None

@@ -202,9 +202,18 @@ def test_default_run_goes_through_spark_on_its_own_ray(tmp_path):
     out = tmp_path / "out"
     private_tmp = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))  # short: Ray's sockets
     try:
-        proc = _cli("run", "tp", "--input", str(data / "events.parquet"), "--init-state",
-                    str(data / "init"), "--output", str(out), env={"TMPDIR": str(private_tmp)},
-                    watch=tmp_path)  # fmt: skip
+        proc = _cli(
+            "run",
+            "tp",
+            "--input",
+            str(data / "events.parquet"),
+            "--init-state",
+            str(data / "init"),
+            "--output",
+            str(out),
+            env={"TMPDIR": str(private_tmp)},
+            watch=tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr
         assert list(private_tmp.iterdir()) == []
     finally:
@@ -222,9 +231,24 @@ def test_default_run_goes_through_spark_on_its_own_ray(tmp_path):
         "spark"
     ].keys()
     arrow = tmp_path / "arrow"
-    assert main(["run", "tp", "--input", str(data / "events.parquet"), "--init-state",
-                 str(data / "init"), "--output", str(arrow), "--source", "arrow",
-                 "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "run",
+                "tp",
+                "--input",
+                str(data / "events.parquet"),
+                "--init-state",
+                str(data / "init"),
+                "--output",
+                str(arrow),
+                "--source",
+                "arrow",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert pq.read_table(out / "events.parquet").equals(pq.read_table(arrow / "events.parquet"))
 
 
@@ -235,14 +259,32 @@ def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
     data = _generate(tmp_path, "sl", events=400_000)
     env = {**os.environ, "RAY_ADDRESS": ""}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "txstream", "run", "sl", "--input",
-         str(data / "events.parquet"), "--init-state", str(data / "init"), "--output",
-         str(tmp_path / "out"), "--udf-cost-us", "50", "--no-progress", "--source", "arrow"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "txstream",
+            "run",
+            "sl",
+            "--input",
+            str(data / "events.parquet"),
+            "--init-state",
+            str(data / "init"),
+            "--output",
+            str(tmp_path / "out"),
+            "--udf-cost-us",
+            "50",
+            "--no-progress",
+            "--source",
+            "arrow",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
         # as from a terminal: a shell without job control (CI, `cmd &`) hands its
         # background commands SIGINT ignored, and Python keeps it ignored
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 120  # the run itself takes over a minute
     while not actor_processes("Executor", wait_s=0) and time.monotonic() < deadline:
         time.sleep(0.2)  # the run's actors are up: it is past start-up
@@ -257,9 +299,19 @@ def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
 def test_engine_failure_is_one_line_naming_the_actor_with_the_log(tmp_path):
     data = _generate(tmp_path, "sl", events=100)
     out = tmp_path / "out"
-    proc = _cli("run", "failing_topology:build", "--input", str(data / "events.parquet"),
-                "--init-state", str(data / "init"), "--output", str(out), "--source", "arrow",
-                env={"PYTHONPATH": str(TESTS)})  # fmt: skip
+    proc = _cli(
+        "run",
+        "failing_topology:build",
+        "--input",
+        str(data / "events.parquet"),
+        "--init-state",
+        str(data / "init"),
+        "--output",
+        str(out),
+        "--source",
+        "arrow",
+        env={"PYTHONPATH": str(TESTS)},
+    )
     assert proc.returncode == 1
     log = out / "_logs" / "txstream.log"
     assert proc.stderr.splitlines()[-1] == (
@@ -274,9 +326,20 @@ def test_unreachable_address_is_exit_2_with_one_line_within_seconds(tmp_path):
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]  # nobody listens there once closed
     start = time.monotonic()
-    proc = _cli("run", "sl", "--input", str(data / "events.parquet"), "--init-state",
-                str(data / "init"), "--output", str(tmp_path / "out"), "--source", "arrow",
-                "--address", f"127.0.0.1:{port}")  # fmt: skip
+    proc = _cli(
+        "run",
+        "sl",
+        "--input",
+        str(data / "events.parquet"),
+        "--init-state",
+        str(data / "init"),
+        "--output",
+        str(tmp_path / "out"),
+        "--source",
+        "arrow",
+        "--address",
+        f"127.0.0.1:{port}",
+    )
     assert time.monotonic() - start < 30  # Python's start-up included; Ray would retry for minutes
     assert proc.returncode == 2
     assert proc.stderr == (
@@ -288,9 +351,20 @@ def test_unreachable_address_is_exit_2_with_one_line_within_seconds(tmp_path):
 def test_absurd_executor_count_is_refused_before_anything_starts(tmp_path, capsys):
     data = _generate(tmp_path, "sl", events=10)
     capsys.readouterr()
-    code = main(["run", "sl", "--input", str(data / "events.parquet"), "--init-state",
-                 str(data / "init"), "--output", str(tmp_path / "out"), "--executors",
-                 str(4 * usable_cores() + 1)])  # fmt: skip
+    code = main(
+        [
+            "run",
+            "sl",
+            "--input",
+            str(data / "events.parquet"),
+            "--init-state",
+            str(data / "init"),
+            "--output",
+            str(tmp_path / "out"),
+            "--executors",
+            str(4 * usable_cores() + 1),
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "usable cores: the executors would mostly wait" in err

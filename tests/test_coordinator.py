@@ -15,8 +15,9 @@ def test_on_hot_keys_the_coordinator_has_transactions_redone(monkeypatch):
     monkeypatch.setattr(Coordinator, "serve", lambda self: served.append(serve(self)))
     events, init = generate("sl", WorkloadSpec(events=5000, keys=50, theta=0.8, seed=3))
     serial = run_local("sl", events, init, punctuation_interval=500)
-    tstream = run_local("sl", events, init, scheduler="tstream", executors=2,
-                        punctuation_interval=500)  # fmt: skip
+    tstream = run_local(
+        "sl", events, init, scheduler="tstream", executors=2, punctuation_interval=500
+    )
     assert tstream.events.equals(serial.events) and tstream.state == serial.state
     assert (serial.events.column("status").to_numpy(zero_copy_only=False) == "aborted").any()
     [stats] = served  # failures in exploration, some of them on polluted inputs: redone

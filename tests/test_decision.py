@@ -22,8 +22,9 @@ AUTO = Choice("auto", "auto", "auto")
 
 
 def _stats(**fields) -> BatchStats:
-    base = dict(transactions=1000, operations=2000, td=500, pd=0, ld=1000, cross=0, rows=1500,
-                hot=4)  # fmt: skip
+    base = dict(
+        transactions=1000, operations=2000, td=500, pd=0, ld=1000, cross=0, rows=1500, hot=4
+    )
     return BatchStats(**{**base, **fields})
 
 
@@ -59,16 +60,21 @@ def test_aborts_are_eager_when_late_repairs_cost_more_than_pauses_and_failures_a
     cheap = (TH.eager_min_late_us / 10) / 2
     few = TH.eager_max_failures / 2 / 1000  # abort ratios of the 1000-transaction batch
     many = TH.eager_max_failures * 2 / 1000
-    for cost, ratio, want in [(costly, few, "eager"), (costly, many, "lazy"),
-                              (cheap, few, "lazy"), (None, None, "lazy")]:  # fmt: skip
+    for cost, ratio, want in [
+        (costly, few, "eager"),
+        (costly, many, "lazy"),
+        (cheap, few, "lazy"),
+        (None, None, "lazy"),
+    ]:
         history = History(abort_ratio=ratio, cost_us=cost, redo_per_failure=10.0)
         assert decide(_stats(), history, AUTO, TH).abort == want
 
 
 def test_history_folds_in_what_batches_measured():
     history = History()
-    stats = _stats(failed=100, redone=400, explore_s=0.004, granularity="coarse", merged=150,
-                   abort="lazy")  # fmt: skip
+    stats = _stats(
+        failed=100, redone=400, explore_s=0.004, granularity="coarse", merged=150, abort="lazy"
+    )
     history.update(stats, memory=0.5)
     assert (history.abort_ratio, history.cost_us, history.merged_share) == (0.1, 2.0, 0.1)
     assert history.redo_per_failure == 4.0
@@ -89,8 +95,16 @@ def test_the_log_counts_every_batch_and_keeps_its_statistics_up_to_a_limit():
 
 def _decisions(topology: str, spec: WorkloadSpec, **options) -> dict:
     events, init = generate(topology, spec)
-    return run_local(topology, events, init, scheduler="morphstream", executors=2,
-                     punctuation_interval=1000, punctuation_ms=None, **options).metrics  # fmt: skip
+    return run_local(
+        topology,
+        events,
+        init,
+        scheduler="morphstream",
+        executors=2,
+        punctuation_interval=1000,
+        punctuation_ms=None,
+        **options,
+    ).metrics
 
 
 def test_auto_decides_from_the_measured_graph_of_each_batch():

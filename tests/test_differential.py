@@ -47,10 +47,12 @@ AXES = {
 REQUIRED = {
     "morphstream": [
         {"explore": e, "granularity": g, "abort": a}
-        for e, g, a in [*product(("bfs", "dfs", "ns"), ("fine", "coarse"), ("eager", "lazy")),
-                        ("auto", "auto", "auto")]
+        for e, g, a in [
+            *product(("bfs", "dfs", "ns"), ("fine", "coarse"), ("eager", "lazy")),
+            ("auto", "auto", "auto"),
+        ]
     ],
-}  # fmt: skip
+}
 CASES = [
     pytest.param(name, case, id=f"{name}-" + "-".join(str(v) for v in case.values()))
     for name, axes in AXES.items()
@@ -68,10 +70,18 @@ def test_equals_serial(scheduler, case, data):
     per_chunk = data.draw(st.integers(1, 3), label="batches_per_chunk")
     sockets = data.draw(st.integers(1, 2), label="sockets")
     interval = case["punctuation_interval"]
-    want = run_local(topology, events, init, punctuation_interval=interval,
-                     batches_per_chunk=per_chunk)  # fmt: skip
-    got = run_local(topology, events, init, scheduler=scheduler, sockets=sockets,
-                    batches_per_chunk=per_chunk, **case)  # fmt: skip
+    want = run_local(
+        topology, events, init, punctuation_interval=interval, batches_per_chunk=per_chunk
+    )
+    got = run_local(
+        topology,
+        events,
+        init,
+        scheduler=scheduler,
+        sockets=sockets,
+        batches_per_chunk=per_chunk,
+        **case,
+    )
     assert_same_tables(got, want)
 
 
@@ -82,13 +92,22 @@ def test_equals_serial_on_long_streams(scheduler, data):
     """Many chunks and batches: links, versions and rollbacks across their boundaries."""
     topology = data.draw(st.sampled_from(BUNDLED), label="topology")
     events, init = data.draw(workloads(topology, max_events=600))
-    options = {name: data.draw(st.sampled_from(values), label=name)
-               for name, values in AXES[scheduler].items() if name not in WHOLE}  # fmt: skip
+    options = {
+        name: data.draw(st.sampled_from(values), label=name)
+        for name, values in AXES[scheduler].items()
+        if name not in WHOLE
+    }
     want = run_local(topology, events, init, punctuation_interval=64, batches_per_chunk=2)
     executors = data.draw(st.integers(2, 3), label="executors")
     got = run_local(
-        topology, events, init, scheduler=scheduler, executors=executors,
+        topology,
+        events,
+        init,
+        scheduler=scheduler,
+        executors=executors,
         sockets=2,
-        punctuation_interval=64, batches_per_chunk=2, **options,
-    )  # fmt: skip
+        punctuation_interval=64,
+        batches_per_chunk=2,
+        **options,
+    )
     assert_same_tables(got, want)

@@ -30,8 +30,14 @@ def no_ray(monkeypatch):
 
 
 def _job(topology: str, **options) -> Job:
-    return Job(topology, transport=ThreadTransport(), progress=False, timeout_s=TIMEOUT_S,
-               punctuation_interval=10240, **options)  # fmt: skip
+    return Job(
+        topology,
+        transport=ThreadTransport(),
+        progress=False,
+        timeout_s=TIMEOUT_S,
+        punctuation_interval=10240,
+        **options,
+    )
 
 
 def _wait_for_watermark(session, w: int) -> None:

@@ -38,8 +38,11 @@ def test_job_runs_on_a_spark_dataframe_and_returns_dataframes(spark, tmp_path):
     frame = spark.range(0, rows, numPartitions=4).selectExpr(
         "id AS event_id", "id % 7 AS vehicle", "id % 5 AS segment", "(id * 13) % 230 AS speed"
     )
-    init = {"segment_speed": pa.table({"key": pa.array(range(5), pa.int64()),
-                                       "speed_sum": [0] * 5, "speed_count": [0] * 5})}  # fmt: skip
+    init = {
+        "segment_speed": pa.table(
+            {"key": pa.array(range(5), pa.int64()), "speed_sum": [0] * 5, "speed_count": [0] * 5}
+        )
+    }
     result = Job("tp", progress=False).run(frame, init)
     want = Job("tp", progress=False).run(pa.Table.from_pandas(frame.toPandas()), init)
     assert_same_run(result.events, result.state, want.events, want.state)

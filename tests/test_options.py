@@ -34,14 +34,33 @@ def test_every_option_is_honoured_or_refused(scheduler, option):
     assert RunConfig(**effective.as_dict()) == effective
 
 
-@pytest.mark.parametrize("args", [["--scheduler", "serial", "--placement", "shared-nothing"],
-                                  ["--scheduler", "tstream", "--abort", "eager"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--scheduler", "serial", "--placement", "shared-nothing"],
+        ["--scheduler", "tstream", "--abort", "eager"],
+    ],
+)
 def test_the_command_refuses_an_option_that_does_not_apply_in_one_line(tmp_path, args):
     proc = subprocess.run(
-        [sys.executable, "-m", "txstream", "run", "sl", "--input", str(tmp_path / "x"),
-         "--init-state", str(tmp_path), "--output", str(tmp_path / "out"), *args],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "txstream",
+            "run",
+            "sl",
+            "--input",
+            str(tmp_path / "x"),
+            "--init-state",
+            str(tmp_path),
+            "--output",
+            str(tmp_path / "out"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "does not apply" in proc.stderr
 
@@ -49,9 +68,17 @@ def test_the_command_refuses_an_option_that_does_not_apply_in_one_line(tmp_path,
 def test_morphstream_runs_every_batch_with_the_dimensions_it_is_given():
     events, init = generate("gs", WorkloadSpec(events=2000, keys=40, theta=0.8, seed=4))
     for explore, granularity, abort in [("dfs", "coarse", "lazy"), ("ns", "fine", "eager")]:
-        decisions = run_local("gs", events, init, scheduler="morphstream", executors=2,
-                              explore=explore, granularity=granularity, abort=abort,
-                              punctuation_interval=500, punctuation_ms=None,
-                              ).metrics["decisions"]  # fmt: skip
+        decisions = run_local(
+            "gs",
+            events,
+            init,
+            scheduler="morphstream",
+            executors=2,
+            explore=explore,
+            granularity=granularity,
+            abort=abort,
+            punctuation_interval=500,
+            punctuation_ms=None,
+        ).metrics["decisions"]
         assert decisions["explore"][explore] == 4 and decisions["granularity"][granularity] == 4
         assert decisions["abort"][abort] == 4

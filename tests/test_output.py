@@ -103,8 +103,9 @@ def test_a_failed_run_leaves_the_previous_output_untouched(tmp_path):
     first = Job("sl", progress=False).run(events, init, output=out)
     before = _files(out)
     with pytest.raises(RuntimeFailure, match="on purpose") as failure:
-        Job("failing_topology:build", progress=False, overwrite=True,
-            timeout_s=60).run(events, init, output=out)  # fmt: skip
+        Job("failing_topology:build", progress=False, overwrite=True, timeout_s=60).run(
+            events, init, output=out
+        )
     assert _files(out) == before and first.metrics["events"] == 30
     assert log_of(failure.value) == out / "_logs" / "txstream.log"  # the latest run's log
     assert not (out / "_temporary").exists()
@@ -121,13 +122,31 @@ def test_ctrl_c_over_an_existing_output_leaves_it_untouched(tmp_path):
     (out / "_SUCCESS").write_bytes(b"")
     env = {**os.environ, "RAY_ADDRESS": ""}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "txstream", "run", "sl", "--input",
-         str(tmp_path / "data" / "events.parquet"), "--init-state", str(tmp_path / "data" / "init"),
-         "--output", str(out), "--overwrite", "--udf-cost-us", "50", "--no-progress",
-         "--source", "arrow"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "txstream",
+            "run",
+            "sl",
+            "--input",
+            str(tmp_path / "data" / "events.parquet"),
+            "--init-state",
+            str(tmp_path / "data" / "init"),
+            "--output",
+            str(out),
+            "--overwrite",
+            "--udf-cost-us",
+            "50",
+            "--no-progress",
+            "--source",
+            "arrow",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 120
     while not actor_processes("Executor", wait_s=0) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -30,8 +30,13 @@ def _python_block(section: str) -> str:
 def test_the_session_example_runs_as_written(tmp_path):
     events, init = generate("sl", WorkloadSpec(events=20_000))
     write_workload(tmp_path / "data" / "sl", events, init)
-    proc = subprocess.Popen([sys.executable, "-c", _python_block("Sessions")], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _python_block("Sessions")],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr
     assert "flushed up to: 20000" in stdout

@@ -88,9 +88,17 @@ def test_a_killed_actor_is_recovered_exactly_once(
     idle = data.draw(st.booleans(), label="idle when killed")
     interval = data.draw(st.sampled_from([7, 97]), label="punctuation interval")
     ckpt = tmp_path_factory.mktemp("ckpt")
-    job = Job(topology, scheduler=scheduler, executors=TEAMS[scheduler], udf_cost_us=20,
-              punctuation_interval=interval, checkpoint_dir=str(ckpt), checkpoint_every=every,
-              progress=False, timeout_s=120)  # fmt: skip
+    job = Job(
+        topology,
+        scheduler=scheduler,
+        executors=TEAMS[scheduler],
+        udf_cost_us=20,
+        punctuation_interval=interval,
+        checkpoint_dir=str(ckpt),
+        checkpoint_every=every,
+        progress=False,
+        timeout_s=120,
+    )
     size = -(-events.num_rows // SLICES)
     with job.start(init) as session:
         for i in range(SLICES):
@@ -110,8 +118,16 @@ def test_a_killed_actor_is_recovered_exactly_once(
 
 def test_an_actor_killed_during_a_recovery_is_recovered_again(tmp_path):
     events, init = _workload("sl", 5)
-    job = Job("sl", scheduler="tstream", executors=2, udf_cost_us=20, checkpoint_dir=str(tmp_path),
-              checkpoint_every=1, progress=False, timeout_s=120)  # fmt: skip
+    job = Job(
+        "sl",
+        scheduler="tstream",
+        executors=2,
+        udf_cost_us=20,
+        checkpoint_dir=str(tmp_path),
+        checkpoint_every=1,
+        progress=False,
+        timeout_s=120,
+    )
     killed = []
 
     def kill_the_next_team(team: set[int]) -> None:  # while the session recovers
@@ -141,8 +157,13 @@ def test_an_actor_killed_during_a_recovery_is_recovered_again(tmp_path):
 # ----------------------------------------------------------------- the driver killed
 def _cli(*args: str, tag: str) -> subprocess.Popen:
     env = {**os.environ, "TXSTREAM_TEST_RUN": tag}
-    return subprocess.Popen([sys.executable, "-m", "txstream", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "txstream", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _tagged(tag: str) -> list[int]:
@@ -191,11 +212,31 @@ def test_a_run_whose_driver_was_killed_resumes_from_its_last_checkpoint(tmp_path
     for name, table in init.items():
         pq.write_table(table, tmp_path / "init" / f"{name}.parquet")
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
-    args = ["run", "sl", "--input", str(tmp_path / "events.parquet"), "--init-state",
-            str(tmp_path / "init"), "--output", str(out), "--source", "arrow", "--scheduler",
-            "tstream", "--executors", "2", "--udf-cost-us", "10", "--punctuation-interval",
-            "500", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
-            "--no-progress"]  # fmt: skip
+    args = [
+        "run",
+        "sl",
+        "--input",
+        str(tmp_path / "events.parquet"),
+        "--init-state",
+        str(tmp_path / "init"),
+        "--output",
+        str(out),
+        "--source",
+        "arrow",
+        "--scheduler",
+        "tstream",
+        "--executors",
+        "2",
+        "--udf-cost-us",
+        "10",
+        "--punctuation-interval",
+        "500",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "2",
+        "--no-progress",
+    ]
     tag = f"{os.getpid()}-driver-{when}"
     driver = _cli(*args, tag=tag)
     seen: set[str] = set()  # checkpoints written (the oldest are pruned)
@@ -236,8 +277,13 @@ def test_an_interrupted_session_resumes_and_a_replayed_spark_batch_is_applied_on
     for i in range(3):
         pq.write_table(events.slice(i * 2000, 2000), tmp_path / f"batch-{i}.parquet")
     frames = [spark.read.parquet(str(tmp_path / f"batch-{i}.parquet")) for i in range(3)]
-    job = Job("sl", scheduler="tstream", executors=2, checkpoint_dir=str(tmp_path / "ckpt"),
-              progress=False)  # fmt: skip
+    job = Job(
+        "sl",
+        scheduler="tstream",
+        executors=2,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        progress=False,
+    )
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt), job.start(init, output=out) as session:
         push = foreach_batch(session)
@@ -295,10 +341,30 @@ def test_a_killed_follow_resumes_and_applies_every_file_once(tmp_path):
     incoming.mkdir()
     for i in range(2):
         pq.write_table(events.slice(i * 3000, 3000), incoming / f"part-{i}.parquet")
-    args = ["run", "sl", "--input", str(incoming), "--init-state", str(tmp_path / "init"),
-            "--output", str(out), "--source", "arrow", "--follow", "--scheduler", "tstream",
-            "--executors", "2", "--punctuation-interval", "500", "--checkpoint-dir", str(ckpt),
-            "--checkpoint-every", "1", "--no-progress"]  # fmt: skip
+    args = [
+        "run",
+        "sl",
+        "--input",
+        str(incoming),
+        "--init-state",
+        str(tmp_path / "init"),
+        "--output",
+        str(out),
+        "--source",
+        "arrow",
+        "--follow",
+        "--scheduler",
+        "tstream",
+        "--executors",
+        "2",
+        "--punctuation-interval",
+        "500",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "1",
+        "--no-progress",
+    ]
     tag = f"{os.getpid()}-follow"
     driver = _cli(*args, tag=tag)
     deadline = time.monotonic() + 180

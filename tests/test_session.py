@@ -42,8 +42,15 @@ def test_pushes_in_slices_with_queries_equal_the_model(topology, scheduler, exec
     cuts = sorted(data.draw(st.lists(st.integers(0, events.num_rows), max_size=6)))
     interval = data.draw(st.sampled_from([1, 7, 10240]), label="interval")
     punctuation_ms = data.draw(st.sampled_from([1.0, 20.0]), label="punctuation_ms")
-    job = Job(topology, scheduler=scheduler, executors=executors, punctuation_interval=interval,
-              punctuation_ms=punctuation_ms, progress=False, timeout_s=60)  # fmt: skip
+    job = Job(
+        topology,
+        scheduler=scheduler,
+        executors=executors,
+        punctuation_interval=interval,
+        punctuation_ms=punctuation_ms,
+        progress=False,
+        timeout_s=60,
+    )
     queried = []
     with job.start(init) as session:
         for begin, end in zip([0, *cuts], [*cuts, events.num_rows], strict=True):
@@ -111,8 +118,9 @@ def test_a_push_with_a_wrong_schema_applies_nothing_and_the_session_goes_on():
 
 def test_a_failure_surfaces_on_the_next_call_and_close_frees_everything():
     events, init = _sl_tables(30)
-    session = Job("failing_topology:build", scheduler="tstream", executors=2, progress=False,
-                  timeout_s=60).start(init)  # fmt: skip
+    session = Job(
+        "failing_topology:build", scheduler="tstream", executors=2, progress=False, timeout_s=60
+    ).start(init)
     session.push(events)
     deadline = time.monotonic() + 60
     with pytest.raises(RuntimeFailure, match="on purpose"):

@@ -32,12 +32,32 @@ def test_follow_pushes_new_files_in_name_order_until_stop(tmp_path):
     _drop(incoming, "a-000.parquet", events.slice(0, 2000))
     out = tmp_path / "out"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "txstream", "run", "sl", "--input", str(incoming),
-         "--init-state", str(tmp_path / "data" / "init"), "--output", str(out), "--follow",
-         "--source", "arrow", "--executors", "2", "--scheduler", "tstream", "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "txstream",
+            "run",
+            "sl",
+            "--input",
+            str(incoming),
+            "--init-state",
+            str(tmp_path / "data" / "init"),
+            "--output",
+            str(out),
+            "--follow",
+            "--source",
+            "arrow",
+            "--executors",
+            "2",
+            "--scheduler",
+            "tstream",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "RAY_ADDRESS": ""},
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 120
     while not list((out / "events").glob("part-*.parquet")) and time.monotonic() < deadline:
         time.sleep(0.2)  # the first file's outputs are committed while the session runs
@@ -64,8 +84,9 @@ def _init(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "txstream", *args], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "txstream", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -77,15 +98,14 @@ def test_query_and_status_of_a_named_session_from_another_process():
     with Job("sl", progress=False).start(init, name="ledger-test") as session:
         session.push(events)
         session.flush()
-        query = _cli("query", "accounts", "--address", address, "--name", "ledger-test",
-                     "--keys", "2,0")  # fmt: skip
+        query = _cli(
+            "query", "accounts", "--address", address, "--name", "ledger-test", "--keys", "2,0"
+        )
         assert query.returncode == 0, query.stderr
         w, rows = session.query("accounts", keys=[2, 0])
         expected = ["watermark 30", "key,balance"] + [
             f"{k},{b}"
-            for k, b in zip(
-                rows["key"].to_pylist(), rows["balance"].to_pylist(), strict=True
-            )  # fmt: skip
+            for k, b in zip(rows["key"].to_pylist(), rows["balance"].to_pylist(), strict=True)
         ]
         assert w == 30 and query.stdout.splitlines() == expected
         status = _cli("status", "--address", address, "--name", "ledger-test")

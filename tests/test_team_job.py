@@ -35,8 +35,15 @@ TEAMS = [("tstream", p) for p in PLACEMENTS] + [("morphstream", "shared-nothing"
 @pytest.mark.parametrize("scheduler,placement", TEAMS)
 def test_two_executors_equal_serial(hot_gs, scheduler, placement):
     events, init, serial = hot_gs
-    run = Job("gs", scheduler=scheduler, executors=2, placement=placement, sockets=2,
-              punctuation_interval=10240, progress=False).run(events, init)  # fmt: skip
+    run = Job(
+        "gs",
+        scheduler=scheduler,
+        executors=2,
+        placement=placement,
+        sockets=2,
+        punctuation_interval=10240,
+        progress=False,
+    ).run(events, init)
     assert_same_run(run.events, run.state, serial.events, serial.state)
     assert run.events.equals(serial.events)  # reasons too, not only their presence
     assert len(run.metrics["breakdown_per_executor_s"]) == 2
@@ -59,15 +66,17 @@ def _clean() -> None:
         assert not actor_processes(actor), actor
 
 
-@pytest.mark.parametrize("scheduler,failing_rank", [("tstream", 0), ("tstream", 1),
-                                                    ("morphstream", 1)])  # fmt: skip
+@pytest.mark.parametrize(
+    "scheduler,failing_rank", [("tstream", 0), ("tstream", 1), ("morphstream", 1)]
+)
 def test_failure_in_one_executor_stops_the_team_and_cleans_up(scheduler, failing_rank):
     events, init = _sl_tables(30)
     if failing_rank == 1:  # event 13 in the second executor's share
         events = events.slice(0, 30).take(list(range(10, 30)) + list(range(10)))
     with pytest.raises(RuntimeFailure, match="on purpose"):
-        Job("failing_topology:build", scheduler=scheduler, executors=2, progress=False,
-            timeout_s=60).run(events, init)  # fmt: skip
+        Job(
+            "failing_topology:build", scheduler=scheduler, executors=2, progress=False, timeout_s=60
+        ).run(events, init)
     _clean()
     assert Job("sl", scheduler=scheduler, executors=2, progress=False).run(events, init)
 
@@ -81,8 +90,14 @@ def _kill_mid_run(scheduler: str, actor: str) -> BaseException | None:
 
     def run() -> None:
         try:
-            Job("sl", scheduler=scheduler, executors=2, udf_cost_us=50, progress=False,
-                timeout_s=600).run(events, init)  # fmt: skip
+            Job(
+                "sl",
+                scheduler=scheduler,
+                executors=2,
+                udf_cost_us=50,
+                progress=False,
+                timeout_s=600,
+            ).run(events, init)
             outcome.append(None)
         except BaseException as exc:
             outcome.append(exc)

@@ -37,8 +37,13 @@ ROW_OF_CELL = np.array([c // 2 for c in range(CELLS)], np.int64)  # rows of two 
 def batches(draw, max_txns=10):
     """Operations of random transactions over few cells (rows of two cells), with
     parametric reads, cut into punctuation batches."""
-    txns = draw(st.lists(st.lists(st.integers(0, CELLS - 1), min_size=1, max_size=4),
-                         min_size=1, max_size=max_txns))  # fmt: skip
+    txns = draw(
+        st.lists(
+            st.lists(st.integers(0, CELLS - 1), min_size=1, max_size=4),
+            min_size=1,
+            max_size=max_txns,
+        )
+    )
     cell = [c for t in txns for c in t]
     reads = [draw(st.lists(st.integers(0, CELLS - 1), max_size=2)) for _ in cell]
     cond = [draw(st.booleans()) for _ in cell]
@@ -50,21 +55,31 @@ def _ops(txns, cell, reads, cond) -> Ops:
     n = len(cell)
     return Ops(
         txn=np.repeat(np.arange(len(txns)), [len(t) for t in txns]).astype(np.int64),
-        cell=np.asarray(cell, np.int64), kind=np.zeros(n, np.int8), fun=np.zeros(n, np.int32),
-        cond=np.asarray(cond, np.int32), reason=np.zeros(n, np.int32),
-        out=np.zeros(n, np.int32), args=np.zeros((n, 1), np.int64),
+        cell=np.asarray(cell, np.int64),
+        kind=np.zeros(n, np.int8),
+        fun=np.zeros(n, np.int32),
+        cond=np.asarray(cond, np.int32),
+        reason=np.zeros(n, np.int32),
+        out=np.zeros(n, np.int32),
+        args=np.zeros((n, 1), np.int64),
         dep_ptr=np.cumsum([0] + [len(r) for r in reads]).astype(np.int64),
         dep_cell=np.asarray([c for r in reads for c in r], np.int64),
         txn_ptr=np.cumsum([0] + [len(t) for t in txns]).astype(np.int64),
-    )  # fmt: skip
+    )
 
 
 def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None):
     """Link every batch with ``parties`` executors (one after the other: each writes
     only its rows). Returns the links and, per batch, the summed statistics."""
     n, r = len(ops.txn), len(ops.dep_cell)
-    links = Links(*(np.full(r if name in ("dep_prev", "dep_initial", "pd_next", "read_op")
-                            else n, -7, np.int64) for name in Links._fields))  # fmt: skip
+    links = Links(
+        *(
+            np.full(
+                r if name in ("dep_prev", "dep_initial", "pd_next", "read_op") else n, -7, np.int64
+            )
+            for name in Links._fields
+        )
+    )
     part_of = row_pool[ROW_OF_CELL] if row_pool is not None else ROW_OF_CELL % parties
     parts = [
         Partition(
@@ -76,7 +91,7 @@ def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None):
             np.zeros(CELLS, np.int64),
             np.zeros(n, np.int64),
             np.zeros(2, np.int64),
-        )  # fmt: skip
+        )
         for _ in range(parties)
     ]
     values = np.arange(100, 100 + CELLS, dtype=np.int64)
@@ -103,35 +118,73 @@ def _naive_links(txns, cell, reads, op_cuts):
     n = len(cell)
     read_cells = [c for rs in reads for c in rs]
     read_op = [o for o, rs in enumerate(reads) for _ in rs]
-    batch_of = [next(b for b, (a, e) in enumerate(consecutive(op_cuts)) if a <= o < e)
-                for o in range(n)]  # fmt: skip
+    batch_of = [
+        next(b for b, (a, e) in enumerate(consecutive(op_cuts)) if a <= o < e) for o in range(n)
+    ]
     chain_prev = [max((p for p in range(o) if cell[p] == cell[o]), default=-1) for o in range(n)]
-    chain_next = [min((p for p in range(o + 1, n) if cell[p] == cell[o]), default=-1)
-                  for o in range(n)]  # fmt: skip
-    dep_prev = [max((p for p in range(read_op[k]) if cell[p] == read_cells[k]), default=-1)
-                for k in range(len(read_cells))]  # fmt: skip
-    head = [min(p for p in range(n) if batch_of[p] == batch_of[o]
-                and ROW_OF_CELL[cell[p]] == ROW_OF_CELL[cell[o]]) for o in range(n)]  # fmt: skip
-    row_next = [min((p for p in range(o + 1, n) if batch_of[p] == batch_of[o]
-                     and ROW_OF_CELL[cell[p]] == ROW_OF_CELL[cell[o]]), default=-1)
-                for o in range(n)]  # fmt: skip
-    successors = [sorted(k for k in range(len(read_cells)) if dep_prev[k] == o
-                         and batch_of[read_op[k]] == batch_of[o]) for o in range(n)]  # fmt: skip
+    chain_next = [
+        min((p for p in range(o + 1, n) if cell[p] == cell[o]), default=-1) for o in range(n)
+    ]
+    dep_prev = [
+        max((p for p in range(read_op[k]) if cell[p] == read_cells[k]), default=-1)
+        for k in range(len(read_cells))
+    ]
+    head = [
+        min(
+            p
+            for p in range(n)
+            if batch_of[p] == batch_of[o] and ROW_OF_CELL[cell[p]] == ROW_OF_CELL[cell[o]]
+        )
+        for o in range(n)
+    ]
+    row_next = [
+        min(
+            (
+                p
+                for p in range(o + 1, n)
+                if batch_of[p] == batch_of[o] and ROW_OF_CELL[cell[p]] == ROW_OF_CELL[cell[o]]
+            ),
+            default=-1,
+        )
+        for o in range(n)
+    ]
+    successors = [
+        sorted(
+            k
+            for k in range(len(read_cells))
+            if dep_prev[k] == o and batch_of[read_op[k]] == batch_of[o]
+        )
+        for o in range(n)
+    ]
     stats = []
     for first, end in consecutive(op_cuts):
         ops_b = range(first, end)
         reads_b = [k for k in range(len(read_cells)) if first <= read_op[k] < end]
         in_batch = [k for k in reads_b if dep_prev[k] >= first]
         per_cell = [sum(1 for o in ops_b if cell[o] == c) for c in range(CELLS)]
-        stats.append([
-            sum(1 for o in ops_b if chain_prev[o] >= first),
-            len(in_batch),
-            sum(1 for k in in_batch if ROW_OF_CELL[read_cells[k]] != ROW_OF_CELL[cell[read_op[k]]]),
-            len({ROW_OF_CELL[cell[o]] for o in ops_b}),
-            max(per_cell, default=0),
-        ])  # fmt: skip
-    return dict(chain_prev=chain_prev, chain_next=chain_next, dep_prev=dep_prev, head=head,
-                row_next=row_next, read_op=read_op, successors=successors, stats=stats)  # fmt: skip
+        stats.append(
+            [
+                sum(1 for o in ops_b if chain_prev[o] >= first),
+                len(in_batch),
+                sum(
+                    1
+                    for k in in_batch
+                    if ROW_OF_CELL[read_cells[k]] != ROW_OF_CELL[cell[read_op[k]]]
+                ),
+                len({ROW_OF_CELL[cell[o]] for o in ops_b}),
+                max(per_cell, default=0),
+            ]
+        )
+    return dict(
+        chain_prev=chain_prev,
+        chain_next=chain_next,
+        dep_prev=dep_prev,
+        head=head,
+        row_next=row_next,
+        read_op=read_op,
+        successors=successors,
+        stats=stats,
+    )
 
 
 def _successors(links: Links, o: int) -> list[int]:
@@ -169,9 +222,13 @@ def _naive_coarse(cell, read_op, read_cells, dep_prev, head, first, end):
     """Coarse units of operations first..end-1 from the definitions: rows grouped,
     strongly connected groups (mutual reachability) merged; strata = longest path."""
     heads = sorted({head[o] for o in range(first, end)})
-    edges = {(head[dep_prev[k]], head[read_op[k]]) for k in range(len(read_cells))
-             if first <= read_op[k] < end and dep_prev[k] >= first
-             and head[dep_prev[k]] != head[read_op[k]]}  # fmt: skip
+    edges = {
+        (head[dep_prev[k]], head[read_op[k]])
+        for k in range(len(read_cells))
+        if first <= read_op[k] < end
+        and dep_prev[k] >= first
+        and head[dep_prev[k]] != head[read_op[k]]
+    }
     reach = {h: {h} for h in heads}
     changed = True
     while changed:
@@ -191,8 +248,11 @@ def _naive_coarse(cell, read_op, read_cells, dep_prev, head, first, end):
     groups = {}
     for h in heads:
         groups.setdefault(rep[h], []).append(h)
-    merged = {r: sorted(o for o in range(first, end) if rep[head[o]] == r)
-              for r, hs in groups.items() if len(hs) > 1}  # fmt: skip
+    merged = {
+        r: sorted(o for o in range(first, end) if rep[head[o]] == r)
+        for r, hs in groups.items()
+        if len(hs) > 1
+    }
     return rep, {r: level[r] for r in groups}, strata, merged
 
 
@@ -211,9 +271,14 @@ def test_cycle_merging_and_strata_of_coarse_units_equal_their_definitions(batch)
         reset_units(first, end, units)
         merged_count, cyclic, strata = merge_cycles(first, end, ops, links, units, scratch)
         rep, level, want_strata, merged = _naive_coarse(
-            cell, links.read_op.tolist(), read_cells, links.dep_prev.tolist(),
-            links.head.tolist(), first, end,
-        )  # fmt: skip
+            cell,
+            links.read_op.tolist(),
+            read_cells,
+            links.dep_prev.tolist(),
+            links.head.tolist(),
+            first,
+            end,
+        )
         for h, r in rep.items():
             assert units.rep[h] == r
             assert units.level[r] == level[r]
@@ -245,8 +310,9 @@ def test_fine_strata_and_dependency_counts_equal_their_definitions(batch, partie
         results = [None] * parties
 
         def level(me, results=results, first=first, end=end):
-            results[me] = fine_levels(me, first, end, ops, links, units, progress, sync, 10**10,
-                                      np.zeros(1, np.int64))  # fmt: skip
+            results[me] = fine_levels(
+                me, first, end, ops, links, units, progress, sync, 10**10, np.zeros(1, np.int64)
+            )
 
         threads = [threading.Thread(target=level, args=(me,)) for me in range(parties)]
         for thread in threads:
@@ -266,8 +332,9 @@ def test_fine_strata_and_dependency_counts_equal_their_definitions(batch, partie
         assert strata == 1 + max(want.values())
         counted = np.zeros(1, np.int64)
         for me in range(parties):
-            count_pending(me, first, end, True, ops, links, units, np.zeros(3, np.int64),
-                          ROW_OF_CELL, counted)  # fmt: skip
+            count_pending(
+                me, first, end, True, ops, links, units, np.zeros(3, np.int64), ROW_OF_CELL, counted
+            )
         assert {o: int(units.pending[o]) for o in range(first, end)} == {
             o: len(p) for o, p in preds.items()
         }
@@ -276,19 +343,27 @@ def test_fine_strata_and_dependency_counts_equal_their_definitions(batch, partie
 
 def _versions(n: int, changed, done) -> Versions:
     return Versions(
-        before=np.zeros(n, np.int64), after=np.asarray(changed, np.int64),
-        result=np.zeros(n, np.int64), slot=np.full(n, -1, np.int64), ok=np.ones(n, np.int8),
-        done=np.asarray(done, np.int64), redo=np.zeros(n, np.int8),
+        before=np.zeros(n, np.int64),
+        after=np.asarray(changed, np.int64),
+        result=np.zeros(n, np.int64),
+        slot=np.full(n, -1, np.int64),
+        ok=np.ones(n, np.int8),
+        done=np.asarray(done, np.int64),
+        redo=np.zeros(n, np.int8),
         marked=np.full(n, -1, np.int64),
-    )  # fmt: skip
+    )
 
 
 def _mark(ops: Ops, v: Versions, failed, fresh):
     """find_affected over all transactions; (count, marked, affected, failed)."""
     t = len(ops.txn_ptr) - 1
     links, _ = _link(ops, [0, len(ops.txn)], 1)
-    fates = Fates(np.asarray(failed, np.int8), np.asarray(fresh, np.int8), np.zeros(t, np.int8),
-                  np.full(t, -1, np.int64))  # fmt: skip
+    fates = Fates(
+        np.asarray(failed, np.int8),
+        np.asarray(fresh, np.int8),
+        np.zeros(t, np.int8),
+        np.full(t, -1, np.int64),
+    )
     stack = np.zeros(2 * len(ops.txn) + len(ops.dep_cell), np.int64)
     count = find_affected(0, t, ops, links, v, fates, stack)
     assert not fates.fresh.any()

@@ -7,7 +7,7 @@ from functools import cache
 
 from txstream.errors import UsageError
 from txstream.topologies.api import (
-    EventBatch,
+    EventShare,
     Outputs,
     Table,
     Topology,
@@ -20,7 +20,7 @@ BUNDLED = ("sl", "gs", "ob", "tp")
 
 __all__ = [
     "BUNDLED",
-    "EventBatch",
+    "EventShare",
     "Outputs",
     "Table",
     "Topology",

@@ -6,9 +6,24 @@ from txstream.state._numba import jit
 
 
 @jit
-def merge_statements(stmt_ptr, stmt_attrs, txn, cell, args, dep_count, dep_cell, cursor,
-                     dest, out_txn, out_cell, out_attrs, out_args, out_dep_ptr, out_dep_cell,
-                     txn_ptr):  # fmt: skip
+def merge_statements(
+    stmt_ptr,
+    stmt_attrs,
+    txn,
+    cell,
+    args,
+    dep_count,
+    dep_cell,
+    cursor,
+    dest,
+    out_txn,
+    out_cell,
+    out_attrs,
+    out_args,
+    out_dep_ptr,
+    out_dep_cell,
+    txn_ptr,
+):
     """Counting-sort the statements' operations by transaction, stable (statement order
     within a transaction), and copy every field to its place. O(operations + reads).
 

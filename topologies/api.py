@@ -25,7 +25,7 @@ import pyarrow as pa
 from txstream.errors import SchemaError, TopologyError
 from txstream.state._numba import USER_SIG
 from txstream.state.layout import Layout
-from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE, OperationBatch, Ops
+from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE, OperationShare, Ops
 from txstream.topologies._kernels import merge_statements
 
 # Event column types a topology can declare.
@@ -123,7 +123,7 @@ class ListColumn:
         return np.diff(self.offsets)
 
 
-class EventBatch:
+class EventShare:
     """A batch of events as numpy columns, plus the rejections found so far.
 
     Null scalars read as 0 and null lists as empty: validation decides what a null
@@ -283,7 +283,7 @@ class Transactions:
     """Builds a batch's operations from vectorised statements (the TStream API's
     READ / WRITE / READ_MODIFY with optional condition, plus SET_ADD)."""
 
-    def __init__(self, events: EventBatch, layout: Layout):
+    def __init__(self, events: EventShare, layout: Layout):
         self.events = events
         self.layout = layout
         self.topology = events.topology
@@ -350,7 +350,7 @@ class Transactions:
                 fun=topo.function_id(fun),
                 cond=0 if cond is None else topo.condition_id(cond),
                 reason=0 if reason is None else topo.reason_code(reason),
-                out=-1 if out is None else topo.output_slot(out),
+                out=-1 if out is None else topo.output_index(out),
                 args=arg_cols,
                 dep_count=dep_count,
                 dep_cell=dep_cell,
@@ -407,7 +407,7 @@ class Transactions:
                 "pre_process must reject such events"
             )
 
-    def build(self) -> OperationBatch:
+    def build(self) -> OperationShare:
         """All statements as one operation batch in (txn, statement, list) order."""
         st = self._statements
         n_ops = sum(len(s.txn) for s in st)
@@ -429,15 +429,38 @@ class Transactions:
         dep_cell = np.empty(int(dep_count.sum()), np.int64)
         txn_ptr = np.zeros(self.events.n + 1, np.int64)
         merge_statements(
-            stmt_ptr, stmt_attrs, _concat([s.txn for s in st]), _concat([s.cell for s in st]),
-            args, dep_count, _concat([s.dep_cell for s in st]),
-            np.empty(self.events.n, np.int64), np.empty(n_ops, np.int64), txn, cell,
-            attrs, out_args, dep_ptr, dep_cell, txn_ptr,
-        )  # fmt: skip
+            stmt_ptr,
+            stmt_attrs,
+            _concat([s.txn for s in st]),
+            _concat([s.cell for s in st]),
+            args,
+            dep_count,
+            _concat([s.dep_cell for s in st]),
+            np.empty(self.events.n, np.int64),
+            np.empty(n_ops, np.int64),
+            txn,
+            cell,
+            attrs,
+            out_args,
+            dep_ptr,
+            dep_cell,
+            txn_ptr,
+        )
         fun, cond, reason, out = (np.ascontiguousarray(attrs[:, i]) for i in range(1, 5))
-        arrays = Ops(txn, cell, attrs[:, 0].astype(np.int8), fun, cond, reason, out, out_args,
-                     dep_ptr, dep_cell, txn_ptr)  # fmt: skip
-        return OperationBatch(arrays)
+        arrays = Ops(
+            txn,
+            cell,
+            attrs[:, 0].astype(np.int8),
+            fun,
+            cond,
+            reason,
+            out,
+            out_args,
+            dep_ptr,
+            dep_cell,
+            txn_ptr,
+        )
+        return OperationShare(arrays)
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
@@ -457,10 +480,10 @@ def _gather_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- outputs
 @dataclass
 class Outputs:
-    """Per-event results handed to ``post_process``: engine output slots and status.
+    """Per-event results handed to ``post_process``: engine output columns and status.
 
     ``values[name]`` is int64 and ``valid[name]`` says where it is set: a committed
-    event that had an operation writing to that slot.
+    event that had an operation writing to that output.
     """
 
     status: np.ndarray
@@ -468,7 +491,7 @@ class Outputs:
     valid: dict[str, np.ndarray]
 
 
-def _pass_outputs(events: EventBatch, outputs: Outputs) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _pass_outputs(events: EventShare, outputs: Outputs) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {name: (outputs.values[name], outputs.valid[name]) for name in outputs.values}
 
 
@@ -485,12 +508,12 @@ class Topology:
     tables: tuple[Table, ...]
     event_columns: dict[str, str]
     kinds: tuple[str, ...]
-    pre_process: Callable[[EventBatch], None]
-    state_access: Callable[[EventBatch, Transactions], None]
+    pre_process: Callable[[EventShare], None]
+    state_access: Callable[[EventShare, Transactions], None]
     functions: tuple[UserFunction, ...] = ()
     conditions: tuple[UserFunction, ...] = ()
     outputs: tuple[str, ...] = ()
-    post_process: Callable[[EventBatch, Outputs], dict[str, tuple[np.ndarray, np.ndarray]]] = (
+    post_process: Callable[[EventShare, Outputs], dict[str, tuple[np.ndarray, np.ndarray]]] = (
         _pass_outputs
     )
     output_columns: tuple[str, ...] | None = None
@@ -543,8 +566,8 @@ class Topology:
                 return i + 1
         raise TopologyError(f"{self.name}: condition {cond.where} is not in its conditions")
 
-    def output_slot(self, name: str) -> int:
-        """Index of an output slot."""
+    def output_index(self, name: str) -> int:
+        """Index of an output among the topology's outputs."""
         try:
             return self.outputs.index(name)
         except ValueError:

@@ -7,7 +7,7 @@ from txstream.topologies.api import (
     INT,
     INT_LIST,
     STRING,
-    EventBatch,
+    EventShare,
     Table,
     Topology,
     Transactions,
@@ -41,7 +41,7 @@ def stays_non_negative(value, args, reads, n_reads):
     return _new_value(reads, n_reads, args[0]) >= 0
 
 
-def pre_process(events: EventBatch) -> None:
+def pre_process(events: EventShare) -> None:
     """Reject malformed reads and writes."""
     events.require_kind()
     events.require_present(["event_id"])
@@ -54,7 +54,7 @@ def pre_process(events: EventBatch) -> None:
     events.require_between("delta", -MAX_VALUE, MAX_VALUE, where=write)
 
 
-def state_access(events: EventBatch, txn: Transactions) -> None:
+def state_access(events: EventShare, txn: Transactions) -> None:
     """A read sums its keys into ``sum``; a write sets each key from its deps."""
     value = RECORDS["value"]
     keys = events.list("keys")

@@ -6,7 +6,7 @@ from txstream.topologies.api import (
     INT,
     INT_LIST,
     STRING,
-    EventBatch,
+    EventShare,
     Table,
     Topology,
     Transactions,
@@ -23,7 +23,7 @@ def bid_reaches_price(value, args, reads, n_reads):
     return args[0] >= value
 
 
-def pre_process(events: EventBatch) -> None:
+def pre_process(events: EventShare) -> None:
     """Reject malformed bids, alterations and top-ups."""
     events.require_kind()
     events.require_present(["event_id"])
@@ -41,7 +41,7 @@ def pre_process(events: EventBatch) -> None:
     events.require_between("prices", 1, MAX_VALUE, where=alter)
 
 
-def state_access(events: EventBatch, txn: Transactions) -> None:
+def state_access(events: EventShare, txn: Transactions) -> None:
     """A bid checks the price and takes the quantity; alter and top update every item listed."""
     price, quantity = ITEMS["price"], ITEMS["quantity"]
     bid, alter, top = events.kind("bid"), events.kind("alter"), events.kind("top")

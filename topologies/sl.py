@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from txstream.topologies.api import INT, STRING, EventBatch, Table, Topology, Transactions
+from txstream.topologies.api import INT, STRING, EventShare, Table, Topology, Transactions
 from txstream.topologies.functions import MAX_VALUE, add, covers, subtract
 
 ACCOUNTS = Table("accounts", ("balance",))
 ASSETS = Table("assets", ("balance",))
 
 
-def pre_process(events: EventBatch) -> None:
+def pre_process(events: EventShare) -> None:
     """Reject malformed deposits and transfers."""
     events.require_kind()
     events.require_present(["event_id"])
@@ -25,7 +25,7 @@ def pre_process(events: EventBatch) -> None:
     events.require_between("asset_amount", 1, MAX_VALUE, where=both)
 
 
-def state_access(events: EventBatch, txn: Transactions) -> None:
+def state_access(events: EventShare, txn: Transactions) -> None:
     """A deposit is two READ_MODIFYs; a transfer four, the debits conditional."""
     deposit, transfer = events.kind("deposit"), events.kind("transfer")
     account, asset = events.int("account"), events.int("asset")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from txstream.topologies.api import (
     INT,
-    EventBatch,
+    EventShare,
     Outputs,
     Table,
     Topology,
@@ -42,7 +42,7 @@ def average(value, args, reads, n_reads):
     return value // reads[0]
 
 
-def pre_process(events: EventBatch) -> None:
+def pre_process(events: EventShare) -> None:
     """Reject reports with missing fields, negative values or unknown segments."""
     events.require_present(["event_id", "vehicle", "segment", "speed"])
     events.require_between("vehicle", 0, None)
@@ -50,7 +50,7 @@ def pre_process(events: EventBatch) -> None:
     events.require_key("segment", SEGMENT_SPEED)
 
 
-def state_access(events: EventBatch, txn: Transactions) -> None:
+def state_access(events: EventShare, txn: Transactions) -> None:
     """Update the segment's speed statistics and vehicle set, then read the average."""
     segment, speed = events.int("segment"), events.int("speed")
     speed_sum, speed_count = SEGMENT_SPEED["speed_sum"], SEGMENT_SPEED["speed_count"]
@@ -64,7 +64,7 @@ def state_access(events: EventBatch, txn: Transactions) -> None:
     txn.read(speed_sum, segment, fun=average, reads=[(speed_count, segment)], out="avg_speed")
 
 
-def post_process(events: EventBatch, outputs: Outputs) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def post_process(events: EventShare, outputs: Outputs) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Toll ``2 * (cnt - 50)^2`` on congested segments (average below 40, over 50 vehicles)."""
     avg, cnt = outputs.values["avg_speed"], outputs.values["vehicle_count"]
     valid = outputs.valid["avg_speed"]

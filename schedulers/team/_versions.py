@@ -185,38 +185,38 @@ def explore_op(o, ops, links, v, fates, state, udf, s):
 
 
 @inline
-def _wait_resolved(t, ops, links, progress, sync, deadline, s):
+def _wait_resolved(t, ops, links, position, sync, deadline, s):
     """Wait until every conditional operation of transaction `t` was redone (by
     whichever executors own them): then ``failed[t]`` is final."""
     for o in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
         if ops.cond[o] > 0:
-            why = wait_at_least(progress, STRIDE * links.owner[o], o + 1, sync, deadline, s.waited,
-                                False)  # fmt: skip
+            why = wait_at_least(
+                position, STRIDE * links.owner[o], o + 1, sync, deadline, s.waited, False
+            )
             if why != OK:
                 return why
     return OK
 
 
 @jit
-def redo(me, first, end, n_marked, ops, links, v, fates, state, udf, progress, sync, timeout_ns,
-         s):  # fmt: skip
+def redo(me, first, end, n_marked, ops, links, v, fates, state, udf, position, sync, timeout_ns, s):
     """Redo this executor's operations among the ``n_marked`` first of ``v.marked``
     (operations first..end-1 of a batch, rolled back before), exactly, in ts order;
-    `progress[STRIDE * me]` tells how far it is. Returns OK, a `txstream.state.sync`
+    `position[STRIDE * me]` tells how far it is. Returns OK, a `txstream.state.sync`
     error code, or SET_FULL."""
     deadline = monotonic_ns() + timeout_ns
     for i in range(n_marked):
         o = v.marked[i]
         if links.owner[o] != me:
             continue
-        store_release(progress, STRIDE * me, o)
+        store_release(position, STRIDE * me, o)
         t = ops.txn[o]
         c = ops.cell[o]
         p = links.chain_prev[o]
         if p >= 0 and ops.txn[p] != t:
             tp = ops.txn[p]
             if p >= first and fates.affected[tp] and fates.last_cond[tp] >= 0:
-                why = _wait_resolved(tp, ops, links, progress, sync, deadline, s)
+                why = _wait_resolved(tp, ops, links, position, sync, deadline, s)
                 if why != OK:
                     return why
             if fates.failed[tp]:
@@ -229,14 +229,15 @@ def redo(me, first, end, n_marked, ops, links, v, fates, state, udf, progress, s
             q = links.dep_prev[k]
             if q >= first and v.redo[q]:
                 owner = links.owner[q]
-                why = wait_at_least(progress, STRIDE * owner, q + 1, sync, deadline, s.waited,
-                                    False)  # fmt: skip
+                why = wait_at_least(
+                    position, STRIDE * owner, q + 1, sync, deadline, s.waited, False
+                )
                 if why != OK:
                     return why
             if q >= first and ops.txn[q] != t:
                 tq = ops.txn[q]
                 if fates.affected[tq] and fates.last_cond[tq] >= 0:
-                    why = _wait_resolved(tq, ops, links, progress, sync, deadline, s)
+                    why = _wait_resolved(tq, ops, links, position, sync, deadline, s)
                     if why != OK:
                         return why
             s.reads[k - first_read] = version_read(k, t, ops, links, v, fates)
@@ -247,7 +248,7 @@ def redo(me, first, end, n_marked, ops, links, v, fates, state, udf, progress, s
             continue
         if _apply(o, n_reads, ops, v, fates, state, udf, s) == SET_FULL:
             return SET_FULL
-    store_release(progress, STRIDE * me, end)
+    store_release(position, STRIDE * me, end)
     return OK
 
 

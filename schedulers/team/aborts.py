@@ -32,7 +32,7 @@ from txstream.schedulers.team._versions import (
     redo,
     roll_back_marked,
 )
-from txstream.schedulers.team.member import Team
+from txstream.schedulers.team.member import Member
 from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, Udf
 from txstream.state.chunk import ChunkArrays, ChunkDims
 from txstream.state.operations import Ops
@@ -91,45 +91,67 @@ class Repairs:
     """The team's part, for one executor: pause, have the Coordinator mark, roll back
     and redo the marked operations of a batch, resume.
 
-    ``progress`` is a word per executor (stride `STRIDE`) the redo publishes its
-    progress in, declared by the scheduler."""
+    ``redo_position`` is a word per executor (stride `STRIDE`) where the redo publishes
+    how far it is, declared by the scheduler."""
 
-    def __init__(self, team: Team, state: StateArrays, udf: Udf, progress: np.ndarray):
+    def __init__(self, team: Member, state: StateArrays, udf: Udf, redo_position: np.ndarray):
         self.team = team
         self.state = state
         self.udf = udf
-        self.progress = progress
+        self.redo_position = redo_position
         self.requests = {policy: 0 for policy in POLICIES}
         self.redone = 0
 
-    def run(self, policy: str, spec: Speculation, begin: int, end: int, s: Scratch,
-            time: Breakdown, on_pause: Callable[[], None] | None = None) -> int:  # fmt: skip
+    def run(
+        self,
+        policy: str,
+        spec: Speculation,
+        begin: int,
+        end: int,
+        s: Scratch,
+        breakdown: Breakdown,
+        on_pause: Callable[[], None] | None = None,
+    ) -> int:
         """With the whole team (every executor calls it): resolve the fresh failures of
         transactions begin..end-1; ``on_pause`` runs once the whole team is paused.
         Returns how many operations were redone."""
         team = self.team
         ops, links, v, fates = spec.ops, spec.links, spec.versions, spec.fates
         first_op, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
-        self.progress[STRIDE * team.rank] = first_op  # the redo waits on it from the start
-        team.barrier(time)
+        self.redo_position[STRIDE * team.rank] = first_op  # the redo waits on it from the start
+        team.barrier(breakdown)
         if on_pause is not None:
             on_pause()
         self.requests[policy] += 1
         request = [POLICIES.index(policy), *spec.dims.words(), begin, end]
-        marked = team.ask_coordinator(RESOLVE, request, time, "abort")
+        marked = team.ask_coordinator(RESOLVE, request, breakdown, "abort")
         if marked:
-            with time.timing("abort"):
+            with breakdown.timing("abort"):
                 roll_back_marked(team.rank, first_op, marked, ops, links, v, self.state)
                 s.waited[0] = 0
-                why = redo(team.rank, first_op, stop, marked, ops, links, v, fates, self.state,
-                           self.udf, self.progress, team.sync, team.timeout_ns, s)  # fmt: skip
-            time.abort -= s.waited[0] / 1e9
-            time.sync += s.waited[0] / 1e9
+                why = redo(
+                    team.rank,
+                    first_op,
+                    stop,
+                    marked,
+                    ops,
+                    links,
+                    v,
+                    fates,
+                    self.state,
+                    self.udf,
+                    self.redo_position,
+                    team.sync,
+                    team.timeout_ns,
+                    s,
+                )
+            breakdown.abort -= s.waited[0] / 1e9
+            breakdown.sync += s.waited[0] / 1e9
             if why == SET_FULL:
                 raise RuntimeFailure(SET_FULL_MESSAGE)
             team.check(why)
             self.redone += marked
-        team.barrier(time)
+        team.barrier(breakdown)
         if marked:
             clear_marks(team.rank, marked, ops, links, v, fates)
         return marked

@@ -6,6 +6,8 @@ is charged to the caller's time breakdown.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers.team.placement import Seat
@@ -28,7 +30,21 @@ from txstream.state.sync import (
 )
 
 
-class Team:
+class ShareCounts(NamedTuple):
+    """What an executor's share of a chunk holds, published to the team: the chunk is laid
+    out from everyone's."""
+
+    operations: int
+    reads: int
+    """Parametric reads (dependency cells)."""
+    arg_width: int
+    """Widest argument list of an operation."""
+
+
+assert len(ShareCounts._fields) <= PUBLISHED
+
+
+class Member:
     """This executor's view of the sync block."""
 
     def __init__(self, seat: Seat, sync: np.ndarray, timeout_s: float):
@@ -40,10 +56,10 @@ class Team:
         self._asked = 0
         self._failures_seen = 0
 
-    def barrier(self, time: Breakdown) -> None:
+    def barrier(self, breakdown: Breakdown) -> None:
         """Wait for every executor (charged to ``time`` as sync); raises if one failed
         or the timeout passed."""
-        with time.timing("sync"):
+        with breakdown.timing("sync"):
             why = barrier_wait(self.sync, self.parties, self.timeout_ns)
         self.check(why)
 
@@ -52,21 +68,28 @@ class Team:
         if why != OK:
             raise_for_wait(why, self.timeout_ns)
 
-    def publish_counts(self, *counts: int) -> None:
-        """Publish this executor's counts; read them all after the next barrier."""
-        assert len(counts) <= PUBLISHED
+    def publish_share(self, counts: ShareCounts) -> None:
+        """Publish what this executor's share of a chunk holds; every executor's is read
+        after the next barrier (`shares`)."""
         for which, value in enumerate(counts):
             publish(self.sync, published_word(self.rank, which), value)
 
-    def counts(self, which: int) -> list[int]:
-        """Published count ``which`` of every executor, by rank."""
-        return [int(self.sync[published_word(e, which)]) for e in range(self.parties)]
+    def shares(self) -> list[ShareCounts]:
+        """What every executor published of its share, by rank."""
+        return [
+            ShareCounts(
+                *(int(self.sync[published_word(e, w)]) for w in range(len(ShareCounts._fields)))
+            )
+            for e in range(self.parties)
+        ]
 
     def fail(self) -> None:
         """Make every peer's wait end with PEER_FAILED."""
         report_failure(self.sync)
 
-    def ask_coordinator(self, kind: int, args: list[int], time: Breakdown, activity: str) -> int:
+    def ask_coordinator(
+        self, kind: int, args: list[int], breakdown: Breakdown, activity: str
+    ) -> int:
         """Every executor, together: executor 0 posts a request to the Coordinator, all
         wait for its answer (charged to ``activity``), which is returned."""
         self._asked += 1
@@ -76,7 +99,7 @@ class Team:
             self.sync[base + 1 : base + 1 + len(args)] = args
             publish(self.sync, word(REQUEST), self._asked)
             wake_coordinator(self.sync)
-        with time.timing(activity):
+        with breakdown.timing(activity):
             self.check(wait_reply(self.sync, self._asked, self.timeout_ns))
         return int(self.sync[word(ANSWER)])
 
