@@ -12,12 +12,19 @@ from typing import TYPE_CHECKING, Any
 from txstream.errors import RuntimeFailure, SchemaError, TopologyError, TxstreamError, UsageError
 
 if TYPE_CHECKING:
-    from txstream.job import Job, Result
+    from txstream.cluster.transport import ThreadTransport
+    from txstream.config import RunConfig
+    from txstream.job import Job
+    from txstream.result import Result
+    from txstream.session import Session
     from txstream.topologies import Table, Topology, condition, function
 
 _LAZY = {
     "Job": "txstream.job",
-    "Result": "txstream.job",
+    "Session": "txstream.session",
+    "Result": "txstream.result",
+    "RunConfig": "txstream.config",
+    "ThreadTransport": "txstream.cluster.transport",
     "Table": "txstream.topologies",
     "Topology": "txstream.topologies",
     "condition": "txstream.topologies",
@@ -26,7 +33,10 @@ _LAZY = {
 
 __all__ = [
     "Job",
+    "Session",
     "Result",
+    "RunConfig",
+    "ThreadTransport",
     "Table",
     "Topology",
     "condition",

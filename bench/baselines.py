@@ -31,8 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 from common import RESULTS, bench_ray, write_results
-from txstream import Job
-from txstream.cluster.transport import ThreadTransport
+from txstream import Job, ThreadTransport
 from txstream.topologies.generators import WorkloadSpec, generate
 
 SCHEDULERS = ("serial", "tstream", "morphstream", "lock", "mvlk", "sstore", "nolock")

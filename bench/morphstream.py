@@ -28,8 +28,7 @@ from pathlib import Path
 
 from common import RESULTS, bench_ray, write_results
 from pairwise import pairwise
-from txstream import Job
-from txstream.cluster.transport import ThreadTransport
+from txstream import Job, ThreadTransport
 from txstream.topologies.generators import WorkloadSpec, generate
 
 FIXED = [

@@ -6,9 +6,7 @@ GIL: executors do run in parallel."""
 from __future__ import annotations
 
 import pyarrow as pa
-from txstream import Job
-from txstream.cluster.transport import ThreadTransport
-from txstream.result import Result
+from txstream import Job, Result, ThreadTransport
 
 TIMEOUT_S = 60.0
 
