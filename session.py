@@ -46,6 +46,7 @@ from txstream.actors.sink import Sink
 from txstream.cluster.ray_runtime import (
     actor_failure,
     ray_session,
+    reachable_address,
     start_actor,
     stop_actors,
     wait_all,
@@ -64,7 +65,7 @@ from txstream.engine.recovery import (
     resume_point,
 )
 from txstream.errors import ActorDied, PeerFailed, RuntimeFailure, TxstreamError, UsageError
-from txstream.monitor.console import Console
+from txstream.monitor.console import Console, Progress
 from txstream.monitor.logs import level_number
 from txstream.monitor.metrics import run_metrics
 from txstream.result import Result
@@ -570,7 +571,7 @@ class Session:
         self._closing = True
         self._to_controller(self._outbox.drain)
         self._controller.close.remote()
-        self._wait_with_progress()
+        bar = self._wait_with_progress()
         run_info = self._get(self._running)
         ask_to_stop(self._sync.array)
         coordinator = self._get(self._serving) if self._serving is not None else None
@@ -604,6 +605,7 @@ class Session:
             metrics["throughput_eps"] = round((events.num_rows - self.resumed_from) / seconds, 1)
         metrics.update(self.extra_metrics)
         output.commit(tables, json.dumps(metrics, indent=2) + "\n")
+        bar.close(metrics["throughput_eps"], metrics["seconds"])  # the summary's figures
         if self.plan.store is not None:
             self.plan.store.mark_complete()
         return Result(events, tables, metrics)
@@ -759,11 +761,13 @@ class Session:
         except ray.exceptions.RayError as exc:
             raise actor_failure(exc) from exc
 
-    def _wait_with_progress(self) -> None:
-        """Wait for the run to end, with the event bar on the console; fail when no event
-        got through for the run's timeout, or at once when an actor fails (recovering from
-        a death when checkpoints allow)."""
-        with self.console.progress(self._pushed, "running") as bar:
+    def _wait_with_progress(self) -> Progress:
+        """Wait for the run to end, with the event bar on the console (its rate is the
+        metrics' one: events since `resumed_from` over the seconds since the start); fail
+        when no event got through for the run's timeout, or at once when an actor fails
+        (recovering from a death when checkpoints allow). The bar, for its last line."""
+        bar = self.console.progress(self._pushed, "running", self._started, self.resumed_from)
+        with bar:
             bar.update(self.watermark)
             deadline = time.monotonic() + self.config.timeout_s
             progress = self._progress()
@@ -775,6 +779,7 @@ class Session:
                 elif time.monotonic() > deadline:
                     raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")
             bar.update(self.watermark)
+        return bar
 
     def _get_watching(self, refs: list) -> Any:
         """The results of ``refs``, failing at once if one fails (its peers may wait for
@@ -802,7 +807,8 @@ def attach(address: str, name: str) -> Any:
     """The front door (ProgressController) of the session named ``name`` on the Ray cluster
     at ``address``, for outside readers; connects this process to that cluster."""
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, logging_level=logging.ERROR,
+        gcs = reachable_address(address)  # ray.init would retry an unreachable one forever
+        ray.init(address=gcs, namespace=NAMESPACE, logging_level=logging.ERROR,
                  log_to_driver=False)  # fmt: skip
     try:
         return ray.get_actor(name, namespace=NAMESPACE)

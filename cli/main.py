@@ -12,10 +12,12 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import NoReturn
 
+from txstream.cli.watchdog import watchdog
 from txstream.config import ABORT, EXPLORE, GRANULARITY, PLACEMENTS, SOURCES, RunConfig
-from txstream.errors import SchemaError, TxstreamError, UsageError
+from txstream.errors import RuntimeFailure, SchemaError, TxstreamError, UsageError
 from txstream.monitor.logs import LEVELS, log_of, version
 from txstream.schedulers import SCHEDULERS
 from txstream.topologies import BUNDLED
@@ -23,6 +25,10 @@ from txstream.topologies import BUNDLED
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
+ASK_TIMEOUT_S = 30.0
+"""How long `query` and `status` may take in all (connecting to Ray included)."""
+ANSWER_TIMEOUT_S = 20.0
+"""How long they wait for the session's answer once connected."""
 HELP_WIDTH = 100
 """Widest help text; narrower on a narrower terminal."""
 
@@ -48,14 +54,22 @@ class _HelpFormatter(argparse.HelpFormatter):
         return help
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line (``txstream run: error: argument --explore:
+    invalid choice: ...``), exit 2, as every other usage error; ``--help`` shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"txstream: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="txstream",
         description="Transactional stream processing on Ray.",
         formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"txstream {version()}")
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=_Parser)
 
     gen = verbs.add_parser(
         "generate",
@@ -366,23 +380,42 @@ def _follow(job, args: argparse.Namespace):
         signal.signal(signal.SIGINT, previous)
 
 
-def _remote_session(args: argparse.Namespace):
-    """The named session's ProgressController on the Ray cluster at ``--address``."""
+def _ask_session(args: argparse.Namespace, method: str, *call_args: object):
+    """Call ``method`` of the session named ``--name`` on the Ray cluster at ``--address``
+    and wait for its answer, which a failure turns into txstream's own error: the session's
+    error itself (not Ray's wrapping of it), or that no answer came."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
     from txstream.session import attach
 
-    return attach(args.address, args.name)
+    deadline = f"txstream: failed: no answer from the Ray cluster at {args.address} within "
+    with watchdog(ASK_TIMEOUT_S, f"{deadline}{ASK_TIMEOUT_S:.0f} s", EXIT_FAILURE):
+        front = attach(args.address, args.name)
+        try:
+            return ray.get(getattr(front, method).remote(*call_args), timeout=ANSWER_TIMEOUT_S)
+        except RayTaskError as exc:
+            cause = exc.cause
+            if isinstance(cause, TxstreamError):
+                raise cause from None
+            raise RuntimeFailure(
+                f"session {args.name!r}: {type(cause).__name__}: {cause}"
+            ) from None
+        except RayActorError:
+            raise RuntimeFailure(f"session {args.name!r} ended before answering") from None
+        except GetTimeoutError:
+            raise RuntimeFailure(
+                f"session {args.name!r} did not answer within {ANSWER_TIMEOUT_S:.0f} s"
+            ) from None
 
 
 def _query(args: argparse.Namespace) -> None:
-    import ray
-
     keys = None
     if args.keys is not None:
         try:
             keys = [int(k) for k in args.keys.split(",") if k.strip()]
         except ValueError as exc:
             raise UsageError(f"--keys must be integers separated by commas: {args.keys}") from exc
-    watermark, rows = ray.get(_remote_session(args).query.remote(args.table, keys), timeout=60)
+    watermark, rows = _ask_session(args, "query", args.table, keys)
     print(f"watermark {watermark}")
     print(",".join(rows.column_names))
     for row in zip(*(rows.column(c).to_pylist() for c in rows.column_names), strict=True):
@@ -390,11 +423,18 @@ def _query(args: argparse.Namespace) -> None:
 
 
 def _status(args: argparse.Namespace) -> None:
-    import ray
-
-    status = ray.get(_remote_session(args).status.remote(), timeout=60)
-    for key, value in status.items():
+    for key, value in _flat(_ask_session(args, "status")):
         print(f"{key}: {value}")
+
+
+def _flat(mapping: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """``key: value`` pairs of a nested dictionary, nested keys joined by dots
+    (``latency_ms.p50``), so that every line of `status` holds one figure."""
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -138,7 +139,12 @@ def _cli(*args, timeout=300, env=(), watch=None):
         env=env,
     )
     watcher = TmpWatch(proc.pid, keep=watch) if watch else None
-    stdout, stderr = proc.communicate(timeout=timeout)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # a hung command fails its test, and does not outlive it
+        proc.communicate()
+        raise
     result = SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=stderr, pid=proc.pid)
     if watcher is not None:
         watcher.stop()
@@ -295,3 +301,55 @@ def test_absurd_executor_count_is_refused_before_anything_starts(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "usable cores: the executors would mostly wait" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("verb", [["status"], ["query", "accounts"]])
+def test_query_and_status_on_an_unreachable_address_are_exit_2_at_once(verb):
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # nobody listens there once closed
+    start = time.monotonic()
+    proc = _cli(*verb, "--address", f"127.0.0.1:{port}", "--name", "ledger", timeout=60)
+    assert time.monotonic() - start < 30
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"txstream: error: --address 127.0.0.1:{port}: no Ray at 127.0.0.1:{port} "
+        "(Connection refused)\n"
+    )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_end_a_query_that_waits_on_a_silent_address(signum):
+    with socket.socket() as silent:  # accepts connections and never answers: not a Ray
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        port = silent.getsockname()[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "txstream", "query", "accounts", "--address",
+             f"127.0.0.1:{port}", "--name", "ledger"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(6)  # well into Ray's connection attempts
+        proc.send_signal(signum)
+        try:
+            _, stderr = proc.communicate(timeout=10)
+        finally:
+            proc.kill()  # no-op once it has ended
+    assert proc.returncode == 128 + signum
+    assert stderr == "txstream: interrupted\n"
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["run", "sl", "--explore", "xyz"], "argument --explore: invalid choice: 'xyz'"),
+        (["run", "sl"], "the following arguments are required: --input, --init-state"),
+        ([], "the following arguments are required: VERB"),
+    ],
+)
+def test_bad_arguments_are_one_line_exit_2(argv, line, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"txstream: error: {line}")

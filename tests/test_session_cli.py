@@ -91,6 +91,12 @@ def test_query_and_status_of_a_named_session_from_another_process():
         status = _cli("status", "--address", address, "--name", "ledger-test")
         assert status.returncode == 0, status.stderr
         assert "watermark: 30" in status.stdout.splitlines()
+        assert any(line.startswith("latency_ms.p50: ") for line in status.stdout.splitlines())
+        assert "{" not in status.stdout  # one figure a line, no Python dictionaries
+        table = _cli("query", "nosuchtable", "--address", address, "--name", "ledger-test")
+        assert table.returncode == 2 and table.stderr == (
+            "txstream: error: query: no table 'nosuchtable'; the tables are accounts, assets\n"
+        )
         missing = _cli("status", "--address", address, "--name", "nobody")
         assert missing.returncode == 2 and "no session named 'nobody'" in missing.stderr
     assert isinstance(session.close().events, pa.Table)
