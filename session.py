@@ -243,6 +243,8 @@ class Session:
         """Single files pushed before the resumed checkpoint (`txstream.connectors.follow`)."""
         self.extra_metrics: dict[str, Any] = {}
         """Metrics the caller adds (e.g. Spark's start-up), written with the session's."""
+        if plan.resume:  # said at once, not only in the summary at the end
+            self.console.note(f"resuming from {plan.resume.path} at event {self.resumed_from:,}")
         try:
             begin = time.perf_counter()
             self._allocate(job_config)

@@ -21,6 +21,7 @@ from conftest import TESTS, actor_processes, txstream_segments
 from tmp_watch import TmpWatch
 from txstream.cli.main import main
 from txstream.cluster.topology import usable_cores
+from txstream.monitor.console import _si
 
 OUTPUT_COLUMNS = {
     "sl": [],
@@ -220,6 +221,10 @@ def test_default_run_goes_through_spark_on_its_own_ray(tmp_path):
     assert all(line.startswith("txstream: ") for line in lines), proc.stderr
     shown = [next(p for p in PHASES if line.startswith(f"txstream: {p}")) for line in lines]
     assert shown == PHASES, proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    bar = next(line for line in lines if line.startswith("txstream: running  100%"))
+    rate = f"{_si(metrics['throughput_eps'])} events/s in {metrics['seconds']:.1f} s"
+    assert bar.endswith(rate) and f"= {metrics['throughput_eps']:,.0f} events/s" in proc.stdout
     assert any("/ray/" in str(p) for p in proc.held) and any("txs-" in str(p) for p in proc.held)
     assert proc.left == []
     assert "starting Spark: done in" in (out / "_logs" / "txstream.log").read_text()

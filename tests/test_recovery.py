@@ -219,6 +219,10 @@ def test_a_run_whose_driver_was_killed_resumes_from_its_last_checkpoint(tmp_path
     assert not left, f"the killed driver's processes are still alive: {_cmdlines(left)}"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["config"]["resumed_from"] > 0 or when == "writing"
+    log = (out / "_logs" / "txstream.log").read_text()
+    assert log.count(", pid ") == 2  # the killed run's log is kept, the next one appended
+    resumed_from = metrics["config"]["resumed_from"]
+    assert not resumed_from or f"at event {resumed_from:,}" in log  # said at the start
     state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
     want = Job("sl", progress=False, source="arrow").run(events, init)
     assert_same_run(pq.read_table(out / "events.parquet"), state, want.events, want.state)
