@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from txstream.cli.watchdog import watchdog
@@ -279,6 +280,19 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("--name", required=True, help="the session's --name (required)")
     query.add_argument("--keys", default=None, metavar="K,...", help="keys (default: all)")
 
+    report = verbs.add_parser(
+        "report",
+        help="write the HTML report of a finished run",
+        description="Write a self-contained HTML page with plots of a finished run (its "
+        "metrics.json): events/s and latency over time, the time breakdown per executor, "
+        "morphstream's decisions per batch, checkpoints and recoveries.",
+        formatter_class=_HelpFormatter,
+    )
+    report.add_argument("output", metavar="OUTPUT", help="the run's output folder")
+    report.add_argument(
+        "--to", default=None, metavar="FILE", help="where to write it (default: OUTPUT/report.html)"
+    )
+
     status = verbs.add_parser(
         "status",
         help="print a running named session's progress",
@@ -380,6 +394,13 @@ def _follow(job, args: argparse.Namespace):
         signal.signal(signal.SIGINT, previous)
 
 
+def _report_page(args: argparse.Namespace) -> None:
+    from txstream.monitor.report import REPORT_FILE, read_metrics, write_report
+
+    metrics = read_metrics(args.output)
+    print(write_report(metrics, args.to or Path(args.output) / REPORT_FILE))
+
+
 def _ask_session(args: argparse.Namespace, method: str, *call_args: object):
     """Call ``method`` of the session named ``--name`` on the Ray cluster at ``--address``
     and wait for its answer, which a failure turns into txstream's own error: the session's
@@ -441,7 +462,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `txstream` command; returns the exit code."""
     args = _parser().parse_args(argv)
     try:
-        {"generate": _generate, "run": _run, "query": _query, "status": _status}[args.verb](args)
+        verbs = {"generate": _generate, "run": _run, "report": _report_page, "query": _query,
+                 "status": _status}  # fmt: skip
+        verbs[args.verb](args)
     except (SchemaError, UsageError) as exc:
         return _report(f"error: {exc}", exc, EXIT_USAGE)
     except TxstreamError as exc:
