@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 
 from txstream.cluster.scratch import scratch, sweep_abandoned_rays
 from txstream.cluster.topology import usable_cores
+from txstream.cluster.watch import watch_cluster
 from txstream.errors import ActorDied, PeerFailed, RuntimeFailure, TxstreamError, UsageError
 
 OBJECT_STORE_BYTES = 512 * 1024**2
@@ -63,6 +64,7 @@ def ray_session(
             with phase(f"connecting to Ray at {address}"):
                 stack.callback(_shutdown, phase, "disconnecting from Ray")
                 _init(address=gcs, **options)
+            stack.enter_context(watch_cluster(_gcs_address(), f"the Ray cluster at {address}"))
         else:
             sweep_abandoned_rays()
             folder = stack.enter_context(scratch("ray"))
@@ -75,6 +77,7 @@ def ray_session(
                     _temp_dir=str(folder),
                     **options,
                 )
+            stack.enter_context(watch_cluster(_gcs_address(), "this run's local Ray"))
         yield True
 
 
@@ -85,6 +88,13 @@ def _init(**options: object) -> None:
         ray.init(**options)
     except ConnectionError as exc:
         raise UsageError(f"cannot connect to Ray: {_first_line(str(exc))}") from exc
+
+
+def _gcs_address() -> str:
+    """``host:port`` of the GCS of the Ray this process is connected to."""
+    import ray
+
+    return ray.get_runtime_context().gcs_address
 
 
 def _shutdown(phase: Phase, name: str) -> None:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import naive
 import pyarrow as pa
@@ -100,3 +105,63 @@ def test_query_and_status_of_a_named_session_from_another_process():
         missing = _cli("status", "--address", address, "--name", "nobody")
         assert missing.returncode == 2 and "no session named 'nobody'" in missing.stderr
     assert isinstance(session.close().events, pa.Table)
+
+
+def _processes_with(text: str) -> list[int]:
+    """Pids of live processes whose command line mentions ``text``."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if text.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_follow_on_a_cluster_that_dies_fails_at_once_with_one_line(tmp_path):
+    events, init = generate("sl", WorkloadSpec(events=2000, keys=50, seed=5))
+    write_workload(tmp_path / "data", events, init)
+    incoming, out = tmp_path / "incoming", tmp_path / "out"
+    incoming.mkdir()
+    cluster = Path(tempfile.mkdtemp(prefix="txs-test-ray-", dir="/tmp"))  # short: sockets
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""}
+    ray = [str(Path(sys.executable).parent / "ray")]
+    try:
+        subprocess.run([*ray, "start", "--head", "--port", str(port), "--node-ip-address",
+                        "127.0.0.1", "--temp-dir", str(cluster), "--num-cpus", "2",
+                        "--include-dashboard", "false"],
+                       env=env, check=True, capture_output=True, timeout=120)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "txstream", "run", "sl", "--input", str(incoming),
+             "--init-state", str(tmp_path / "data" / "init"), "--output", str(out),
+             "--follow", "--source", "arrow", "--address", f"127.0.0.1:{port}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        _drop(incoming, "a-000.parquet", events)
+        deadline = time.monotonic() + 120
+        while not list((out / "events").glob("part-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in _processes_with(str(cluster)):  # the cluster dies
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        try:
+            _, stderr = proc.communicate(timeout=45)  # Ray itself would wait 60 s, silently
+        finally:
+            proc.kill()
+        assert time.monotonic() - killed < 30
+    finally:
+        for pid in _processes_with(str(cluster)):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(cluster, ignore_errors=True)
+    log = out / "_logs" / "txstream.log"
+    assert proc.returncode == 1
+    assert stderr.splitlines()[-1] == (
+        f"txstream: failed: Ray: the Ray cluster at 127.0.0.1:{port} is gone: its GCS at "
+        f"127.0.0.1:{port} refuses connections (Connection refused) (log: {log})"
+    )
+    assert not (out / "_temporary").exists() and not (out / "_SUCCESS").exists()
+    assert not txstream_segments(proc.pid)
