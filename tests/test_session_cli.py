@@ -54,6 +54,7 @@ def test_follow_pushes_new_files_in_name_order_until_stop(tmp_path):
     (incoming / "_STOP").touch()
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
+    assert not (incoming / "_STOP").exists()  # consumed: the next run would end at once
     assert "6,000 events" in stdout
     got = pq.read_table(out / "events")
     want = naive.run_model("sl", events, {k: pq.read_table(v) for k, v in _init(tmp_path)})
