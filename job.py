@@ -114,7 +114,7 @@ class Job:
     def _open_source(self, events: Any, stack: ExitStack) -> tuple[Source, dict, Any]:
         """The event source (see `_checked`); for Spark, started on a Ray with the JVM
         flags and staged in input order (its seconds are returned, reported apart)."""
-        from txstream.cluster import spark
+        from txstream.connectors import spark
 
         reads_files = isinstance(events, ArrowSource) and events.files
         if not _is_spark(events) and not (reads_files and self.config.source == "spark"):
@@ -133,7 +133,7 @@ class Job:
     def _start_spark(self, stack: ExitStack) -> Any:
         """Ray (with the flags Spark's JVMs need) and Spark on it, for as long as ``stack``
         is open; the Ray job config that a session started on it must use."""
-        from txstream.cluster import spark
+        from txstream.connectors import spark
 
         cfg, console = self.config, self.console
         job_config = spark.ray_job_config()
