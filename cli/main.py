@@ -13,14 +13,14 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import NoReturn
 
 from txstream.cli.watchdog import watchdog
-from txstream.config import ABORT, EXPLORE, GRANULARITY, PLACEMENTS, SOURCES, RunConfig
+from txstream.config import RunConfig
 from txstream.errors import RuntimeFailure, SchemaError, TxstreamError, UsageError
-from txstream.monitor.logs import LEVELS, log_of, version
-from txstream.schedulers import SCHEDULERS
+from txstream.monitor.logs import log_of, version
 from txstream.topologies import BUNDLED
 
 EXIT_USAGE = 2
@@ -108,7 +108,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--seed", type=int, default=0, metavar="S", help="random seed")
 
-    defaults = RunConfig()
     run = verbs.add_parser(
         "run",
         help="run a topology over events",
@@ -135,111 +134,7 @@ def _parser() -> argparse.ArgumentParser:
         help="folder of <table>.parquet (required)",
     )
     run.add_argument("--output", required=True, metavar="DIR", help="folder to write (required)")
-    run.add_argument(
-        "--scheduler",
-        choices=tuple(SCHEDULERS),
-        default=defaults.scheduler,
-        help="how transactions run in parallel; all but nolock (a bound without "
-        "consistency) give serial's results",
-    )
-    run.add_argument(
-        "--explore",
-        choices=EXPLORE,
-        default=None,
-        help="morphstream only: how the task graph is explored (default: auto)",
-    )
-    run.add_argument(
-        "--granularity",
-        choices=GRANULARITY,
-        default=None,
-        help="morphstream only: operations or operation chains as scheduling units (default: auto)",
-    )
-    run.add_argument(
-        "--abort",
-        choices=ABORT,
-        default=None,
-        help="morphstream only: when aborts are handled (default: auto)",
-    )
-    run.add_argument(
-        "--executors",
-        type=int,
-        default=defaults.executors,
-        metavar="N",
-        help="executor actors, each pinned to a core (more than the usable cores: a "
-        "warning; over 4 times as many: refused)",
-    )
-    run.add_argument(
-        "--placement",
-        choices=PLACEMENTS,
-        default=None,
-        help="tstream, morphstream, sstore: which executors share which keys' work "
-        "(default: shared-nothing)",
-    )
-    run.add_argument(
-        "--sockets",
-        type=int,
-        default=None,
-        metavar="S",
-        help="split the usable cores into S emulated sockets (default: the host's own)",
-    )
-    run.add_argument(
-        "--punctuation-interval",
-        type=int,
-        default=defaults.punctuation_interval,
-        metavar="N",
-        help="events per punctuation batch",
-    )
-    run.add_argument(
-        "--udf-cost-us",
-        type=float,
-        default=defaults.udf_cost_us,
-        metavar="C",
-        help="busy microseconds added to every state access (never changes results)",
-    )
-    run.add_argument(
-        "--source",
-        choices=SOURCES,
-        default=defaults.source,
-        help="read the input with Spark (through RayDP) or with pyarrow",
-    )
-    run.add_argument(
-        "--address",
-        default=None,
-        metavar="RAY_ADDRESS",
-        help="Ray cluster to run on, HOST:PORT or auto (default: $RAY_ADDRESS, else a "
-        "local Ray for this run)",
-    )
-    run.add_argument(
-        "--log-level",
-        choices=LEVELS,
-        default=defaults.log_level,
-        help="detail of the run's log (txstream, Ray and Spark), OUTPUT/_logs/txstream.log",
-    )
-    run.add_argument(
-        "--verbose",
-        action="store_true",
-        help="also show the log on stderr (Ray's, Spark's and the JVMs' output included)",
-    )
-    run.add_argument(
-        "--no-progress", action="store_true", help="no phases or progress bar on stderr"
-    )
-    run.add_argument(
-        "--overwrite", action="store_true", help="replace a non-empty output (when the run commits)"
-    )
-    run.add_argument(
-        "--punctuation-ms",
-        type=float,
-        default=defaults.punctuation_ms,
-        metavar="MS",
-        help="cut a punctuation batch once its oldest event has waited MS ms",
-    )
-    run.add_argument(
-        "--latency-target-ms",
-        type=float,
-        default=defaults.latency_target_ms,
-        metavar="MS",
-        help="size the work in flight so that outputs follow inputs within MS ms",
-    )
+    _add_config_options(run)
     run.add_argument(
         "--follow",
         action="store_true",
@@ -251,21 +146,6 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="name the session: `txstream query/status` reach it on the Ray cluster at "
         "--address (default: unnamed)",
-    )
-    run.add_argument(
-        "--checkpoint-dir",
-        default=None,
-        metavar="D",
-        help="write checkpoints to D: the run survives failures, and the same command run "
-        "again after a crash resumes from the last checkpoint (default: none)",
-    )
-    run.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=None,
-        metavar="B",
-        help="punctuation batches between checkpoints, each taken at the next chunk boundary "
-        "once the previous one is written (default: 100; needs --checkpoint-dir)",
     )
 
     query = verbs.add_parser(
@@ -305,6 +185,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    """`run`'s options that are `RunConfig` fields, from the fields themselves (their type,
+    default and `txstream.config.option` metadata): each is declared once."""
+    for f in fields(RunConfig):
+        if "help" not in f.metadata:
+            continue  # not an option of the command line
+        meta = f.metadata
+        flag = meta["flag"] or f"--{f.name.replace('_', '-')}"
+        if f.type == "bool":
+            action = "store_false" if flag.startswith("--no-") else "store_true"
+            parser.add_argument(flag, dest=f.name, action=action, help=meta["help"])
+            continue
+        choices = meta["choices"]() if callable(meta["choices"]) else meta["choices"]
+        parser.add_argument(flag, dest=f.name, type=_TYPES[f.type.split(" | ")[0]],
+                            default=f.default, choices=choices, metavar=meta["metavar"],
+                            help=meta["help"])  # fmt: skip
+
+
+def _config_options(args: argparse.Namespace) -> dict[str, object]:
+    """The `RunConfig` fields given on the command line (`_add_config_options`)."""
+    return {f.name: getattr(args, f.name) for f in fields(RunConfig) if "help" in f.metadata}
+
+
 def _generate(args: argparse.Namespace) -> None:
     from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 
@@ -331,28 +237,7 @@ def _generate(args: argparse.Namespace) -> None:
 def _run(args: argparse.Namespace) -> None:
     from txstream.job import Job
 
-    job = Job(
-        args.topology,
-        scheduler=args.scheduler,
-        explore=args.explore,
-        granularity=args.granularity,
-        abort=args.abort,
-        executors=args.executors,
-        placement=args.placement,
-        sockets=args.sockets,
-        punctuation_interval=args.punctuation_interval,
-        udf_cost_us=args.udf_cost_us,
-        source=args.source,
-        address=args.address,
-        punctuation_ms=args.punctuation_ms,
-        latency_target_ms=args.latency_target_ms,
-        overwrite=args.overwrite,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every,
-        log_level=args.log_level,
-        verbose=args.verbose,
-        progress=not args.no_progress,
-    )
+    job = Job(args.topology, **_config_options(args))
     if args.follow:
         m = _follow(job, args).metrics
     else:
