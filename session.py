@@ -66,7 +66,7 @@ from txstream.engine.recovery import (
 )
 from txstream.errors import ActorDied, PeerFailed, RuntimeFailure, TxstreamError, UsageError
 from txstream.monitor.console import Console, Progress
-from txstream.monitor.logs import level_number
+from txstream.monitor.logs import captured, level_number
 from txstream.monitor.metrics import run_metrics
 from txstream.result import Result
 from txstream.schedulers.team.placement import seats
@@ -297,7 +297,11 @@ class Session:
                 cfg.address,
                 job_config,
                 phase=self.console.phase,
-                logging_level=level_number(cfg.log_level),
+                # Ray's own records (its start, its token authentication) are for the run's
+                # log; without one (a session of a Python program), only its errors show
+                logging_level=level_number(cfg.log_level)
+                if captured() or cfg.verbose
+                else logging.ERROR,
             )
         )
         stack.callback(self._stop_actors)

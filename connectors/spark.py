@@ -132,7 +132,7 @@ def spark_session(
     executor_memory: str = "1g",
     *,
     console: Console | None = None,
-    log_level: str = "warning",
+    log_level: str = "error",
 ) -> Iterator[SparkSession]:
     """Run Spark (one executor, one core) on the current Ray session; stop it on exit.
 
@@ -141,7 +141,9 @@ def spark_session(
     its own without the JVM flags. Spark's Python workers run this interpreter
     (``$PYSPARK_PYTHON`` if set); the JVMs keep their temporary files in a private
     folder, removed on exit together with the folders of Ray's native library they
-    extracted; the driver logs to stderr at ``log_level``.
+    extracted; the driver logs to stderr at ``log_level``: by default only errors (a run
+    gives its own level and sends stderr to its log; in a Python program, Spark's warnings
+    about task sizes or streaming options would be all the user sees of it).
     """
     active = _active_session()
     if active is not None:
@@ -284,7 +286,9 @@ class SparkSource:
         else:
             self._spark = SparkSession.getActiveSession()
             if self._spark is None:
-                raise UsageError("no Spark session: open one with txstream.cluster.spark_session()")
+                raise UsageError(
+                    "no Spark session: open one with txstream.connectors.spark.spark_session()"
+                )
             parquet = data if isinstance(data, ArrowSource) else ArrowSource(data)
             frame, self.num_rows = _positioned_files(self._spark, parquet), parquet.num_rows
             file_bytes = sum(f.stat().st_size for f in parquet.files)

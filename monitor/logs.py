@@ -45,6 +45,12 @@ def level_number(level: str) -> int:
     return logging.getLevelName(level.upper())
 
 
+def captured() -> bool:
+    """Whether a run's log now receives this process's stderr (`run_log`): then Ray's and
+    Spark's chatter on stderr goes there, not to the terminal."""
+    return _redirected.locked()
+
+
 def log_of(exc: BaseException) -> Path | None:
     """The log file of the run that ``exc`` ended, if a run log recorded it."""
     return getattr(exc, "txstream_log", None)

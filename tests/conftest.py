@@ -23,22 +23,25 @@ def ray_cluster():
     import ray
     from ray.job_config import JobConfig
     from txstream.cluster.ray_runtime import OBJECT_STORE_BYTES
+    from txstream.cluster.scratch import scratch
     from txstream.connectors.spark import JVM_OPTIONS
 
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=OBJECT_STORE_BYTES,
-        logging_level=logging.WARNING,
-        log_to_driver=False,
-        job_config=JobConfig(
-            jvm_options=list(JVM_OPTIONS),
-            runtime_env={"env_vars": {"PYTHONPATH": str(TESTS)}},
-        ),
-    )
-    yield
-    ray.shutdown()
+    with scratch("ray") as folder:  # Ray's session folder, removed after as a run's is
+        ray.init(
+            _temp_dir=str(folder),
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            object_store_memory=OBJECT_STORE_BYTES,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+            job_config=JobConfig(
+                jvm_options=list(JVM_OPTIONS),
+                runtime_env={"env_vars": {"PYTHONPATH": str(TESTS)}},
+            ),
+        )
+        yield
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,7 @@ def test_the_session_example_runs_as_written(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr
+    assert stderr == ""  # progress=False: nothing of txstream's, nor of Ray's start
     assert "flushed up to: 20000" in stdout
     assert "output rows from ts 40,000 on: 0" in stdout  # fewer events than the example's
     out = tmp_path / "out" / "session"
