@@ -432,7 +432,7 @@ class Session:
     def source(self, events: Any) -> Source:
         """A source for ``events`` (not a table): a Parquet path is read with Spark or
         pyarrow per the ``source`` option; its schema checked."""
-        from txstream.cluster import spark
+        from txstream.connectors import spark
 
         if spark.is_spark_dataframe(events):
             source = spark.SparkSource(events)
