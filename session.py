@@ -56,6 +56,7 @@ from txstream.config import RunConfig
 from txstream.connectors.outputs import OutputDir, part_first_ts
 from txstream.connectors.sources import ArrowSource, Source
 from txstream.engine.outbox import Outbox
+from txstream.engine.reaper import ensure_reaper
 from txstream.engine.recovery import (
     FORMAT,
     CheckpointWriter,
@@ -260,6 +261,7 @@ class Session:
         """What lives as long as the session: shared memory, Ray, the checkpoint writer."""
         cfg, plan, stack = self.config, self.plan, self._stack
         sweep_stale_segments()
+        ensure_reaper()  # what a SIGKILL of this process would leave is removed at once
         run_id = new_run_id()
         self._prefix = run_prefix(run_id)
         self._state = stack.enter_context(
