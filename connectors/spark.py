@@ -11,6 +11,7 @@ fetcher actor; the consumer checks the positions.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ import pyarrow as pa
 import ray
 from ray.job_config import JobConfig
 from txstream.actors.fetcher import PartitionFetcher, Staging
+from txstream.cluster.ray_runtime import ray_session
 from txstream.cluster.scratch import JavaDriverLibraries, scratch
 from txstream.connectors.sources import ArrowSource
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
@@ -108,6 +110,17 @@ def _java_major(java: str) -> int | None:
 def ray_job_config() -> JobConfig:
     """The job config `ray.init` must get so that RayDP's Java workers start on Java 17."""
     return JobConfig(jvm_options=[*JVM_OPTIONS, _NO_PERF_DATA, _QUICK_JIT])
+
+
+@contextmanager
+def ray_for_spark() -> Iterator[None]:
+    """Ray for a program that uses Spark through RayDP (then `spark_session`): the Ray
+    already initialised, or the one at ``$RAY_ADDRESS``, or a local Ray with the job config
+    Spark needs (`ray_job_config`), whose session folder is private and removed at the
+    end (``ray.init`` would leave ~40 MB in ``/tmp/ray/session_*``), and of whose own
+    records only errors show."""
+    with ray_session(job_config=ray_job_config(), logging_level=logging.ERROR):
+        yield
 
 
 _LOG4J_LEVELS = {"debug": "DEBUG", "info": "INFO", "warning": "WARN", "error": "ERROR"}
