@@ -26,6 +26,7 @@ from txstream.topologies import BUNDLED
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 ASK_TIMEOUT_S = 30.0
 """How long `query` and `status` may take in all (connecting to Ray included)."""
 ANSWER_TIMEOUT_S = 20.0
@@ -343,9 +344,19 @@ def _flat(mapping: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
             yield f"{prefix}{key}", value
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as a Ctrl-C is so that the command stops what it started."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `txstream` command; returns the exit code."""
     args = _parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         verbs = {"generate": _generate, "run": _run, "report": _report_page, "query": _query,
                  "status": _status}  # fmt: skip
@@ -354,6 +365,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(f"error: {exc}", exc, EXIT_USAGE)
     except TxstreamError as exc:
         return _report(f"failed: {exc}", exc, EXIT_FAILURE)
+    except _Terminated as exc:
+        return _report("terminated", exc, EXIT_TERMINATED)
     except KeyboardInterrupt as exc:
         return _report("interrupted", exc, EXIT_INTERRUPTED)
     except Exception as exc:

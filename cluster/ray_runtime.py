@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
@@ -82,12 +84,18 @@ def ray_session(
 
 
 def _init(**options: object) -> None:
+    """``ray.init``, keeping this process's SIGTERM handler: Ray replaces it with one that
+    exits at once, where the command's own stops what the run started first."""
     import ray
 
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(**options)
     except ConnectionError as exc:
         raise UsageError(f"cannot connect to Ray: {_first_line(str(exc))}") from exc
+    finally:
+        if sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
 
 
 def _gcs_address() -> str:

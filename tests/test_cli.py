@@ -241,9 +241,10 @@ def test_default_run_goes_through_spark_on_its_own_ray(tmp_path):
     assert pq.read_table(out / "events.parquet").equals(pq.read_table(arrow / "events.parquet"))
 
 
-def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
-    import signal
-    import time
+@pytest.mark.parametrize(("signum", "code", "line"), [
+    (signal.SIGINT, 130, "txstream: interrupted"), (signal.SIGTERM, 143, "txstream: terminated")
+])  # fmt: skip
+def test_ctrl_c_and_sigterm_stop_the_run_and_clean_up(tmp_path, signum, code, line):
 
     data = _generate(tmp_path, "sl", events=400_000)
     env = {**os.environ, "RAY_ADDRESS": ""}
@@ -260,10 +261,10 @@ def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
     while not actor_processes("Executor", wait_s=0) and time.monotonic() < deadline:
         time.sleep(0.2)  # the run's actors are up: it is past start-up
     time.sleep(3)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
-    assert "interrupted" in stderr
+    assert proc.returncode == code, stderr
+    assert stderr.splitlines()[-1].startswith(line)
     assert not txstream_segments(proc.pid)
 
 
