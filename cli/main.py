@@ -344,12 +344,15 @@ def _flat(mapping: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
             yield f"{prefix}{key}", value
 
 
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised as a Ctrl-C is so that the command stops what it started."""
+_terminated = threading.Event()
+"""Set when SIGTERM came: the KeyboardInterrupt that ends the command is its doing (Ray
+re-raises an interrupt as a KeyboardInterrupt of its own, so its type cannot say)."""
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
-    raise _Terminated
+    """SIGTERM stops the command as a Ctrl-C does: what it started is stopped first."""
+    _terminated.set()
+    raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -365,9 +368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report(f"error: {exc}", exc, EXIT_USAGE)
     except TxstreamError as exc:
         return _report(f"failed: {exc}", exc, EXIT_FAILURE)
-    except _Terminated as exc:
-        return _report("terminated", exc, EXIT_TERMINATED)
     except KeyboardInterrupt as exc:
+        if _terminated.is_set():
+            return _report("terminated", exc, EXIT_TERMINATED)
         return _report("interrupted", exc, EXIT_INTERRUPTED)
     except Exception as exc:
         if log_of(exc) is None:

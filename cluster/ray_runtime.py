@@ -41,11 +41,13 @@ def ray_session(
     *,
     phase: Phase | None = None,
     logging_level: int = logging.WARNING,
+    log_to_driver: bool = True,
 ) -> Iterator[bool]:
     """A Ray session for one run: reuse an initialised one, attach to ``address`` (or
     ``$RAY_ADDRESS``), or start a lean local Ray. Yields whether this call started or
     attached it; shuts it down (and removes a local Ray's folder) only then. ``phase``
-    reports starting, connecting and stopping."""
+    reports starting, connecting and stopping; ``log_to_driver``: the workers' output
+    comes to this process's stdout and stderr (a run sends them to its log)."""
     import ray
 
     if ray.is_initialized():
@@ -56,7 +58,7 @@ def ray_session(
     options = dict(
         include_dashboard=False,
         logging_level=logging_level,
-        log_to_driver=True,  # workers' output -> this process's stderr -> the run's log
+        log_to_driver=log_to_driver,
         configure_logging=True,
         job_config=job_config,
     )

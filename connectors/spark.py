@@ -117,9 +117,11 @@ def ray_for_spark() -> Iterator[None]:
     """Ray for a program that uses Spark through RayDP (then `spark_session`): the Ray
     already initialised, or the one at ``$RAY_ADDRESS``, or a local Ray with the job config
     Spark needs (`ray_job_config`), whose session folder is private and removed at the
-    end (``ray.init`` would leave ~40 MB in ``/tmp/ray/session_*``), and of whose own
-    records only errors show."""
-    with ray_session(job_config=ray_job_config(), logging_level=logging.ERROR):
+    end (``ray.init`` would leave ~40 MB in ``/tmp/ray/session_*``), of whose own records
+    only errors show, and whose workers' output (Spark's JVMs log on stdout) stays in its
+    logs instead of mixing with the program's."""
+    with ray_session(job_config=ray_job_config(), logging_level=logging.ERROR,
+                     log_to_driver=False):  # fmt: skip
         yield
 
 
