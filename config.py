@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from txstream.actors.punctuation import CHUNK_EVENTS
 from txstream.errors import UsageError
@@ -22,9 +24,32 @@ PUNCTUATION_MS = 50.0
 """Default time after which a punctuation batch is cut however few events it has."""
 
 
+def option(
+    default: Any,
+    help: str,
+    *,
+    metavar: str | None = None,
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None,
+    flag: str | None = None,
+) -> Any:
+    """A `RunConfig` field that is also an option of `txstream run`, declared once: the
+    command line builds its option (``--field-name``, or ``flag``) from the field's type,
+    default and this metadata. ``choices`` may be a function (a list known only once the
+    schedulers are imported); a bool field is a flag (``--no-...``: it sets False)."""
+    metadata = {"help": help, "metavar": metavar, "choices": choices, "flag": flag}
+    return field(default=default, metadata=metadata)
+
+
+def _scheduler_names() -> tuple[str, ...]:
+    from txstream.schedulers import SCHEDULERS
+
+    return tuple(SCHEDULERS)
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything `txstream run` can be told (contract §4), with its defaults.
+    """Everything `txstream run` can be told (contract §4), with its defaults; each field
+    declared with `option` is an option of the command line, with its help.
 
     ``explore``, ``granularity``, ``abort`` and ``placement`` apply to some schedulers
     only (see `txstream.schedulers.base.Scheduler.defaults`): None means "not given";
@@ -34,30 +59,98 @@ class RunConfig:
     """
 
     topology: str = "sl"
-    scheduler: str = "serial"
-    explore: str | None = None
-    granularity: str | None = None
-    abort: str | None = None
-    executors: int = 1
-    placement: str | None = None
-    sockets: int | None = None
-    punctuation_interval: int = 10240
-    udf_cost_us: float = 0.0
-    source: str = "spark"
-    address: str | None = None
-    punctuation_ms: float | None = PUNCTUATION_MS
-    latency_target_ms: float = LATENCY_TARGET_MS
-    max_chunk_events: int = CHUNK_EVENTS
-    """Largest chunk handed to the team at once (the chunk sizer stays below it)."""
-    overwrite: bool = False
-    checkpoint_dir: str | None = None
-    checkpoint_every: int | None = None
+    scheduler: str = option(
+        "serial",
+        "how transactions run in parallel; all but nolock (a bound without consistency) "
+        "give serial's results",
+        choices=_scheduler_names,
+    )
+    explore: str | None = option(
+        None,
+        "morphstream only: how the task graph is explored (default: auto)",
+        choices=EXPLORE,
+    )
+    granularity: str | None = option(
+        None,
+        "morphstream only: operations or operation chains as scheduling units (default: auto)",
+        choices=GRANULARITY,
+    )
+    abort: str | None = option(
+        None, "morphstream only: when aborts are handled (default: auto)", choices=ABORT
+    )
+    executors: int = option(
+        1,
+        "executor actors, each pinned to a core (more than the usable cores: a warning; "
+        "over 4 times as many: refused)",
+        metavar="N",
+    )
+    placement: str | None = option(
+        None,
+        "tstream, morphstream, sstore: which executors share which keys' work "
+        "(default: shared-nothing)",
+        choices=PLACEMENTS,
+    )
+    sockets: int | None = option(
+        None,
+        "split the usable cores into S emulated sockets (default: the host's own)",
+        metavar="S",
+    )
+    punctuation_interval: int = option(10240, "events per punctuation batch", metavar="N")
+    udf_cost_us: float = option(
+        0.0,
+        "busy microseconds added to every state access (never changes results)",
+        metavar="C",
+    )
+    source: str = option(
+        "spark", "read the input with Spark (through RayDP) or with pyarrow", choices=SOURCES
+    )
+    address: str | None = option(
+        None,
+        "Ray cluster to run on, HOST:PORT or auto (default: $RAY_ADDRESS, else a local Ray "
+        "for this run)",
+        metavar="RAY_ADDRESS",
+    )
+    log_level: str = option(
+        "info",
+        "detail of the run's log (txstream, Ray and Spark), OUTPUT/_logs/txstream.log",
+        choices=LEVELS,
+    )
+    verbose: bool = option(
+        False, "also show the log on stderr (Ray's, Spark's and the JVMs' output included)"
+    )
+    progress: bool = option(True, "no phases or progress bar on stderr", flag="--no-progress")
+    overwrite: bool = option(False, "replace a non-empty output (when the run commits)")
+    punctuation_ms: float | None = option(
+        PUNCTUATION_MS,
+        "cut a punctuation batch once its oldest event has waited MS ms",
+        metavar="MS",
+    )
+    latency_target_ms: float = option(
+        LATENCY_TARGET_MS,
+        "size the work in flight so that outputs follow inputs within MS ms",
+        metavar="MS",
+    )
+    max_chunk_events: int = option(
+        CHUNK_EVENTS,
+        "hand the team at most N events at once (whole punctuation batches; larger "
+        "amortises per-chunk costs, smaller bounds the latency)",
+        metavar="N",
+    )
+    checkpoint_dir: str | None = option(
+        None,
+        "write checkpoints to D: the run survives failures, and the same command run again "
+        "after a crash resumes from the last checkpoint (default: none)",
+        metavar="D",
+    )
+    checkpoint_every: int | None = option(
+        None,
+        "punctuation batches between checkpoints, each taken at the next chunk boundary once "
+        "the previous one is written (default: 100; needs --checkpoint-dir)",
+        metavar="B",
+    )
     """Punctuation batches between checkpoints; needs a folder (with one, None means
     CHECKPOINT_EVERY, the effective value once validated)."""
     timeout_s: float = 600.0
-    progress: bool = True
-    log_level: str = "info"
-    verbose: bool = False
 
     def __post_init__(self) -> None:
         checks = [

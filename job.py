@@ -181,9 +181,12 @@ class Job:
         order (read by Spark or pyarrow, per ``source``) and its outputs committed, until a
         ``_STOP`` file appears or ``stop`` is set; then it closes
         (see `txstream.connectors.follow`)."""
-        from txstream.connectors.follow import follow
+        from txstream.connectors.follow import check_folder, follow
 
+        warning = check_folder(folder)
         session_plan = self._plan(init_state, output, name=name)
+        if warning:
+            self.console.warn(warning)
         try:
             with (
                 run_log(output, self.config.log_level, self.config.verbose, self.console),

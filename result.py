@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -23,3 +24,10 @@ class Result:
 
         state = {name: arrow_to_spark(table, spark) for name, table in self.state.items()}
         return arrow_to_spark(self.events, spark), state
+
+    def report(self, path: str | Path) -> Path:
+        """Write the run's HTML report (plots of its metrics, see `txstream report`) to
+        ``path``; the path."""
+        from txstream.monitor.report import write_report
+
+        return write_report(self.metrics, path)

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 from txstream.actors.executor import output_schema
+from txstream.cluster.ray_runtime import reachable_address
 from txstream.cluster.transport import RayTransport, ThreadTransport
 from txstream.connectors.outputs import part_first_ts
 from txstream.connectors.sources import ArrowSource, Source
@@ -36,7 +37,7 @@ from txstream.engine.outbox import Outbox
 from txstream.engine.plan import Plan
 from txstream.engine.recovery import Checkpointing, InputLog, Pushed
 from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
-from txstream.monitor.console import Console
+from txstream.monitor.console import Console, Progress
 from txstream.monitor.metrics import session_metrics
 from txstream.result import Result
 from txstream.state.operations import STATUS_NAMES
@@ -88,6 +89,8 @@ class Session:
         """Single files pushed before the resumed checkpoint (`txstream.connectors.follow`)."""
         self.extra_metrics: dict[str, Any] = {}
         """Metrics the caller adds (e.g. Spark's start-up), written with the session's."""
+        if plan.resume:  # said at once, not only in the summary at the end
+            self.console.note(f"resuming from {plan.resume.path} at event {self.resumed_from:,}")
         try:
             begin = time.perf_counter()
             self._engine = Engine(plan, self.console, transport, job_config)
@@ -306,7 +309,7 @@ class Session:
         engine = self._engine
         self._to_controller(self._outbox.drain)
         engine.controller.close.remote()
-        self._wait_with_progress()
+        bar = self._wait_with_progress()
         run_info, coordinator, summary = engine.finish()
         seconds = time.perf_counter() - self._started
         tables = engine.state.tables(self.topology)
@@ -337,6 +340,7 @@ class Session:
             metrics["throughput_eps"] = round((events.num_rows - self.resumed_from) / seconds, 1)
         metrics.update(self.extra_metrics)
         output.commit(tables, json.dumps(metrics, indent=2) + "\n")
+        bar.close(metrics["throughput_eps"], metrics["seconds"])  # the summary's figures
         if self.plan.store is not None:
             self.plan.store.mark_complete()
         return Result(events, tables, metrics)
@@ -430,12 +434,14 @@ class Session:
         """What changes while the session gets on: its watermark, or a new team."""
         return self.watermark, self._engine.launches
 
-    def _wait_with_progress(self) -> None:
-        """Wait for the run to end, with the event bar on the console; fail when no event
-        got through for the run's timeout, or at once when an actor fails (recovering from
-        a death when checkpoints allow)."""
+    def _wait_with_progress(self) -> Progress:
+        """Wait for the run to end, with the event bar on the console (its rate is the
+        metrics' one: events since `resumed_from` over the seconds since the start); fail
+        when no event got through for the run's timeout, or at once when an actor fails
+        (recovering from a death when checkpoints allow). The bar, for its last line."""
         engine = self._engine
-        with self.console.progress(self._pushed, "running") as bar:
+        bar = self.console.progress(self._pushed, "running", self._started, self.resumed_from)
+        with bar:
             bar.update(self.watermark)
             deadline = time.monotonic() + self.config.timeout_s
             moved = self._movement()
@@ -447,15 +453,15 @@ class Session:
                 elif time.monotonic() > deadline:
                     raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")
             bar.update(self.watermark)
+        return bar
 
 
 def attach(address: str, name: str) -> Any:
     """The front door (ProgressController) of the session named ``name`` on the Ray cluster
     at ``address``, for outside readers; connects this process to that cluster."""
     if not ray.is_initialized():
-        ray.init(
-            address=address, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False
-        )
+        gcs = reachable_address(address)  # ray.init would retry an unreachable one forever
+        ray.init(address=gcs, namespace=NAMESPACE, logging_level=logging.ERROR, log_to_driver=False)
     try:
         return ray.get_actor(name, namespace=NAMESPACE)
     except ValueError as exc:

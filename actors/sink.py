@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from txstream.monitor.metrics import LatencyHistogram
+from txstream.monitor.metrics import LatencyHistogram, Timeline
 from txstream.state.operations import STATUS_NAMES
 from txstream.state.shared import ArrayHandle
 from txstream.state.watermark import Watermark
@@ -53,6 +53,7 @@ class Sink:
         self._parts = 0
         self._committed = start_ts
         self.latency = LatencyHistogram()
+        self.timeline = Timeline(time.time())
         self.counts = dict.fromkeys(STATUS_NAMES, 0)
         self._cpu_s = 0.0
         self._publish()
@@ -87,7 +88,9 @@ class Sink:
             if self._writer is None:
                 self._open()
             self._writer.write_batch(piece)
-            self.latency.add(time.time() - part_arrival)
+            now = time.time()
+            self.latency.add(now - part_arrival)
+            self.timeline.add(now, now - part_arrival)
             for value in pc.value_counts(piece.column("status")).to_pylist():
                 self.counts[value["values"]] += value["counts"]
             self._next_ts += piece.num_rows
@@ -141,11 +144,11 @@ class Sink:
 
     def finish(self) -> dict:
         """Commit the last part (an empty one if the run had no event, so that a one-shot
-        output always has its events file); the sink's `stats`."""
+        output always has its events file); the sink's `stats` and its `Timeline`."""
         if self._waiting:
             raise RuntimeError(f"sink: shares after ts {self._next_ts} never became contiguous")
         if self._writer is None and not self.output.parts():
             self._open()
         self._commit()
         self._watermark.close()
-        return self.stats()
+        return {**self.stats(), "timeline": self.timeline.as_dict()}

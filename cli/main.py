@@ -12,17 +12,25 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import NoReturn
 
-from txstream.config import ABORT, EXPLORE, GRANULARITY, PLACEMENTS, SOURCES, RunConfig
-from txstream.errors import SchemaError, TxstreamError, UsageError
-from txstream.monitor.logs import LEVELS, log_of, version
-from txstream.schedulers import SCHEDULERS
+from txstream.cli.watchdog import watchdog
+from txstream.config import RunConfig
+from txstream.errors import RuntimeFailure, SchemaError, TxstreamError, UsageError
+from txstream.monitor.logs import log_of, version
 from txstream.topologies import BUNDLED
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+ASK_TIMEOUT_S = 30.0
+"""How long `query` and `status` may take in all (connecting to Ray included)."""
+ANSWER_TIMEOUT_S = 20.0
+"""How long they wait for the session's answer once connected."""
 HELP_WIDTH = 100
 """Widest help text; narrower on a narrower terminal."""
 
@@ -48,14 +56,22 @@ class _HelpFormatter(argparse.HelpFormatter):
         return help
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line (``txstream run: error: argument --explore:
+    invalid choice: ...``), exit 2, as every other usage error; ``--help`` shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"txstream: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="txstream",
         description="Transactional stream processing on Ray.",
         formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"txstream {version()}")
-    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB", parser_class=_Parser)
 
     gen = verbs.add_parser(
         "generate",
@@ -93,7 +109,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--seed", type=int, default=0, metavar="S", help="random seed")
 
-    defaults = RunConfig()
     run = verbs.add_parser(
         "run",
         help="run a topology over events",
@@ -120,119 +135,7 @@ def _parser() -> argparse.ArgumentParser:
         help="folder of <table>.parquet (required)",
     )
     run.add_argument("--output", required=True, metavar="DIR", help="folder to write (required)")
-    run.add_argument(
-        "--scheduler",
-        choices=tuple(SCHEDULERS),
-        default=defaults.scheduler,
-        help="how transactions run in parallel; all but nolock (a bound without "
-        "consistency) give serial's results",
-    )
-    run.add_argument(
-        "--explore",
-        choices=EXPLORE,
-        default=None,
-        help="morphstream only: how the task graph is explored (default: auto)",
-    )
-    run.add_argument(
-        "--granularity",
-        choices=GRANULARITY,
-        default=None,
-        help="morphstream only: operations or operation chains as scheduling units (default: auto)",
-    )
-    run.add_argument(
-        "--abort",
-        choices=ABORT,
-        default=None,
-        help="morphstream only: when aborts are handled (default: auto)",
-    )
-    run.add_argument(
-        "--executors",
-        type=int,
-        default=defaults.executors,
-        metavar="N",
-        help="executor actors, each pinned to a core (more than the usable cores: a "
-        "warning; over 4 times as many: refused)",
-    )
-    run.add_argument(
-        "--placement",
-        choices=PLACEMENTS,
-        default=None,
-        help="tstream, morphstream, sstore: which executors share which keys' work "
-        "(default: shared-nothing)",
-    )
-    run.add_argument(
-        "--sockets",
-        type=int,
-        default=None,
-        metavar="S",
-        help="split the usable cores into S emulated sockets (default: the host's own)",
-    )
-    run.add_argument(
-        "--punctuation-interval",
-        type=int,
-        default=defaults.punctuation_interval,
-        metavar="N",
-        help="events per punctuation batch",
-    )
-    run.add_argument(
-        "--udf-cost-us",
-        type=float,
-        default=defaults.udf_cost_us,
-        metavar="C",
-        help="busy microseconds added to every state access (never changes results)",
-    )
-    run.add_argument(
-        "--source",
-        choices=SOURCES,
-        default=defaults.source,
-        help="read the input with Spark (through RayDP) or with pyarrow",
-    )
-    run.add_argument(
-        "--address",
-        default=None,
-        metavar="RAY_ADDRESS",
-        help="Ray cluster to run on, HOST:PORT or auto (default: $RAY_ADDRESS, else a "
-        "local Ray for this run)",
-    )
-    run.add_argument(
-        "--log-level",
-        choices=LEVELS,
-        default=defaults.log_level,
-        help="detail of the run's log (txstream, Ray and Spark), OUTPUT/_logs/txstream.log",
-    )
-    run.add_argument(
-        "--verbose",
-        action="store_true",
-        help="also show the log on stderr (Ray's, Spark's and the JVMs' output included)",
-    )
-    run.add_argument(
-        "--no-progress", action="store_true", help="no phases or progress bar on stderr"
-    )
-    run.add_argument(
-        "--overwrite", action="store_true", help="replace a non-empty output (when the run commits)"
-    )
-    run.add_argument(
-        "--punctuation-ms",
-        type=float,
-        default=defaults.punctuation_ms,
-        metavar="MS",
-        help="cut a punctuation batch once its oldest event has waited MS ms",
-    )
-    run.add_argument(
-        "--latency-target-ms",
-        type=float,
-        default=defaults.latency_target_ms,
-        metavar="MS",
-        help="size the work in flight so that outputs follow inputs within MS ms",
-    )
-    run.add_argument(
-        "--max-chunk-events",
-        type=int,
-        default=defaults.max_chunk_events,
-        metavar="N",
-        help="hand the team at most N events at once (whole punctuation batches; larger "
-        "amortises per-chunk costs, smaller bounds the latency)",
-    )
+    _add_config_options(run)
     run.add_argument(
         "--follow",
         action="store_true",
@@ -244,21 +147,6 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="name the session: `txstream query/status` reach it on the Ray cluster at "
         "--address (default: unnamed)",
-    )
-    run.add_argument(
-        "--checkpoint-dir",
-        default=None,
-        metavar="D",
-        help="write checkpoints to D: the run survives failures, and the same command run "
-        "again after a crash resumes from the last checkpoint (default: none)",
-    )
-    run.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=None,
-        metavar="B",
-        help="punctuation batches between checkpoints, each taken at the next chunk boundary "
-        "once the previous one is written (default: 100; needs --checkpoint-dir)",
     )
 
     query = verbs.add_parser(
@@ -277,6 +165,19 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("--name", required=True, help="the session's --name (required)")
     query.add_argument("--keys", default=None, metavar="K,...", help="keys (default: all)")
 
+    report = verbs.add_parser(
+        "report",
+        help="write the HTML report of a finished run",
+        description="Write a self-contained HTML page with plots of a finished run (its "
+        "metrics.json): events/s and latency over time, the time breakdown per executor, "
+        "morphstream's decisions per batch, checkpoints and recoveries.",
+        formatter_class=_HelpFormatter,
+    )
+    report.add_argument("output", metavar="OUTPUT", help="the run's output folder")
+    report.add_argument(
+        "--to", default=None, metavar="FILE", help="where to write it (default: OUTPUT/report.html)"
+    )
+
     status = verbs.add_parser(
         "status",
         help="print a running named session's progress",
@@ -291,6 +192,38 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--name", required=True, help="the session's --name (required)")
     return parser
+
+
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    """`run`'s options that are `RunConfig` fields, from the fields themselves (their type,
+    default and `txstream.config.option` metadata): each is declared once."""
+    for f in fields(RunConfig):
+        if "help" not in f.metadata:
+            continue  # not an option of the command line
+        meta = f.metadata
+        flag = meta["flag"] or f"--{f.name.replace('_', '-')}"
+        if f.type == "bool":
+            action = "store_false" if flag.startswith("--no-") else "store_true"
+            parser.add_argument(flag, dest=f.name, action=action, help=meta["help"])
+            continue
+        choices = meta["choices"]() if callable(meta["choices"]) else meta["choices"]
+        parser.add_argument(
+            flag,
+            dest=f.name,
+            type=_TYPES[f.type.split(" | ")[0]],
+            default=f.default,
+            choices=choices,
+            metavar=meta["metavar"],
+            help=meta["help"],
+        )
+
+
+def _config_options(args: argparse.Namespace) -> dict[str, object]:
+    """The `RunConfig` fields given on the command line (`_add_config_options`)."""
+    return {f.name: getattr(args, f.name) for f in fields(RunConfig) if "help" in f.metadata}
 
 
 def _generate(args: argparse.Namespace) -> None:
@@ -319,29 +252,7 @@ def _generate(args: argparse.Namespace) -> None:
 def _run(args: argparse.Namespace) -> None:
     from txstream.job import Job
 
-    job = Job(
-        args.topology,
-        scheduler=args.scheduler,
-        explore=args.explore,
-        granularity=args.granularity,
-        abort=args.abort,
-        executors=args.executors,
-        placement=args.placement,
-        sockets=args.sockets,
-        punctuation_interval=args.punctuation_interval,
-        udf_cost_us=args.udf_cost_us,
-        source=args.source,
-        address=args.address,
-        punctuation_ms=args.punctuation_ms,
-        latency_target_ms=args.latency_target_ms,
-        max_chunk_events=args.max_chunk_events,
-        overwrite=args.overwrite,
-        checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every=args.checkpoint_every,
-        log_level=args.log_level,
-        verbose=args.verbose,
-        progress=not args.no_progress,
-    )
+    job = Job(args.topology, **_config_options(args))
     if args.follow:
         m = _follow(job, args).metrics
     else:
@@ -383,23 +294,49 @@ def _follow(job, args: argparse.Namespace):
         signal.signal(signal.SIGINT, previous)
 
 
-def _remote_session(args: argparse.Namespace):
-    """The named session's ProgressController on the Ray cluster at ``--address``."""
+def _report_page(args: argparse.Namespace) -> None:
+    from txstream.monitor.report import REPORT_FILE, read_metrics, write_report
+
+    metrics = read_metrics(args.output)
+    print(write_report(metrics, args.to or Path(args.output) / REPORT_FILE))
+
+
+def _ask_session(args: argparse.Namespace, method: str, *call_args: object):
+    """Call ``method`` of the session named ``--name`` on the Ray cluster at ``--address``
+    and wait for its answer, which a failure turns into txstream's own error: the session's
+    error itself (not Ray's wrapping of it), or that no answer came."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
     from txstream.session import attach
 
-    return attach(args.address, args.name)
+    deadline = f"txstream: failed: no answer from the Ray cluster at {args.address} within "
+    with watchdog(ASK_TIMEOUT_S, f"{deadline}{ASK_TIMEOUT_S:.0f} s", EXIT_FAILURE):
+        front = attach(args.address, args.name)
+        try:
+            return ray.get(getattr(front, method).remote(*call_args), timeout=ANSWER_TIMEOUT_S)
+        except RayTaskError as exc:
+            cause = exc.cause
+            if isinstance(cause, TxstreamError):
+                raise cause from None
+            raise RuntimeFailure(
+                f"session {args.name!r}: {type(cause).__name__}: {cause}"
+            ) from None
+        except RayActorError:
+            raise RuntimeFailure(f"session {args.name!r} ended before answering") from None
+        except GetTimeoutError:
+            raise RuntimeFailure(
+                f"session {args.name!r} did not answer within {ANSWER_TIMEOUT_S:.0f} s"
+            ) from None
 
 
 def _query(args: argparse.Namespace) -> None:
-    import ray
-
     keys = None
     if args.keys is not None:
         try:
             keys = [int(k) for k in args.keys.split(",") if k.strip()]
         except ValueError as exc:
             raise UsageError(f"--keys must be integers separated by commas: {args.keys}") from exc
-    watermark, rows = ray.get(_remote_session(args).query.remote(args.table, keys), timeout=60)
+    watermark, rows = _ask_session(args, "query", args.table, keys)
     print(f"watermark {watermark}")
     print(",".join(rows.column_names))
     for row in zip(*(rows.column(c).to_pylist() for c in rows.column_names), strict=True):
@@ -407,23 +344,52 @@ def _query(args: argparse.Namespace) -> None:
 
 
 def _status(args: argparse.Namespace) -> None:
-    import ray
-
-    status = ray.get(_remote_session(args).status.remote(), timeout=60)
-    for key, value in status.items():
+    for key, value in _flat(_ask_session(args, "status")):
         print(f"{key}: {value}")
+
+
+def _flat(mapping: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
+    """``key: value`` pairs of a nested dictionary, nested keys joined by dots
+    (``latency_ms.p50``), so that every line of `status` holds one figure."""
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+_terminated = threading.Event()
+"""Set when SIGTERM came: the KeyboardInterrupt that ends the command is its doing (Ray
+re-raises an interrupt as a KeyboardInterrupt of its own, so its type cannot say)."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM stops the command as a Ctrl-C does: what it started is stopped first."""
+    _terminated.set()
+    raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `txstream` command; returns the exit code."""
     args = _parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        {"generate": _generate, "run": _run, "query": _query, "status": _status}[args.verb](args)
+        verbs = {
+            "generate": _generate,
+            "run": _run,
+            "report": _report_page,
+            "query": _query,
+            "status": _status,
+        }
+        verbs[args.verb](args)
     except (SchemaError, UsageError) as exc:
         return _report(f"error: {exc}", exc, EXIT_USAGE)
     except TxstreamError as exc:
         return _report(f"failed: {exc}", exc, EXIT_FAILURE)
     except KeyboardInterrupt as exc:
+        if _terminated.is_set():
+            return _report("terminated", exc, EXIT_TERMINATED)
         return _report("interrupted", exc, EXIT_INTERRUPTED)
     except Exception as exc:
         if log_of(exc) is None:

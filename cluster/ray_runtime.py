@@ -12,12 +12,15 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
 from txstream.cluster.scratch import scratch, sweep_abandoned_rays
 from txstream.cluster.topology import usable_cores
+from txstream.cluster.watch import watch_cluster
 from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
 
 OBJECT_STORE_BYTES = 512 * 1024**2
@@ -44,7 +47,7 @@ def ray_session(
     ``$RAY_ADDRESS``), or start a lean local Ray. Yields whether this call started or
     attached it; shuts it down (and removes a local Ray's folder) only then. ``phase``
     reports starting, connecting and stopping; ``log_to_driver``: the workers' output
-    comes to this process's stderr (a run's log)."""
+    comes to this process's stdout and stderr (a run sends them to its log)."""
     import ray
 
     if ray.is_initialized():
@@ -65,6 +68,7 @@ def ray_session(
             with phase(f"connecting to Ray at {address}"):
                 stack.callback(_shutdown, phase, "disconnecting from Ray")
                 _init(address=gcs, **options)
+            stack.enter_context(watch_cluster(_gcs_address(), f"the Ray cluster at {address}"))
         else:
             sweep_abandoned_rays()
             folder = stack.enter_context(scratch("ray"))
@@ -77,16 +81,30 @@ def ray_session(
                     _temp_dir=str(folder),
                     **options,
                 )
+            stack.enter_context(watch_cluster(_gcs_address(), "this run's local Ray"))
         yield True
 
 
 def _init(**options: object) -> None:
+    """``ray.init``, keeping this process's SIGTERM handler: Ray replaces it with one that
+    exits at once, where the command's own stops what the run started first."""
     import ray
 
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         ray.init(**options)
     except ConnectionError as exc:
         raise UsageError(f"cannot connect to Ray: {_first_line(str(exc))}") from exc
+    finally:
+        if sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
+
+
+def _gcs_address() -> str:
+    """``host:port`` of the GCS of the Ray this process is connected to."""
+    import ray
+
+    return ray.get_runtime_context().gcs_address
 
 
 def _shutdown(phase: Phase, name: str) -> None:

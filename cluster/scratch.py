@@ -39,14 +39,15 @@ def private_dir(what: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"txs-{what}-", dir=_base()))
 
 
-def sweep_abandoned_rays() -> None:
+def sweep_abandoned_rays(dead: int | None = None) -> None:
     """Stop what the local Ray of a killed run left running (Ray's agents can outlive
     their raylet) and remove its folder: a folder whose Ray session belongs to a driver
-    process that is gone. The processes are found by the files they hold open there."""
+    process that is gone (or is ``dead``: killed, not yet reaped by its parent). The
+    processes are found by the files they hold open there."""
     for folder in _base().glob("txs-ray-*"):
         drivers = [s.name.rsplit("_", 1)[-1] for s in folder.glob("session_*_*")]
         drivers = [int(d) for d in drivers if d.isdigit()]
-        if not drivers or any(os.path.exists(f"/proc/{pid}") for pid in drivers):
+        if not drivers or any(p != dead and os.path.exists(f"/proc/{p}") for p in drivers):
             continue  # not started yet, or its run goes on
         for proc in Path("/proc").glob("[0-9]*"):
             if _holds(proc, folder):

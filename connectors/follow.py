@@ -6,7 +6,9 @@ file-name order, then the session is flushed, so that each batch of files ends w
 outputs committed. Files whose names start with ``_`` or ``.`` are ignored (in-progress
 or bookkeeping files, as Spark and Hadoop name them). A new file whose name sorts before
 one already pushed cannot be put in ts order: it is skipped with a warning. Following
-ends when a ``_STOP`` file appears in the folder or when ``stop`` is set (Ctrl-C).
+ends when a ``_STOP`` file appears in the folder (it is then removed: it was meant for
+this run, and would end the next one at once) or when ``stop`` is set (Ctrl-C); a
+``_STOP`` already there at the start is said (`check_folder`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from txstream.errors import UsageError
 
 STOP_FILE = "_STOP"
 POLL_S = 0.2
@@ -56,6 +59,20 @@ class FolderWatch:
         return (self.folder / STOP_FILE).exists()
 
 
+def check_folder(folder: str | Path) -> str | None:
+    """A `UsageError` unless ``folder`` is a folder; a warning if a ``_STOP`` is already
+    there (the files present are pushed, then following ends at once)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise UsageError(f"--follow: {folder} is not a folder")
+    if (folder / STOP_FILE).exists():
+        return (
+            f"{folder / STOP_FILE} is already there: the files present are pushed, then the "
+            "session ends (remove it to keep following)"
+        )
+    return None
+
+
 def _complete(path: Path) -> bool:
     try:
         pq.read_metadata(path)
@@ -89,5 +106,6 @@ def follow(
                 on_files(files, watermark)
             continue
         if stop.is_set() or watch.stop_requested():
+            (watch.folder / STOP_FILE).unlink(missing_ok=True)  # consumed
             return pushed
         stop.wait(POLL_S)

@@ -11,6 +11,7 @@ fetcher actor; the consumer checks the positions.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ import pyarrow as pa
 import ray
 from ray.job_config import JobConfig
 from txstream.actors.fetcher import PartitionFetcher, Staging
+from txstream.cluster.ray_runtime import ray_session
 from txstream.cluster.scratch import JavaDriverLibraries, scratch
 from txstream.connectors.sources import ArrowSource
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
@@ -110,6 +112,18 @@ def ray_job_config() -> JobConfig:
     return JobConfig(jvm_options=[*JVM_OPTIONS, _NO_PERF_DATA, _QUICK_JIT])
 
 
+@contextmanager
+def ray_for_spark() -> Iterator[None]:
+    """Ray for a program that uses Spark through RayDP (then `spark_session`): the Ray
+    already initialised, or the one at ``$RAY_ADDRESS``, or a local Ray with the job config
+    Spark needs (`ray_job_config`), whose session folder is private and removed at the
+    end (``ray.init`` would leave ~40 MB in ``/tmp/ray/session_*``), of whose own records
+    only errors show, and whose workers' output (Spark's JVMs log on stdout) stays in its
+    logs instead of mixing with the program's."""
+    with ray_session(job_config=ray_job_config(), logging_level=logging.ERROR, log_to_driver=False):
+        yield
+
+
 _LOG4J_LEVELS = {"debug": "DEBUG", "info": "INFO", "warning": "WARN", "error": "ERROR"}
 _LOG4J_CONFIG = """\
 status = error
@@ -132,7 +146,7 @@ def spark_session(
     executor_memory: str = "1g",
     *,
     console: Console | None = None,
-    log_level: str = "warning",
+    log_level: str = "error",
 ) -> Iterator[SparkSession]:
     """Run Spark (one executor, one core) on the current Ray session; stop it on exit.
 
@@ -141,7 +155,9 @@ def spark_session(
     its own without the JVM flags. Spark's Python workers run this interpreter
     (``$PYSPARK_PYTHON`` if set); the JVMs keep their temporary files in a private
     folder, removed on exit together with the folders of Ray's native library they
-    extracted; the driver logs to stderr at ``log_level``.
+    extracted; the driver logs to stderr at ``log_level``: by default only errors (a run
+    gives its own level and sends stderr to its log; in a Python program, Spark's warnings
+    about task sizes or streaming options would be all the user sees of it).
     """
     active = _active_session()
     if active is not None:
@@ -284,7 +300,9 @@ class SparkSource:
         else:
             self._spark = SparkSession.getActiveSession()
             if self._spark is None:
-                raise UsageError("no Spark session: open one with txstream.cluster.spark_session()")
+                raise UsageError(
+                    "no Spark session: open one with txstream.connectors.spark.spark_session()"
+                )
             parquet = data if isinstance(data, ArrowSource) else ArrowSource(data)
             frame, self.num_rows = _positioned_files(self._spark, parquet), parquet.num_rows
             file_bytes = sum(f.stat().st_size for f in parquet.files)

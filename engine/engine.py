@@ -14,6 +14,7 @@ Ray it started.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -28,9 +29,10 @@ from txstream.actors.sink import Sink
 from txstream.cluster.ray_runtime import actor_failure
 from txstream.cluster.transport import RayTransport, ThreadTransport, ended, get, wait_all
 from txstream.engine.plan import Plan
+from txstream.engine.reaper import ensure_reaper
 from txstream.errors import PeerFailed, RuntimeFailure, TxstreamError, UsageError
 from txstream.monitor.console import Console
-from txstream.monitor.logs import level_number
+from txstream.monitor.logs import captured, level_number
 from txstream.schedulers.team.placement import seats
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer
 from txstream.state.chunk import sweep_segments
@@ -82,6 +84,7 @@ class Engine:
     def _allocate(self, job_config: object | None) -> None:
         cfg, plan, stack = self.config, self.plan, self._stack
         sweep_stale_segments()
+        ensure_reaper()  # what a SIGKILL of this process would leave is removed at once
         run_id = new_run_id()
         self.prefix = run_prefix(run_id)
         self.state = stack.enter_context(SharedState.create(run_id, plan.layout, plan.set_capacity))
@@ -101,10 +104,11 @@ class Engine:
         if plan.store is not None:
             self.buffer = CheckpointBuffer.create(run_id, self.state)
             stack.callback(self.buffer.close)
+        # Ray's own records (its start, its token authentication) are for the run's log;
+        # without one (a session of a Python program), only its errors show
+        ray_logging = level_number(cfg.log_level) if captured() or cfg.verbose else logging.ERROR
         stack.enter_context(
-            self.transport.session(
-                cfg.address, job_config, self.console.phase, level_number(cfg.log_level)
-            )
+            self.transport.session(cfg.address, job_config, self.console.phase, ray_logging)
         )
         stack.callback(self.stop)
 

@@ -18,6 +18,9 @@ from contextlib import contextmanager
 from typing import TextIO
 
 log = logging.getLogger("txstream")
+# Without it, a record made before a run's log is set up (a warning about the options)
+# would reach Python's last-resort handler: the same warning again on stderr, bare.
+log.addHandler(logging.NullHandler())
 
 _TICK_S = 0.5
 """How often a terminal line is redrawn while a phase lasts."""
@@ -116,9 +119,13 @@ class Console:
             self.stream.write(f"txstream: warning: {message}\n")
             self.stream.flush()
 
-    def progress(self, total: int | None, label: str) -> Progress:
-        """An event bar for ``total`` events (None: unknown), labelled ``label``."""
-        return Progress(self, total, label)
+    def progress(
+        self, total: int | None, label: str, since: float | None = None, base: int = 0
+    ) -> Progress:
+        """An event bar for ``total`` events (None: unknown), labelled ``label``, whose rate
+        counts the events after ``base`` over the seconds since ``since`` (a
+        `time.perf_counter` value; default: now)."""
+        return Progress(self, total, label, since, base)
 
     def _show(self, text: str, final: bool) -> None:
         """Show ``text`` as the current line (redrawn on a terminal), ending it if final."""
@@ -154,55 +161,55 @@ class Console:
 class Progress:
     """The event bar of a run: count, share, rate and ETA.
 
-    Rate and ETA are measured from the first events out, not from the start of the
-    run: the first events wait for the pipeline to fill (and, from Spark, for the first
-    partition), which says nothing about the rate once they flow.
+    Its rate is the one metrics.json and the summary give (``throughput_eps``): the events
+    this run processed (those after ``base``, where a resumed run started) over the
+    seconds since ``since`` (its first event read), so the figure the bar shows while it
+    runs converges to the one it ends with, and its last line (`close`) shows the
+    run's own figures.
     """
 
-    def __init__(self, console: Console, total: int | None, label: str):
+    def __init__(
+        self, console: Console, total: int | None, label: str, since: float | None, base: int
+    ):
         self.console = console
         self.total = total
         self.label = label
-        self.n = 0
-        self._start = time.perf_counter()
-        self._first: tuple[float, int] | None = None
+        self.base = base
+        self.n = base
+        self._created = time.perf_counter()
+        self._since = self._created if since is None else since
         self._printed = 0.0
 
     def update(self, n: int) -> None:
         """``n`` events are done in all; redraw (terminal) or print every 10 s (else)."""
         now = time.perf_counter()
-        if n > self.n and self._first is None:
-            self._first = (now, n)
         self.n = n
         if not self.console.enabled:
             return
         if self.console.interactive:
             self.console._show(self._text(now), final=False)
-        elif now - self._start - self._printed >= _PLAIN_EVERY_S:
-            self._printed = now - self._start
+        elif now - self._created - self._printed >= _PLAIN_EVERY_S:
+            self._printed = now - self._created
             self.console._show(self._text(now), final=True)
 
-    def close(self) -> None:
-        """Show the final line: events, average rate over the run, seconds."""
+    def close(self, rate: float | None, seconds: float) -> None:
+        """Show the final line with the run's figures: its rate and seconds."""
         if self.console.enabled:
-            self.console._show(self._text(time.perf_counter(), done=True), final=True)
+            parts = [*self._head(), f"{_si(rate)} events/s in {seconds:.1f} s"]
+            self.console._show("  ".join(parts), final=True)
 
     def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, exc_type: object, *exc_info: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:  # no last line: the failure's comes next
             with self.console._lock:
                 self.console._end_line()
 
     def rate(self, now: float) -> float | None:
-        """Events per second since the first events came out (None before a second update)."""
-        if self._first is None:
-            return None
-        t0, n0 = self._first
-        return (self.n - n0) / (now - t0) if now > t0 and self.n > n0 else None
+        """Events per second so far (None before the first events are done)."""
+        done, elapsed = self.n - self.base, now - self._since
+        return done / elapsed if done > 0 and elapsed > 0 else None
 
     def eta(self, now: float) -> float | None:
         """Seconds left at the current rate (None while unknown)."""
@@ -211,8 +218,7 @@ class Progress:
             return None
         return max(0.0, (self.total - self.n) / rate)
 
-    def _text(self, now: float, done: bool = False) -> str:
-        elapsed = now - self._start
+    def _head(self) -> list[str]:
         count = f"{_si(self.n)}/{_si(self.total)}" if self.total is not None else _si(self.n)
         parts = [f"txstream: {self.label}"]
         if self.total:
@@ -220,13 +226,13 @@ class Progress:
             filled = int(share * _BAR_WIDTH)
             parts.append(f"{share:4.0%} |{'#' * filled}{'.' * (_BAR_WIDTH - filled)}|")
         parts.append(f"{count} events")
-        if done:
-            mean = self.n / elapsed if elapsed > 0 else 0.0
-            parts.append(f"{_si(mean)} events/s in {elapsed:.1f} s")
-            return "  ".join(parts)
-        rate = self.rate(now)
+        return parts
+
+    def _text(self, now: float) -> str:
+        rate, eta = self.rate(now), self.eta(now)
+        elapsed = now - self._since
+        parts = self._head()
         parts.append(f"{_si(rate)} events/s" if rate else "waiting for the first events")
-        eta = self.eta(now)
         parts.append(f"{elapsed:.0f} s, ETA {eta:.0f} s" if eta is not None else f"{elapsed:.0f} s")
         return "  ".join(parts)
 

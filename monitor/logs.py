@@ -45,6 +45,12 @@ def level_number(level: str) -> int:
     return logging.getLevelName(level.upper())
 
 
+def captured() -> bool:
+    """Whether a run's log now receives this process's stderr (`run_log`): then Ray's and
+    Spark's chatter on stderr goes there, not to the terminal."""
+    return _redirected.locked()
+
+
 def log_of(exc: BaseException) -> Path | None:
     """The log file of the run that ``exc`` ended, if a run log recorded it."""
     return getattr(exc, "txstream_log", None)
@@ -67,7 +73,8 @@ def run_log(
     number = level_number(level)
     path, created = _log_path(output)
     with ExitStack() as stack:
-        stream = stack.enter_context(open(path, "w", buffering=1, encoding="utf-8"))
+        # Appended to: a run started again (a resume) keeps the log of the one it follows.
+        stream = stack.enter_context(open(path, "a", buffering=1, encoding="utf-8"))
         handlers = [logging.StreamHandler(stream)]
         if verbose:
             handlers.append(logging.StreamHandler(sys.stderr))
@@ -98,12 +105,13 @@ def run_log(
 
 
 def _log_path(output: str | os.PathLike | None) -> tuple[Path, list[Path]]:
-    """Where the log goes, and the folders made for it (outermost first)."""
+    """Where the log goes, and what is made for it: the folders (outermost first) and the
+    log itself, unless an earlier run's log is there."""
     if output is None:
         folder = Path(tempfile.mkdtemp(prefix="txstream_log_"))
-        return folder / LOG_FILE, [folder]
+        return folder / LOG_FILE, [folder, folder / LOG_FILE]
     folder = Path(output) / LOG_FOLDER
-    created = [p for p in (Path(output), folder) if not p.exists()]
+    created = [p for p in (Path(output), folder, folder / LOG_FILE) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -112,9 +120,11 @@ def _log_path(output: str | os.PathLike | None) -> tuple[Path, list[Path]]:
 
 
 def _remove_created(path: Path, created: list[Path]) -> None:
-    """Remove the log and the folders made for it (only if left empty)."""
-    path.unlink(missing_ok=True)
-    for folder in reversed(created):
+    """Remove the log and the folders made for it (only if left empty), not an earlier
+    run's log."""
+    if path in created:
+        path.unlink(missing_ok=True)
+    for folder in reversed(created[:-1] if path in created else created):
         try:
             folder.rmdir()
         except OSError:  # not empty: something else is there now

@@ -69,6 +69,45 @@ class LatencyHistogram:
         return round(float(self.EDGES[min(i, len(self.EDGES) - 1)]) * 1e3, 4)
 
 
+class Timeline:
+    """Events out and their latency, per second of the run: what the report plots over
+    time. Each second keeps three figures (its latency histogram only while it lasts), so
+    memory grows by a few bytes per second of run, whatever the rate."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self._second = 0
+        self._now = LatencyHistogram()
+        self.series: dict[str, list] = {
+            "second": [],
+            "events": [],
+            "latency_p50_ms": [],
+            "latency_p99_ms": [],
+        }
+
+    def add(self, now: float, latencies: np.ndarray) -> None:
+        """Count events that came out at ``now`` (`time.time`) with ``latencies`` (s)."""
+        second = max(0, int(now - self.start))
+        if second != self._second:
+            self._close()
+            self._second = second
+        self._now.add(latencies)
+
+    def _close(self) -> None:
+        events = int(self._now.counts.sum())
+        if events:
+            self.series["second"].append(self._second)
+            self.series["events"].append(events)
+            self.series["latency_p50_ms"].append(self._now.percentile_ms(50))
+            self.series["latency_p99_ms"].append(self._now.percentile_ms(99))
+            self._now = LatencyHistogram()
+
+    def as_dict(self) -> dict[str, list]:
+        """The series so far (seconds since ``start`` in which events came out)."""
+        self._close()
+        return {key: list(values) for key, values in self.series.items()}
+
+
 def run_metrics(summary: dict, run_info: dict, seconds: float) -> dict[str, Any]:
     """The engine's part of metrics.json: event counts from the Sink's ``summary``, the time
     breakdown and per-batch figures from the executors' reports in ``run_info``, over a run
@@ -85,6 +124,7 @@ def run_metrics(summary: dict, run_info: dict, seconds: float) -> dict[str, Any]
         "seconds": round(seconds, 6),
         "throughput_eps": round(events / seconds, 1) if seconds > 0 else None,
         "latency_ms": summary["latency_ms"],
+        "timeline": summary["timeline"],
         "breakdown_s": total.as_dict(),
         "breakdown_per_executor_s": [e["breakdown_s"] for e in run_info["executors"]],
         "batches": batch_metrics(run_info["executors"]),

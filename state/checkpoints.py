@@ -181,8 +181,13 @@ class CheckpointStore:
         (self.folder / COMPLETE).unlink(missing_ok=True)
 
     def mark_complete(self) -> None:
-        """The run these checkpoints belong to completed: nothing to resume."""
+        """The run these checkpoints belong to completed: nothing to resume, so they are
+        removed (the state of each, the size of the tables, stayed on disk otherwise);
+        the marker says so to the same command run again."""
+        self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / COMPLETE).write_bytes(b"")
+        for path in [*self.folder.glob(f"{PREFIX}*"), *self.folder.glob(f"{TEMPORARY}*")]:
+            shutil.rmtree(path, ignore_errors=True)
 
     @property
     def complete(self) -> bool:

@@ -106,15 +106,16 @@ def new_run_id() -> str:
     return secrets.token_hex(4)
 
 
-def sweep_stale_segments(shm_dir: str = "/dev/shm") -> list[str]:
-    """Remove segments of txstream runs whose driver process no longer exists."""
+def sweep_stale_segments(shm_dir: str = "/dev/shm", dead: int | None = None) -> list[str]:
+    """Remove segments of txstream runs whose driver process no longer exists (or is
+    ``dead``: killed, though its parent has not reaped it yet)."""
     removed = []
     for path in Path(shm_dir).glob(PREFIX + "*"):
         try:
             pid = int(path.name[len(PREFIX) :].split("_", 1)[0])
         except ValueError:
             continue
-        if not _alive(pid):
+        if pid == dead or not _alive(pid):
             path.unlink(missing_ok=True)
             removed.append(path.name)
     return removed

@@ -15,6 +15,21 @@ from those of other test runs on the same machine."""
 os.environ["TXSTREAM_TEST_RUN"] = str(os.getpid())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_after_the_suite():
+    """After every test (this fixture is set up first, so torn down last): no shared
+    memory of this process's runs, no Ray folder of its own left in the temporary folder."""
+    yield
+    import tempfile
+
+    assert txstream_segments() == [], "the suite left shared memory behind"
+    rays = [
+        *Path(tempfile.gettempdir()).glob(f"txs-ray-*/session_*_{os.getpid()}"),
+        *Path("/tmp/ray").glob(f"session_*_{os.getpid()}"),  # Ray's default: ~50 MB
+    ]
+    assert rays == [], "the suite left a Ray session folder behind"
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A lean local Ray, with the JVM flags Spark needs; actors see tests/ on their path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from conftest import TESTS, actor_processes, txstream_segments
 from tmp_watch import TmpWatch
 from txstream.cli.main import main
 from txstream.cluster.topology import usable_cores
+from txstream.monitor.console import _si
 
 OUTPUT_COLUMNS = {
     "sl": [],
@@ -138,7 +140,12 @@ def _cli(*args, timeout=300, env=(), watch=None):
         env=env,
     )
     watcher = TmpWatch(proc.pid, keep=watch) if watch else None
-    stdout, stderr = proc.communicate(timeout=timeout)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # a hung command fails its test, and does not outlive it
+        proc.communicate()
+        raise
     result = SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=stderr, pid=proc.pid)
     if watcher is not None:
         watcher.stop()
@@ -223,6 +230,12 @@ def test_default_run_goes_through_spark_on_its_own_ray(tmp_path):
     assert all(line.startswith("txstream: ") for line in lines), proc.stderr
     shown = [next(p for p in PHASES if line.startswith(f"txstream: {p}")) for line in lines]
     assert shown == PHASES, proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    bar = next(line for line in lines if line.startswith("txstream: running  100%"))
+    rate = f"{_si(metrics['throughput_eps'])} events/s in {metrics['seconds']:.1f} s"
+    assert bar.endswith(rate) and f"= {metrics['throughput_eps']:,.0f} events/s" in proc.stdout
+    assert sum(metrics["timeline"]["events"]) == 5000  # every event in the per-second series
+    assert main(["report", str(out)]) == 0 and (out / "report.html").is_file()
     assert any("/ray/" in str(p) for p in proc.held) and any("txs-" in str(p) for p in proc.held)
     assert proc.left == []
     assert "starting Spark: done in" in (out / "_logs" / "txstream.log").read_text()
@@ -252,9 +265,11 @@ def test_default_run_goes_through_spark_on_its_own_ray(tmp_path):
     assert pq.read_table(out / "events.parquet").equals(pq.read_table(arrow / "events.parquet"))
 
 
-def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
-    import signal
-    import time
+@pytest.mark.parametrize(
+    ("signum", "code", "line"),
+    [(signal.SIGINT, 130, "txstream: interrupted"), (signal.SIGTERM, 143, "txstream: terminated")],
+)
+def test_ctrl_c_and_sigterm_stop_the_run_and_clean_up(tmp_path, signum, code, line):
 
     data = _generate(tmp_path, "sl", events=400_000)
     env = {**os.environ, "RAY_ADDRESS": ""}
@@ -289,10 +304,10 @@ def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
     while not actor_processes("Executor", wait_s=0) and time.monotonic() < deadline:
         time.sleep(0.2)  # the run's actors are up: it is past start-up
     time.sleep(3)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
-    assert "interrupted" in stderr
+    assert proc.returncode == code, stderr
+    assert stderr.splitlines()[-1].startswith(line)
     assert not txstream_segments(proc.pid)
 
 
@@ -369,3 +384,66 @@ def test_absurd_executor_count_is_refused_before_anything_starts(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "usable cores: the executors would mostly wait" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("verb", [["status"], ["query", "accounts"]])
+def test_query_and_status_on_an_unreachable_address_are_exit_2_at_once(verb):
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # nobody listens there once closed
+    start = time.monotonic()
+    proc = _cli(*verb, "--address", f"127.0.0.1:{port}", "--name", "ledger", timeout=60)
+    assert time.monotonic() - start < 30
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"txstream: error: --address 127.0.0.1:{port}: no Ray at 127.0.0.1:{port} "
+        "(Connection refused)\n"
+    )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_end_a_query_that_waits_on_a_silent_address(signum):
+    with socket.socket() as silent:  # accepts connections and never answers: not a Ray
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        port = silent.getsockname()[1]
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "txstream",
+                "query",
+                "accounts",
+                "--address",
+                f"127.0.0.1:{port}",
+                "--name",
+                "ledger",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(6)  # well into Ray's connection attempts
+        proc.send_signal(signum)
+        try:
+            _, stderr = proc.communicate(timeout=10)
+        finally:
+            proc.kill()  # no-op once it has ended
+    assert proc.returncode == 128 + signum
+    assert stderr == "txstream: interrupted\n"
+
+
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["run", "sl", "--explore", "xyz"], "argument --explore: invalid choice: 'xyz'"),
+        (["run", "sl"], "the following arguments are required: --input, --init-state"),
+        ([], "the following arguments are required: VERB"),
+    ],
+)
+def test_bad_arguments_are_one_line_exit_2(argv, line, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"txstream: error: {line}")

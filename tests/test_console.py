@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 
 import pytest
 from txstream.monitor import console as console_module
@@ -58,16 +60,14 @@ def test_a_warning_during_a_phase_gets_its_own_line_and_shows_when_disabled(cloc
     assert quiet.getvalue() == "txstream: warning: careful\n"
 
 
-def test_rate_and_eta_start_at_the_first_events_out(clock):
-    bar = Console(stream=io.StringIO()).progress(1_000_000, "running")
+def test_rate_is_the_runs_own_from_its_start_and_its_base(clock):
+    start = clock.now
     clock.now += 10  # the pipeline fills (Spark converts the first partition)
+    bar = Console(stream=io.StringIO()).progress(1_000_000, "running", start, base=200_000)
     assert bar.rate(clock.now) is None and bar.eta(clock.now) is None
-    bar.update(100_000)
-    assert bar.eta(clock.now) is None  # one point: no rate yet
-    clock.now += 1
-    bar.update(300_000)  # 200k events/s since the first events came out
-    assert bar.rate(clock.now) == pytest.approx(200_000)
-    assert bar.eta(clock.now) == pytest.approx(3.5)  # not 10 s+ as an average from start
+    bar.update(300_000)  # 100k events of this run in 10 s (a resumed run: 200k before)
+    assert bar.rate(clock.now) == pytest.approx(10_000)
+    assert bar.eta(clock.now) == pytest.approx(70)
 
 
 def test_bar_lines_when_not_a_terminal(clock):
@@ -79,6 +79,7 @@ def test_bar_lines_when_not_a_terminal(clock):
         bar.update(1_000_000)
         clock.now += 1
         bar.update(2_000_000)
+    bar.close(166_666.7, 12.0)
     lines = out.getvalue().splitlines()
     assert len(lines) == 2
     assert "50% |" in lines[0] and "1.00M/2.00M events" in lines[0] and "ETA" in lines[0]
@@ -90,10 +91,12 @@ def test_bar_without_a_total_and_a_disabled_bar(clock):
     with Console(stream=out).progress(None, "running") as bar:
         clock.now += 2
         bar.update(1234)
+    bar.close(617.0, 2.0)
     assert out.getvalue() == "txstream: running  1.23k events  617 events/s in 2.0 s\n"
     quiet = io.StringIO()
     with Console(enabled=False, stream=quiet).progress(10, "running") as bar:
         bar.update(10)
+    bar.close(10.0, 1.0)
     assert quiet.getvalue() == ""
 
 
@@ -115,3 +118,9 @@ def test_terminal_redraws_the_current_line(clock):
 )
 def test_si(value, text):
     assert _si(value) == text
+
+
+def test_a_warning_before_any_log_is_set_up_is_shown_once():
+    code = "from txstream.monitor.console import Console; Console().warn('too many executors')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stderr == "txstream: warning: too many executors\n"

@@ -94,3 +94,16 @@ def test_console_with_its_own_stream_keeps_it(tmp_path, capfd):
         pass
     assert mine.getvalue().startswith("txstream: staging the input ... ")
     assert capfd.readouterr().err == ""
+
+
+def test_a_run_started_again_appends_to_the_log_of_the_one_before(tmp_path):
+    with pytest.raises(ZeroDivisionError), run_log(tmp_path / "out") as path:
+        logging.getLogger("txstream").info("the first run, killed")
+        raise ZeroDivisionError("killed")
+    with pytest.raises(UsageError), run_log(tmp_path / "out"):
+        raise UsageError("a bad option: nothing ran")
+    with run_log(tmp_path / "out"):
+        logging.getLogger("txstream").info("the second run, resumed")
+    text = path.read_text()
+    assert text.index("the first run, killed") < text.index("the second run, resumed")
+    assert text.count(" pid ") == 3  # each run starts with its own header

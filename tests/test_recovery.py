@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -252,14 +253,20 @@ def test_a_run_whose_driver_was_killed_resumes_from_its_last_checkpoint(tmp_path
     assert driver.poll() is None, f"the run ended before the kill: {driver.communicate()}"
     driver.send_signal(signal.SIGKILL)
     driver.wait()
+    left = _wait_gone(tag, 20)  # the killed driver's reaper stops what its Ray left
+    assert not left, f"the killed driver's processes are still alive: {_cmdlines(left)}"
+    assert not list(Path("/dev/shm").glob(f"txstream_{driver.pid}_*"))
+    assert not list(Path(tempfile.gettempdir()).glob(f"txs-ray-*/session_*_{driver.pid}"))
     assert not (out / "_SUCCESS").exists() and not (out / "events.parquet").exists()
     resumed = _cli(*args, tag=tag + "-again")
     _, stderr = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, stderr[-2000:]
-    left = _wait_gone(tag, 10)  # what Ray left of the killed run, stopped by the next
-    assert not left, f"the killed driver's processes are still alive: {_cmdlines(left)}"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["config"]["resumed_from"] > 0 or when == "writing"
+    log = (out / "_logs" / "txstream.log").read_text()
+    assert log.count(", pid ") == 2  # the killed run's log is kept, the next one appended
+    resumed_from = metrics["config"]["resumed_from"]
+    assert not resumed_from or f"at event {resumed_from:,}" in log  # said at the start
     state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
     want = Job("sl", progress=False, source="arrow").run(events, init)
     assert_same_run(pq.read_table(out / "events.parquet"), state, want.events, want.state)

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import naive
 import pyarrow as pa
@@ -69,6 +75,7 @@ def test_follow_pushes_new_files_in_name_order_until_stop(tmp_path):
     (incoming / "_STOP").touch()
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
+    assert not (incoming / "_STOP").exists()  # consumed: the next run would end at once
     assert "6,000 events" in stdout
     got = pq.read_table(out / "events")
     want = naive.run_model("sl", events, {k: pq.read_table(v) for k, v in _init(tmp_path)})
@@ -111,6 +118,108 @@ def test_query_and_status_of_a_named_session_from_another_process():
         status = _cli("status", "--address", address, "--name", "ledger-test")
         assert status.returncode == 0, status.stderr
         assert "watermark: 30" in status.stdout.splitlines()
+        assert any(line.startswith("latency_ms.p50: ") for line in status.stdout.splitlines())
+        assert "{" not in status.stdout  # one figure a line, no Python dictionaries
+        table = _cli("query", "nosuchtable", "--address", address, "--name", "ledger-test")
+        assert table.returncode == 2 and table.stderr == (
+            "txstream: error: query: no table 'nosuchtable'; the tables are accounts, assets\n"
+        )
         missing = _cli("status", "--address", address, "--name", "nobody")
         assert missing.returncode == 2 and "no session named 'nobody'" in missing.stderr
     assert isinstance(session.close().events, pa.Table)
+
+
+def _processes_with(text: str) -> list[int]:
+    """Pids of live processes whose command line mentions ``text``."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if text.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_follow_on_a_cluster_that_dies_fails_at_once_with_one_line(tmp_path):
+    events, init = generate("sl", WorkloadSpec(events=2000, keys=50, seed=5))
+    write_workload(tmp_path / "data", events, init)
+    incoming, out = tmp_path / "incoming", tmp_path / "out"
+    incoming.mkdir()
+    cluster = Path(tempfile.mkdtemp(prefix="txs-test-ray-", dir="/tmp"))  # short: sockets
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""}
+    ray = [str(Path(sys.executable).parent / "ray")]
+    try:
+        subprocess.run(
+            [
+                *ray,
+                "start",
+                "--head",
+                "--port",
+                str(port),
+                "--node-ip-address",
+                "127.0.0.1",
+                "--temp-dir",
+                str(cluster),
+                "--num-cpus",
+                "2",
+                "--include-dashboard",
+                "false",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "txstream",
+                "run",
+                "sl",
+                "--input",
+                str(incoming),
+                "--init-state",
+                str(tmp_path / "data" / "init"),
+                "--output",
+                str(out),
+                "--follow",
+                "--source",
+                "arrow",
+                "--address",
+                f"127.0.0.1:{port}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        _drop(incoming, "a-000.parquet", events)
+        deadline = time.monotonic() + 120
+        while not list((out / "events").glob("part-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in _processes_with(str(cluster)):  # the cluster dies
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        try:
+            _, stderr = proc.communicate(timeout=45)  # Ray itself would wait 60 s, silently
+        finally:
+            proc.kill()
+        assert time.monotonic() - killed < 30
+    finally:
+        for pid in _processes_with(str(cluster)):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(cluster, ignore_errors=True)
+    log = out / "_logs" / "txstream.log"
+    assert proc.returncode == 1
+    assert re.fullmatch(  # the GCS's host is the address the cluster gives for itself
+        rf"txstream: failed: Ray: the Ray cluster at 127\.0\.0\.1:{port} is gone: its GCS at "
+        rf"\S+:{port} refuses connections \(Connection refused\) \(log: {re.escape(str(log))}\)",
+        stderr.splitlines()[-1],
+    ), stderr
+    assert not (out / "_temporary").exists() and not (out / "_SUCCESS").exists()
+    assert not txstream_segments(proc.pid)
