@@ -38,6 +38,8 @@ from txstream.topologies.api import EventBatch, Outputs, Topology, Transactions
 if TYPE_CHECKING:
     from txstream.config import RunConfig
 
+STATUS_DICTIONARY = pa.array(STATUS_NAMES, pa.string())
+"""The ``status`` column's dictionary (its codes are the status codes)."""
 MAX_PENDING_WRITES = 2
 """Chunks an executor may have in flight to the sink before it waits (back-pressure)."""
 
@@ -52,6 +54,18 @@ def output_schema(topology: Topology) -> pa.Schema:
     ]
     fields += [(name, pa.int64()) for name in topology.output_columns]
     return pa.schema(fields)
+
+
+def rows_schema(topology: Topology) -> pa.Schema:
+    """The rows executors hand to the Sink: `output_schema` with ``status`` and ``reason``
+    as dictionaries of their codes, written to Parquet as they are (casting them to
+    strings first cost the Sink 20-30 ns per event, bench/stages.py); read back, they
+    are strings."""
+    schema = output_schema(topology)
+    for name, codes in (("status", pa.int8()), ("reason", pa.int32())):
+        i = schema.get_field_index(name)
+        schema = schema.set(i, pa.field(name, pa.dictionary(codes, pa.string())))
+    return schema
 
 
 @dataclass
@@ -74,20 +88,20 @@ def _output_rows(
         valid={name: results.out_set[:, i] & committed for i, name in enumerate(topology.outputs)},
     )
     extra = topology.post_process(events, outputs)
-    reasons = pa.array(topology.reason_strings(), pa.string())
+    # code 0 (no reason) is masked: a Parquet dictionary holds no null
+    reasons = pa.array([text or "" for text in topology.reason_strings()], pa.string())
     reason_codes = pa.array(results.reason, pa.int32(), mask=results.reason == 0)
     columns = [
         pa.array(np.arange(ts0, ts0 + events.n, dtype=np.int64)),
         events.arrow.column("event_id").cast(pa.int64()),
-        pa.DictionaryArray.from_arrays(
-            pa.array(results.status, pa.int8()), pa.array(STATUS_NAMES)
-        ).cast(pa.string()),
-        pa.DictionaryArray.from_arrays(reason_codes, reasons).cast(pa.string()),
+        pa.DictionaryArray.from_arrays(pa.array(results.status, pa.int8()), STATUS_DICTIONARY),
+        pa.DictionaryArray.from_arrays(reason_codes, reasons),
     ]
     for name in topology.output_columns:
         values, valid = extra[name]
-        columns.append(pa.array(np.asarray(values, np.int64), pa.int64(), mask=~valid))
-    return pa.RecordBatch.from_arrays(columns, schema=output_schema(topology))
+        mask = None if valid.all() else ~valid
+        columns.append(pa.array(np.asarray(values, np.int64), pa.int64(), mask=mask))
+    return pa.RecordBatch.from_arrays(columns, schema=rows_schema(topology))
 
 
 class Executor:
