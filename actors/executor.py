@@ -202,13 +202,16 @@ class Executor:
         with time.timing("construct"):
             txn = Transactions(batch, layout)
             topology.state_access(batch, txn)
-            mine = txn.build()
-        self.operations += len(mine)
-        team.publish_counts(len(mine), len(mine.dep_cell), mine.args.shape[1])
+        operations, reads, width = txn.sizes()
+        self.operations += operations
+        team.publish_counts(operations, reads, width)
         self.team.barrier(time)
         chunk = self._map_chunk(seq, events, time)
         r = team.rank
-        chunk.copy_in(mine, first, sum(team.counts(0)[:r]), sum(team.counts(1)[:r]))
+        first_op, first_read = sum(team.counts(0)[:r]), sum(team.counts(1)[:r])
+        with time.timing("construct"):
+            views = chunk.share_ops(first, batch.n, first_op, operations, first_read, reads, width)
+            txn.build_into(views, first, first_op, first_read)
         share = slice(first, first + batch.n)
         chunk.start_share(share, batch.reason)
         self.team.barrier(time)

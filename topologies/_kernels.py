@@ -6,10 +6,12 @@ from txstream.state._numba import jit
 
 
 @jit
-def merge_statements(stmt_ptr, stmt_attrs, txn, cell, args, dep_count, dep_cell, cursor, dest, out):
+def merge_statements(stmt_ptr, stmt_attrs, txn, cell, args, dep_count, dep_cell, cursor, dest, out,
+                     first_txn):  # fmt: skip
     """Counting-sort the statements' operations by transaction, stable (statement order
     within a transaction), and copy every field to its place in ``out`` (an `Ops`, its
-    ``dep_ptr`` and ``txn_ptr`` zeroed). O(operations + reads).
+    ``dep_ptr`` and ``txn_ptr`` zeroed), transactions numbered from ``first_txn``.
+    O(operations + reads).
 
     ``stmt_attrs[s]`` = (kind, fun, cond, reason, out) of statement s, whose operations
     are ``stmt_ptr[s]:stmt_ptr[s+1]``; ``cursor`` and ``dest`` are scratch. The five
@@ -30,7 +32,7 @@ def merge_statements(stmt_ptr, stmt_attrs, txn, cell, args, dep_count, dep_cell,
             d = cursor[txn[i]]
             cursor[txn[i]] = d + 1
             dest[i] = d
-            out.txn[d] = txn[i]
+            out.txn[d] = txn[i] + first_txn
             out.cell[d] = cell[i]
             out.kind[d] = kind
             out.fun[d] = fun

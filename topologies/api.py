@@ -430,11 +430,32 @@ class Transactions:
                 "pre_process must reject such events"
             )
 
+    def sizes(self) -> tuple[int, int, int]:
+        """Operations, parametric reads and argument width of what was emitted so far."""
+        operations = sum(len(s.txn) for s in self._statements)
+        reads = sum(len(s.dep_cell) for s in self._statements)
+        return operations, reads, max([1, *(len(s.args) for s in self._statements)])
+
     def build(self) -> OperationBatch:
         """All statements as one operation batch in (txn, statement, list) order."""
+        n_ops, n_reads, width = self.sizes()
+        out = Ops(*(np.empty(n, t) for n, t in ((n_ops, np.int64), (n_ops, np.int64),
+                                               (n_ops, np.int8), *[(n_ops, np.int32)] * 4)),
+                  args=np.empty((n_ops, width), np.int64), dep_ptr=np.empty(n_ops + 1, np.int64),
+                  dep_cell=np.empty(n_reads, np.int64),
+                  txn_ptr=np.empty(self.events.n + 1, np.int64))  # fmt: skip
+        self.build_into(out, 0, 0, 0)
+        return OperationBatch(out)
+
+    def build_into(self, out: Ops, first_txn: int, first_op: int, first_read: int) -> None:
+        """Write the operations into ``out``, views of a chunk's arrays where this batch's
+        transactions start at ``first_txn``, its operations at ``first_op`` and its reads
+        at ``first_read`` (indices made chunk-global): built in place, not built and then
+        copied (the copy and the fresh pages cost SL ~25 ns per event, bench/stages.py).
+        The first ``txn_ptr`` and ``dep_ptr`` entries are a neighbour's last: written
+        once, with the value both compute."""
         st = self._statements
-        n_ops = sum(len(s.txn) for s in st)
-        width = max([1, *(len(s.args) for s in st)])
+        n_ops, _, width = self.sizes()
         stmt_ptr = np.zeros(len(st) + 1, np.int64)
         np.cumsum([len(s.txn) for s in st], out=stmt_ptr[1:])
         stmt_attrs = np.array(
@@ -444,26 +465,16 @@ class Transactions:
         for s, row in zip(st, stmt_ptr, strict=False):
             for j, col in enumerate(s.args):
                 args[row : row + len(s.txn), j] = col
-        dep_count = _concat([s.dep_count for s in st])
-        arrays = Ops(
-            txn=np.empty(n_ops, np.int64),
-            cell=np.empty(n_ops, np.int64),
-            kind=np.empty(n_ops, np.int8),
-            fun=np.empty(n_ops, np.int32),
-            cond=np.empty(n_ops, np.int32),
-            reason=np.empty(n_ops, np.int32),
-            out=np.empty(n_ops, np.int32),
-            args=np.empty((n_ops, width), np.int64),
-            dep_ptr=np.zeros(n_ops + 1, np.int64),
-            dep_cell=np.empty(int(dep_count.sum()), np.int64),
-            txn_ptr=np.zeros(self.events.n + 1, np.int64),
-        )
+        txn_ptr = np.zeros(self.events.n + 1, np.int64)
+        dep_ptr = np.zeros(n_ops + 1, np.int64)
         merge_statements(
             stmt_ptr, stmt_attrs, _concat([s.txn for s in st]), _concat([s.cell for s in st]),
-            args, dep_count, _concat([s.dep_cell for s in st]),
-            np.empty(self.events.n, np.int64), np.empty(n_ops, np.int64), arrays,
+            args, _concat([s.dep_count for s in st]), _concat([s.dep_cell for s in st]),
+            np.empty(self.events.n, np.int64), np.empty(n_ops, np.int64),
+            out._replace(txn_ptr=txn_ptr, dep_ptr=dep_ptr), first_txn,
         )  # fmt: skip
-        return OperationBatch(arrays)
+        np.add(txn_ptr, first_op, out=out.txn_ptr)
+        np.add(dep_ptr, first_read, out=out.dep_ptr)
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
