@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from txstream.errors import SchemaError, TopologyError
 from txstream.state._numba import USER_SIG
 from txstream.state.layout import Layout
-from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE, OperationBatch, Ops
+from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE, Ops
 from txstream.topologies._kernels import merge_statements
 
 # Event column types a topology can declare.
@@ -436,22 +436,12 @@ class Transactions:
         reads = sum(len(s.dep_cell) for s in self._statements)
         return operations, reads, max([1, *(len(s.args) for s in self._statements)])
 
-    def build(self) -> OperationBatch:
-        """All statements as one operation batch in (txn, statement, list) order."""
-        n_ops, n_reads, width = self.sizes()
-        out = Ops(*(np.empty(n, t) for n, t in ((n_ops, np.int64), (n_ops, np.int64),
-                                               (n_ops, np.int8), *[(n_ops, np.int32)] * 4)),
-                  args=np.empty((n_ops, width), np.int64), dep_ptr=np.empty(n_ops + 1, np.int64),
-                  dep_cell=np.empty(n_reads, np.int64),
-                  txn_ptr=np.empty(self.events.n + 1, np.int64))  # fmt: skip
-        self.build_into(out, 0, 0, 0)
-        return OperationBatch(out)
-
     def build_into(self, out: Ops, first_txn: int, first_op: int, first_read: int) -> None:
-        """Write the operations into ``out``, views of a chunk's arrays where this batch's
-        transactions start at ``first_txn``, its operations at ``first_op`` and its reads
-        at ``first_read`` (indices made chunk-global): built in place, not built and then
-        copied (the copy and the fresh pages cost SL ~25 ns per event, bench/stages.py).
+        """All statements as operations in (txn, statement, list) order, written into
+        ``out``: views of a chunk's arrays where this batch's transactions start at
+        ``first_txn``, its operations at ``first_op`` and its reads at ``first_read``
+        (indices made chunk-global). Built in place: building private arrays and copying
+        them in cost SL 24 ns per event more (fresh pages, the copy; bench/stages.py).
         The first ``txn_ptr`` and ``dep_ptr`` entries are a neighbour's last: written
         once, with the value both compute."""
         st = self._statements
