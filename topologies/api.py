@@ -204,8 +204,9 @@ class EventBatch:
 
     def kind_codes(self) -> np.ndarray:
         """Per event, the index of its ``kind`` in the topology's kinds (-1: null or
-        unknown). The strings are matched once per batch: comparing them once per kind
-        cost SL 9 ns per event more (bench/stages.py)."""
+        unknown). The strings are matched once per batch, not once per kind (with the
+        fast paths for valid columns and empty rejections, SL's pre-processing went from
+        38 to 27 ns per event, bench/stages.py)."""
         key = "kind"
         if key not in self._cache:
             col = self.arrow.column("kind")
