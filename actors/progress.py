@@ -41,7 +41,10 @@ if TYPE_CHECKING:
 CHUNKS_IN_FLIGHT = 2
 """Chunks handed to the team and not finished yet: one being executed, one ready."""
 READ_AHEAD = 2
-"""Chunks' worth of events a source is read ahead of the team (bounded memory)."""
+"""A source is read ahead of the team by this many chunk steps (`ChunkSizer.step`), in
+pieces of one step: what is read is consumed within about a latency target, so that a
+one-shot run's latency means what a session's does (events arrive when they are read),
+and memory stays bounded."""
 CONCURRENCY = {"input": 1, "run": 1}
 """Ray concurrency groups (see module docstring)."""
 
@@ -183,6 +186,7 @@ class ProgressController:
     def _dispatch_until_closed(self) -> None:
         p = self._punctuator
         source = None
+        unread: pa.RecordBatch | None = None  # the rest of the source's last batch
         flushed = 0
         while True:
             with self._cond:
@@ -202,20 +206,23 @@ class ProgressController:
                     # the end: cut the open batch and hand out the rest as room appears
                     ending = self._closing and source is None and not self._queue
                     ending = ending and (room or p.pending == 0)
-                    readable = source is not None and p.pending < READ_AHEAD * self._sizer.largest
+                    step = self._sizer.step
+                    readable = source is not None and p.pending < READ_AHEAD * step
                     deadline = p.deadline()
                     due = deadline is not None and now >= deadline
                     if flush or ending or due or readable or idle or (room and p.closed):
                         break
                     self._cond.wait(None if deadline is None else max(deadline - now, 1e-3))
             if readable:
-                batch = next(source, None)
-                if batch is None:
+                if unread is None or unread.num_rows == 0:
+                    unread = next(source, None)
+                if unread is None:
                     source = None
                 else:
                     arrival = time.time()
-                    for piece in conform_events(batch, self.schema).to_batches():
-                        p.add(piece, arrival)
+                    piece, unread = unread.slice(0, step), unread.slice(step)
+                    for batch in conform_events(piece, self.schema).to_batches():
+                        p.add(batch, arrival)
             p.cut_if_due(time.time())
             if flush or ending or idle:
                 p.punctuate()

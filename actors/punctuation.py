@@ -8,12 +8,14 @@ the input, an idle team): a batch never waits for events that are not coming, no
 the team has nothing to do. Batch sizes therefore vary; results never depend on them.
 
 A *chunk* is whole batches handed to the team in one Ray call per executor. Its size is
-adaptive (none of the seed systems has this): while events queue up faster than the team
-serves them, latency is lost anyway and chunks are as large as allowed (throughput: a
-Ray call and a few barriers per chunk are amortised); otherwise a chunk holds what the
-team serves in about half the latency target, so that an event's output is not held
-back behind a long chunk. The team's service rate is measured on the chunks it
-completes.
+adaptive (none of the seed systems has this): a chunk holds what the team serves in about
+half the latency target, so that an event's output is not held back behind a long chunk;
+while events queue up faster than the team serves them, a whole target's worth
+(throughput: a Ray call and a few barriers per chunk are amortised). Never more: a chunk
+sized blind took a one-shot run's 40k SL events at 40 us per function in one piece, and
+its last outputs 5 s. The team's service rate is measured on the chunks it completes;
+before the first is done the sizer hands out `START_EVENTS`, and a chunk is at most
+`GROWTH` times the largest one measured, so that sizes grow as measurements come in.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ import pyarrow as pa
 CHUNK_EVENTS = 131072
 """Largest chunk: amortises a Ray call (~1-3 ms) per executor and the chunk's barriers
 (at 65,536, SL on 2 executors made 0.65-0.94M events/s, at 131,072 0.97-1.13M)."""
+
+
+START_EVENTS = 1024
+"""Chunk size before the team's rate is known: 0.1 s at 40 us per user function (SL),
+and the ramp to full chunks costs a few small ones at C = 0."""
+GROWTH = 4
+"""A chunk is at most this many times the largest chunk measured so far."""
 
 
 @dataclass
@@ -156,6 +165,7 @@ class ChunkSizer:
         self.largest = largest
         self.rate: float | None = None
         """Events per second the team serves (None until a chunk completed)."""
+        self._measured = 0  # the largest chunk measured
 
     def observe(self, events: int, seconds: float) -> None:
         """A chunk of ``events`` took the team ``seconds``."""
@@ -163,14 +173,24 @@ class ChunkSizer:
             return
         rate = events / seconds
         self.rate = rate if self.rate is None else self.rate + self.SMOOTHING * (rate - self.rate)
+        self._measured = max(self._measured, events)
+
+    @property
+    def step(self) -> int:
+        """Events the team serves in half the latency target (`START_EVENTS` before any
+        measurement): the size of a chunk when the team keeps up, and how far a source
+        is read ahead, in units of it."""
+        if self.rate is None:
+            return self._bounded(START_EVENTS)
+        return self._bounded(self.rate * self.latency_target_s / 2)
 
     def limit(self, backlog: int) -> int:
-        """Events for the next chunk when ``backlog`` events wait: as large as allowed while
-        the backlog alone takes longer than the latency target to serve, else what the
-        team serves in half the target."""
-        if self.rate is None:
-            return self.largest
-        within_target = self.rate * self.latency_target_s
-        if backlog > within_target:
-            return self.largest
-        return int(np.clip(within_target / 2, 1, self.largest))
+        """Events for the next chunk when ``backlog`` events wait: the `step`, or twice it
+        while the backlog alone takes longer than the latency target to serve."""
+        if self.rate is None or backlog <= self.rate * self.latency_target_s:
+            return self.step
+        return self._bounded(self.rate * self.latency_target_s)
+
+    def _bounded(self, events: float) -> int:
+        grown = max(START_EVENTS, GROWTH * self._measured)
+        return int(np.clip(events, 1, min(self.largest, grown)))

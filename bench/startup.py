@@ -27,8 +27,9 @@ from common import workload_dirs, write_results
 HERE = Path(__file__).resolve().parent.parent
 
 
-def run_once(venv: Path, data: Path, source: str, out: Path) -> dict:
-    """One `txstream run` of ``data`` through ``source``: wall seconds and metrics."""
+def run_once(venv: Path, data: Path, source: str, out: Path, options: tuple[str, ...] = ()) -> dict:
+    """One `txstream run` of ``data`` through ``source`` (more command-line ``options``):
+    wall seconds and metrics."""
     shutil.rmtree(out, ignore_errors=True)
     command = [
         str(venv / "bin" / "txstream"),
@@ -43,6 +44,7 @@ def run_once(venv: Path, data: Path, source: str, out: Path) -> dict:
         "--source",
         source,
         "--no-progress",
+        *options,
     ]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
@@ -54,6 +56,8 @@ def run_once(venv: Path, data: Path, source: str, out: Path) -> dict:
         "wall_s": round(wall, 3),
         "startup_s": metrics["startup_s"],
         "seconds": round(metrics["seconds"], 3),
+        "throughput_eps": metrics["throughput_eps"],
+        "cpu_s": metrics.get("cpu_s"),
         "phases_s": metrics.get("phases_s"),
         "spark": metrics.get("spark"),
     }

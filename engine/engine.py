@@ -23,7 +23,7 @@ from typing import Any
 
 from txstream import schedulers
 from txstream.actors.coordinator import Coordinator
-from txstream.actors.executor import Executor, output_schema
+from txstream.actors.executor import Executor, rows_schema
 from txstream.actors.progress import CONCURRENCY, ProgressController
 from txstream.actors.sink import Sink
 from txstream.cluster.ray_runtime import actor_failure
@@ -135,7 +135,7 @@ class Engine:
         plan.output.drop_parts_from(ts)
         sweep_segments(self.prefix)
         sink = transport.start(
-            Sink, plan.output, output_schema(topology), self.watermark.handle, ts, feeder=True
+            Sink, plan.output, rows_schema(topology), self.watermark.handle, ts, feeder=True
         )
         self._actors.append(sink)
         buffer = self.buffer.handle if self.buffer is not None else None

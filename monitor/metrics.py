@@ -56,8 +56,16 @@ class LatencyHistogram:
         self.counts = np.zeros(len(self.EDGES) + 1, np.int64)
 
     def add(self, seconds: np.ndarray) -> None:
-        """Count a batch of latencies."""
-        self.counts += np.bincount(np.searchsorted(self.EDGES, seconds), minlength=len(self.counts))
+        """Count a batch of latencies. Events that arrived together have the same latency:
+        each run of equal values is binned once (a binary search per event cost the
+        Sink 27 ns per event, bench/stages.py)."""
+        seconds = np.asarray(seconds)
+        if not len(seconds):
+            return
+        starts = np.flatnonzero(np.concatenate(([True], seconds[1:] != seconds[:-1])))
+        runs = np.diff(np.append(starts, len(seconds)))
+        bins = np.searchsorted(self.EDGES, seconds[starts])
+        self.counts += np.bincount(bins, weights=runs, minlength=len(self.counts)).astype(np.int64)
 
     def percentile_ms(self, q: float) -> float | None:
         """The q-th percentile in milliseconds (bin upper edge), None without events."""

@@ -179,16 +179,24 @@ class ChunkArrays(TeamSegment):
         """The chunk's operations, as views."""
         return OperationShare(self.ops)
 
-    def copy_in(self, ops: OperationShare, first_txn: int, first_op: int, first_read: int) -> None:
-        """Copy one share's operations to their place (indices made chunk-global)."""
-        n, r, t = len(ops), len(ops.dep_cell), len(ops.txn_ptr) - 1
-        ops_range, reads_range = slice(first_op, first_op + n), slice(first_read, first_read + r)
+    def share_ops(
+        self,
+        first_txn: int,
+        transactions: int,
+        first_op: int,
+        operations: int,
+        first_read: int,
+        reads: int,
+        arg_width: int,
+    ) -> Ops:
+        """Views of one share's part of the chunk's operations, for it to build them in
+        place (`txstream.topologies.api.Transactions.build_into`)."""
+        ops = slice(first_op, first_op + operations)
         a = self.arrays
-        a["txn"][ops_range] = ops.txn + first_txn
-        a["cell"][ops_range] = ops.cell
-        for name in ("kind", "fun", "cond", "reason", "out"):
-            a[name][ops_range] = getattr(ops, name)
-        a["args"][ops_range, : ops.args.shape[1]] = ops.args
-        a["dep_ptr"][first_op : first_op + n + 1] = ops.dep_ptr + first_read
-        a["dep_cell"][reads_range] = ops.dep_cell
-        a["txn_ptr"][first_txn : first_txn + t + 1] = ops.txn_ptr + first_op
+        return Ops(
+            *(a[name][ops] for name in ("txn", "cell", "kind", "fun", "cond", "reason", "out")),
+            args=a["args"][ops, :arg_width],
+            dep_ptr=a["dep_ptr"][first_op : first_op + operations + 1],
+            dep_cell=a["dep_cell"][first_read : first_read + reads],
+            txn_ptr=a["txn_ptr"][first_txn : first_txn + transactions + 1],
+        )
