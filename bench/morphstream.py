@@ -98,7 +98,8 @@ class Runner:
                   udf_cost_us=cost, source="arrow", progress=False, **options)  # fmt: skip
         m = job.run(events, init).metrics
         keep = ("throughput_eps", "breakdown_s", "breakdown_per_executor_s", "coordinator",
-                "decisions", "decision_batches", "redone_operations", "latency_ms")  # fmt: skip
+                "decisions", "decision_batches", "redone_operations", "latency_ms",
+                "cpu_s", "seconds", "batches")  # fmt: skip
         return {k: m[k] for k in keep if k in m}
 
 
