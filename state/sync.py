@@ -45,11 +45,13 @@ PUBLISHED = STRIDE
 OK, TIMED_OUT, PEER_FAILED, INTERRUPTED = 0, 1, 2, 3
 SPIN_NS = 200_000
 """How long a waiter busy-waits before it sleeps. Measured here between two pinned
-processes: a hand-off to a spinning waiter takes 0.13 us (round trip), whether or not
-lower-priority processes want the cores; to a sleeping one 12-46 us. Most waits end
+processes (round trip / 2): a hand-off to a spinning waiter takes 0.07 us, whether or
+not lower-priority processes want the cores; to a sleeping one 13 us (``usleep(10)`` at
+1 us timer slack), 12-21 us (futex wake), 42-46 us (``usleep(20)``, default slack). A
+futex would need every publisher of every waited word to wake. Most waits end
 within a transaction's time (10-100 us at --udf-cost-us 10: the baselines' hand-offs,
 a dependency on the peer's operation), so they stay in the spin. ``sched_yield`` is not
-used: with a feeder runnable on the waiter's core a hand-off took 1.8-8 ms at p90-p99
+used: with a feeder runnable on the waiter's core a hand-off took 2-8 ms at p99
 (the yield gives the feeder a whole time slice)."""
 SLEEP_US = 10
 """Past SPIN_NS the wait is long (a peer descheduled, or building alone): sleep in short
