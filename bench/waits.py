@@ -106,7 +106,7 @@ def _member(name, cpu, rounds, policy, queue):
     shm = shared_memory.SharedMemory(name)
     w = np.ndarray(32, np.int64, shm.buf)
     out = np.zeros(rounds, np.int64)
-    _pingpong(np.zeros(16, np.int64), np.ones(16, np.int64), 1, policy, cpu == 0, out)  # compile
+    _pingpong(np.ones(16, np.int64), np.ones(16, np.int64), 1, policy, cpu == 0, out)  # compile
     queue.put("ready")
     while w[31] == 0:
         time.sleep(0.001)
