@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import tempfile
@@ -39,7 +40,9 @@ def workload_dirs(topologies: list[str], events: int, **knobs) -> Iterator[dict[
 
 def write_results(name: str, results: dict, folder: Path = RESULTS) -> Path:
     """<folder>/<name>.json (bench/results by default) with the machine and commit the
-    figures belong to."""
+    figures belong to, and the 1-minute load average the benchmark started at (set by
+    `shared/tools/heavy --bench` in TXSTREAM_BENCH_LOAD; null: not taken that way, so
+    not a measurement)."""
     folder.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"],
@@ -52,7 +55,10 @@ def write_results(name: str, results: dict, folder: Path = RESULTS) -> Path:
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "commit": commit,
         "machine": platform.machine(),
-        "cpus": __import__("os").cpu_count(),
+        "cpus": os.cpu_count(),
+        "load_at_start": float(os.environ["TXSTREAM_BENCH_LOAD"])
+        if "TXSTREAM_BENCH_LOAD" in os.environ
+        else None,
         **results,
     }
     path = folder / f"{name}.json"

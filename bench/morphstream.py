@@ -7,15 +7,20 @@ other). For each workload: morphstream with each of the 12 fixed combinations of
 explore x granularity x abort and with `auto`, tstream and serial; every ratio comes
 from one process, workload by workload (runs of a workload are back to back).
 
+Held out: workloads off the grid that calibrated the decision model's thresholds (other
+theta, abort ratios and dependencies, and TP, which the grid lacks), run the same way:
+`auto` must hold there too, not only where it was tuned.
+
 Headline: GS, SL and TP at the generator's defaults (theta 0.2, 1% aborts) at C = 10 us,
-and SL at C = 0 on --headline-events events: serial, tstream and morphstream (auto).
+and GS and SL at C = 0, on the event counts of the throughput targets (`HEADLINE`):
+serial, tstream and morphstream (auto).
 
 Results go to bench/results/morphstream.{json,png} (the figure marks what auto chose).
 ``--engine threads`` runs the whole engine as threads of this process (`ThreadTransport`:
 the same ProgressController, executors, Coordinator and Sink, no Ray).
 
     python bench/morphstream.py [--quick] [--engine ray|threads] [--executors 2]
-        [--events 200000] [--costly-events 30000] [--headline-events 1000000]
+        [--events 200000] [--costly-events 30000] [--headline-scale 1]
         [--out bench/results/morphstream.json]
 """
 
@@ -52,14 +57,23 @@ QUICK = [
     ("sl", {"theta": 0.6, "abort_ratio": 0.5, "udf_cost_us": 0.0}),
     ("sl", {"theta": 0.0, "abort_ratio": 0.1, "udf_cost_us": 10.0}),
 ]
+HELD_OUT = [
+    ("gs", {"theta": 0.3, "abort_ratio": 0.02, "udf_cost_us": 0.0, "deps": 2, "txn_length": 2}),
+    ("sl", {"theta": 0.9, "abort_ratio": 0.3, "udf_cost_us": 10.0}),
+    ("tp", {"theta": 0.2, "abort_ratio": 0.01, "udf_cost_us": 10.0}),
+    ("gs", {"theta": 0.9, "abort_ratio": 0.2, "udf_cost_us": 10.0, "deps": 3, "txn_length": 1}),
+]
+"""Workloads the calibration never saw (values off `GRID`'s axes; TP is not in it); the
+first two in --quick runs."""
 INTERVAL = 10240
 
 
-def workloads(quick: bool) -> list[tuple[str, dict]]:
-    """(topology, knobs) of the sensitivity study: a pairwise sample of `GRID`."""
-    if quick:
-        return QUICK
-    return [(name, case) for name, axes in GRID.items() for case in pairwise(axes)]
+def workloads(quick: bool) -> list[tuple[str, dict, bool]]:
+    """(topology, knobs, held out) of the sensitivity study: a pairwise sample of `GRID`
+    (or `QUICK`), then the `HELD_OUT` workloads."""
+    grid = QUICK if quick else [(n, case) for n, axes in GRID.items() for case in pairwise(axes)]
+    held_out = HELD_OUT[:2] if quick else HELD_OUT
+    return [(n, k, False) for n, k in grid] + [(n, k, True) for n, k in held_out]
 
 
 class Runner:
@@ -96,6 +110,9 @@ class Runner:
             "decision_batches",
             "redone_operations",
             "latency_ms",
+            "cpu_s",
+            "seconds",
+            "batches",
         )
         return {k: m[k] for k in keep if k in m}
 
@@ -117,7 +134,7 @@ def _choice(run: dict) -> str:
 def study(runner: Runner, events: int, costly: int, quick: bool) -> list[dict]:
     """Every configuration on every workload of the sensitivity study."""
     rows = []
-    for topology, knobs in workloads(quick):
+    for topology, knobs, held_out in workloads(quick):
         knobs = dict(knobs)
         cost = knobs.pop("udf_cost_us")
         n = costly if cost else events
@@ -139,6 +156,7 @@ def study(runner: Runner, events: int, costly: int, quick: bool) -> list[dict]:
             "udf_cost_us": cost,
             "events": n,
             **knobs,
+            "held_out": held_out,
             "runs": runs,
             "best_fixed": best,
             "auto_choice": _choice(auto),
@@ -148,7 +166,8 @@ def study(runner: Runner, events: int, costly: int, quick: bool) -> list[dict]:
         }
         rows.append(row)
         print(
-            f"{topology} C={cost:g} {knobs}: auto {row['auto_choice']} "
+            f"{topology} C={cost:g} {knobs}{' (held out)' * held_out}: "
+            f"auto {row['auto_choice']} "
             f"{row['auto_vs_best']:.2f}x best ({best}), {row['auto_vs_tstream']:.2f}x tstream, "
             f"{row['auto_vs_serial']:.2f}x serial",
             flush=True,
@@ -156,11 +175,22 @@ def study(runner: Runner, events: int, costly: int, quick: bool) -> list[dict]:
     return rows
 
 
-def headline(runner: Runner, events: int, costly: int) -> list[dict]:
-    """morphstream (auto) and tstream against serial at the generator's defaults."""
+HEADLINE = [
+    ("gs", 10.0, 200_000),
+    ("sl", 10.0, 100_000),
+    ("tp", 10.0, 60_000),
+    ("gs", 0.0, 2_000_000),
+    ("sl", 0.0, 2_000_000),
+]
+"""(topology, C, events) of the headline: the workloads of the team's throughput targets."""
+
+
+def headline(runner: Runner, scale: float) -> list[dict]:
+    """morphstream (auto) and tstream against serial at the generator's defaults, on
+    `HEADLINE`'s event counts times ``scale``."""
     rows = []
-    for topology, cost in [("gs", 10.0), ("sl", 10.0), ("tp", 10.0), ("sl", 0.0)]:
-        n = costly if cost else events
+    for topology, cost, events in HEADLINE:
+        n = int(events * scale)
         table, init = generate(topology, WorkloadSpec(events=n, seed=1))
         runs = {
             _label(s, o): runner(topology, table, init, cost, s, o)
@@ -224,7 +254,9 @@ def main() -> None:
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--events", type=int, default=None, help="events at C = 0")
     parser.add_argument("--costly-events", type=int, default=None, help="events at C = 10")
-    parser.add_argument("--headline-events", type=int, default=None, help="SL at C = 0")
+    parser.add_argument(
+        "--headline-scale", type=float, default=1.0, help="times HEADLINE's event counts"
+    )
     parser.add_argument("--no-headline", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "morphstream.json")
     args = parser.parse_args()
@@ -233,17 +265,10 @@ def main() -> None:
     runner = Runner(args.engine, args.executors)
     with bench_ray() if args.engine == "ray" else nullcontext():
         rows = study(runner, events, costly, args.quick)
-        tops = (
-            []
-            if args.no_headline
-            else headline(
-                runner,
-                args.headline_events or (300_000 if args.quick else 1_000_000),
-                3 * costly if args.quick else 300_000,
-            )
-        )
+        tops = [] if args.no_headline else headline(runner, args.headline_scale)
     summary = {
-        "auto_vs_best_min": min(r["auto_vs_best"] for r in rows),
+        "auto_vs_best_min": min(r["auto_vs_best"] for r in rows if not r["held_out"]),
+        "held_out_auto_vs_best_min": min(r["auto_vs_best"] for r in rows if r["held_out"]),
         "auto_vs_tstream_mean": round(sum(r["auto_vs_tstream"] for r in rows) / len(rows), 3),
         "headline_vs_serial": {
             f"{r['topology']} C={r['udf_cost_us']:g}": r["vs_serial"] for r in tops

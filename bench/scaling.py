@@ -69,6 +69,8 @@ def _measure(name, events, init, scheduler, executors, placement, cost, repeat) 
         "throughput_runs": [r["throughput_eps"] for r in runs],
         "latency_ms": m["latency_ms"],
         "breakdown_s": m["breakdown_s"],
+        "breakdown_per_executor_s": m["breakdown_per_executor_s"],
+        "feeders_cpu_s": m["cpu_s"],
         "coordinator": m["coordinator"],
     }
 

@@ -2,10 +2,11 @@
 flag, the words each executor publishes for its peers, and the request/reply words of
 the Coordinator, each on its own cache line; and waiting on any shared word.
 
-Executors never make a Ray call to synchronise: they spin on shared words (atomic
-load-acquire / store-release), then sleep in short steps so that a long wait leaves
-the core to the processes that feed them, and give up with an error code when a
-peer reports a failure or the run's timeout passes. Words a scheduler needs besides
+Executors never make a Ray call to synchronise. Every wait on a shared word (barriers,
+dependency waits, the baselines' hand-offs) follows one policy, `pause`: spin, then
+sleep in short steps; it gives up with an error code when a peer reports a failure or
+the run's timeout passes. Only the waits for the Coordinator sleep on a futex at once
+(it needs one of the executors' cores to answer). Words a scheduler needs besides
 these (progress counters, work-pool counters, ...) it declares itself, in its run
 segment (`txstream.state.chunk`).
 """
@@ -19,6 +20,7 @@ from time import monotonic_ns as clock_ns
 import numpy as np
 from txstream.state._numba import (
     fetch_add,
+    fine_timer_slack,
     inline,
     jit,
     load_acquire,
@@ -43,10 +45,20 @@ FIXED_LINES = 11
 PUBLISHED = STRIDE
 """Words each executor may publish for its peers (one cache line per executor)."""
 OK, TIMED_OUT, PEER_FAILED, INTERRUPTED = 0, 1, 2, 3
-SPIN_NS = 50_000
-"""How long a waiter busy-waits before it starts sleeping: most waits for a peer end
-within microseconds, and a sleep costs ~60 us however short it is asked to be."""
-SLEEP_US = 20
+SPIN_NS = 200_000
+"""How long a waiter busy-waits before it sleeps. Measured here between two pinned
+processes (round trip / 2): a hand-off to a spinning waiter takes 0.07 us, whether or
+not lower-priority processes want the cores; to a sleeping one 13 us (``usleep(10)`` at
+1 us timer slack), 12-21 us (futex wake), 42-46 us (``usleep(20)``, default slack). A
+futex would need every publisher of every waited word to wake. Most waits end
+within a transaction's time (10-100 us at --udf-cost-us 10: the baselines' hand-offs,
+a dependency on the peer's operation), so they stay in the spin. ``sched_yield`` is not
+used: with a feeder runnable on the waiter's core a hand-off took 2-8 ms at p99
+(the yield gives the feeder a whole time slice)."""
+SLEEP_US = 10
+"""Past SPIN_NS the wait is long (a peer descheduled, or building alone): sleep in short
+steps, with the thread's timer slack at 1 us (`fine_timer_slack`) so that a step lasts
+about what it asks for, leaving the core to the processes feeding the team."""
 CHECK_EVERY = 63
 """Spin rounds between reads of the clock and the failure word (a mask)."""
 
@@ -70,7 +82,7 @@ def word(line):
 @inline
 def pause(spins, start, deadline, sync):
     """One round of waiting that began at ``start``; OK to keep waiting, else why to
-    stop. Busy for SPIN_NS, then sleeping in short steps."""
+    stop. Busy for SPIN_NS, then sleeping in short steps (SPIN_NS, SLEEP_US)."""
     if (spins & CHECK_EVERY) != CHECK_EVERY:
         return OK
     if load_acquire(sync, STRIDE * FAILED) != 0:
@@ -79,6 +91,7 @@ def pause(spins, start, deadline, sync):
     if now > deadline:
         return TIMED_OUT
     if now - start > SPIN_NS:
+        fine_timer_slack()
         sleep_us(SLEEP_US)
     return OK
 
