@@ -65,9 +65,11 @@ def test_the_spark_examples_run_in_readme_order_and_print_what_it_shows(tmp_path
     Spark examples run as written; each prints exactly what the README shows (no
     leftover input read, no Spark or Ray chatter on stdout) and leaves no Ray session in
     /tmp/ray."""
+    follow = _section("Outside readers and `--follow`")
+    data = re.search(r"generate sl --out (\S+) --events 50000", follow)[1]
     events, init = generate("sl", WorkloadSpec(events=50_000))
-    write_workload(tmp_path / "data" / "sl", events, init)
-    follow_input = re.search(r"\nmkdir (\S+)\n", _section("Following a folder: `--follow`"))[1]
+    write_workload(tmp_path / data, events, init)
+    follow_input = re.search(r"mkdir (\S+)\n", follow)[1]
     (tmp_path / follow_input).mkdir()  # what the --follow example leaves there
     pq.write_table(events.slice(0, 20_000), tmp_path / follow_input / "part-000.parquet")
     pq.write_table(events.slice(20_000, 10_000), tmp_path / follow_input / "part-001.parquet")
@@ -84,7 +86,7 @@ def test_the_spark_examples_run_in_readme_order_and_print_what_it_shows(tmp_path
         finally:
             proc.kill()
         assert proc.returncode == 0, stderr[-3000:]
-        shown = re.search(r"it prints `([^`]+)` \(stdout\)", _section("Spark"))[1] + "\n"
+        shown = re.search(r"It prints `([^`]+)` and commits", _section("Spark"))[1] + "\n"
         expected = _text_after("Spark", 0) if index == 0 else shown
         assert stdout.rstrip("\n") == expected.rstrip("\n")  # show() ends with a blank line
         assert not list(Path("/tmp/ray").glob(f"session_*_{proc.pid}"))  # Ray's 40 MB
