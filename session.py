@@ -37,7 +37,7 @@ from txstream.engine.outbox import Outbox
 from txstream.engine.plan import Plan
 from txstream.engine.recovery import Checkpointing, InputLog, Pushed
 from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
-from txstream.monitor.console import Console, Progress
+from txstream.monitor.console import Console, ProgressBar
 from txstream.monitor.metrics import session_metrics
 from txstream.result import Result
 from txstream.state.operations import STATUS_NAMES
@@ -434,7 +434,7 @@ class Session:
         """What changes while the session gets on: its watermark, or a new team."""
         return self.watermark, self._engine.launches
 
-    def _wait_with_progress(self) -> Progress:
+    def _wait_with_progress(self) -> ProgressBar:
         """Wait for the run to end, with the event bar on the console (its rate is the
         metrics' one: events since `resumed_from` over the seconds since the start); fail
         when no event got through for the run's timeout, or at once when an actor fails

@@ -121,11 +121,11 @@ class Console:
 
     def progress(
         self, total: int | None, label: str, since: float | None = None, base: int = 0
-    ) -> Progress:
+    ) -> ProgressBar:
         """An event bar for ``total`` events (None: unknown), labelled ``label``, whose rate
         counts the events after ``base`` over the seconds since ``since`` (a
         `time.perf_counter` value; default: now)."""
-        return Progress(self, total, label, since, base)
+        return ProgressBar(self, total, label, since, base)
 
     def _show(self, text: str, final: bool) -> None:
         """Show ``text`` as the current line (redrawn on a terminal), ending it if final."""
@@ -158,7 +158,7 @@ class Console:
             self._line = ""
 
 
-class Progress:
+class ProgressBar:
     """The event bar of a run: count, share, rate and ETA.
 
     Its rate is the one metrics.json and the summary give (``throughput_eps``): the events
@@ -198,7 +198,7 @@ class Progress:
             parts = [*self._head(), f"{_si(rate)} events/s in {seconds:.1f} s"]
             self.console._show("  ".join(parts), final=True)
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, exc_type: object, *exc_info: object) -> None:

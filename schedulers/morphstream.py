@@ -105,7 +105,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
 
     @classmethod
     def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
-        """Progress words (redo, strata), exploration words, statistics per executor."""
+        """Position words (redo, strata), exploration words, statistics per executor."""
         return [
             *super().run_arrays(config, dims),
             ArraySpec("words", "int64", (ex.word_count(dims.pools),)),
