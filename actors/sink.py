@@ -90,7 +90,9 @@ class Sink:
             if self._writer is None:
                 self._open()
             self._writer.write_batch(piece)
-            self.latency.add(time.time() - part_arrival)
+            now = time.time()
+            self.latency.add(now - part_arrival)
+            self.timeline.add(now, now - part_arrival)
             for name, count in zip(STATUS_NAMES, _status_counts(piece), strict=True):
                 self.counts[name] += int(count)
             self._next_ts += piece.num_rows

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from txstream.actors.punctuation import CHUNK_EVENTS, ChunkSizer, Punctuator
+from txstream.actors.punctuation import CHUNK_EVENTS, START_EVENTS, ChunkSizer, Punctuator
 
 
 def _rows(first: int, n: int) -> pa.RecordBatch:
@@ -217,9 +217,10 @@ def test_taken_chunks_are_the_input_in_order_cut_where_the_punctuator_cut(
 
 
 # ---------------------------------------------------------------- ChunkSizer
-def test_the_sizer_allows_the_largest_chunk_before_any_observation():
+def test_the_sizer_starts_small_before_any_observation():
     sizer = ChunkSizer(0.2, largest=5000)
-    assert sizer.limit(0) == sizer.limit(10**9) == 5000
+    assert sizer.limit(0) == sizer.limit(10**9) == START_EVENTS
+    assert ChunkSizer(0.2, largest=100).limit(0) == 100  # never above the largest
     assert ChunkSizer(0.2).largest == CHUNK_EVENTS
 
 
@@ -229,10 +230,10 @@ def test_the_limit_is_what_the_team_serves_in_half_the_latency_target():
     assert sizer.limit(0) == sizer.limit(200) == 100
 
 
-def test_a_backlog_larger_than_the_target_gets_the_largest_chunk():
+def test_a_backlog_larger_than_the_target_gets_a_whole_targets_worth():
     sizer = ChunkSizer(0.2, largest=5000)
-    sizer.observe(1000, 1.0)
-    assert sizer.limit(201) == 5000
+    sizer.observe(1000, 1.0)  # 1000 events/s: 200 within the target
+    assert sizer.limit(201) == 200  # twice the step, never more once measured
 
 
 def test_the_limit_is_clipped_to_one_and_the_largest():
