@@ -13,6 +13,7 @@ while they run, and removed once they have stopped.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -75,6 +76,8 @@ def scratch(what: str) -> Iterator[Path]:
         yield path
     finally:
         remove_tree(path)
+        # a JVM that Ray stops later (Spark's) may make it again on its way out
+        atexit.register(remove_tree, path, 1)
 
 
 def remove_tree(path: Path, attempts: int = 5) -> None:
