@@ -14,19 +14,24 @@ def _failing_state_access(events, txn):
     sl.state_access(events, txn)
 
 
-def build() -> Topology:
-    """SL with a state_access that raises on event 13."""
+def sl_with_state_access(name: str, state_access) -> Topology:
+    """SL under another name, with another state_access (test topologies)."""
     base = sl.topology()
     return Topology(
-        name="failing-sl",
+        name=name,
         tables=base.tables,
         event_columns=base.event_columns,
         kinds=base.kinds,
         functions=base.functions,
         conditions=base.conditions,
         pre_process=base.pre_process,
-        state_access=_failing_state_access,
+        state_access=state_access,
     )
+
+
+def build() -> Topology:
+    """SL with a state_access that raises on event 13."""
+    return sl_with_state_access("failing-sl", _failing_state_access)
 
 
 @function

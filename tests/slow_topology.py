@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from failing_topology import sl_with_state_access
 from txstream.topologies import sl
 from txstream.topologies.api import Topology
 
@@ -17,14 +18,4 @@ def _slow_state_access(events, txn):
 
 def build() -> Topology:
     """SL with a state_access that sleeps `CHUNK_S` first."""
-    base = sl.topology()
-    return Topology(
-        name="slow-sl",
-        tables=base.tables,
-        event_columns=base.event_columns,
-        kinds=base.kinds,
-        functions=base.functions,
-        conditions=base.conditions,
-        pre_process=base.pre_process,
-        state_access=_slow_state_access,
-    )
+    return sl_with_state_access("slow-sl", _slow_state_access)
