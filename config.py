@@ -16,6 +16,7 @@ EXPLORE = ("auto", "bfs", "dfs", "ns")
 GRANULARITY = ("auto", "fine", "coarse")
 ABORT = ("auto", "eager", "lazy")
 SOURCES = ("spark", "arrow")
+TRANSPORTS = ("auto", "ray", "threads")
 LATENCY_TARGET_MS = 500.0
 """Default push-to-output latency target (bench/latency: see README, Sessions)."""
 CHECKPOINT_EVERY = 100
@@ -110,6 +111,13 @@ class RunConfig:
         "for this run)",
         metavar="RAY_ADDRESS",
     )
+    transport: str = option(
+        "auto",
+        "how the team runs: ray (Ray actors, a process each, pinned to cores), threads (of "
+        "this process: no Ray to start, no outside readers), auto (ray with --address, "
+        "$RAY_ADDRESS or a session --name, threads otherwise)",
+        choices=TRANSPORTS,
+    )
     log_level: str = option(
         "info",
         "detail of the run's log (txstream, Ray and Spark), OUTPUT/_logs/txstream.log",
@@ -167,6 +175,14 @@ class RunConfig:
             (self.punctuation_interval >= 1, "--punctuation-interval must be >= 1"),
             (self.udf_cost_us >= 0, "--udf-cost-us must be >= 0"),
             (self.source in SOURCES, f"--source must be one of {', '.join(SOURCES)}"),
+            (
+                self.transport in TRANSPORTS,
+                f"--transport must be one of {', '.join(TRANSPORTS)}",
+            ),
+            (
+                self.transport != "threads" or not self.address,
+                "--transport threads runs the team in this process: it takes no --address",
+            ),
             (_among(self.explore, EXPLORE), f"--explore must be one of {', '.join(EXPLORE)}"),
             (
                 _among(self.granularity, GRANULARITY),

@@ -38,21 +38,23 @@ class Job:
 
     Options are those of `txstream run` (see :class:`txstream.config.RunConfig`). The
     ``console`` shows phases, progress and warnings (default: on stderr, phases and bar
-    only with ``progress``). The ``transport`` says how the team runs: Ray actors
-    (default), or ``ThreadTransport()`` — threads of this process, no Ray (tests and
-    benchmarks of the engine; no outside readers, no recovery from a dead process).
+    only with ``progress``). The ``transport`` says how the team runs: the option
+    (``"auto"``, ``"ray"``, ``"threads"``, see `RunConfig.transport`) or a transport
+    object of one's own (e.g. ``ThreadTransport()`` in tests).
     """
 
     def __init__(
         self,
         topology: str = "sl",
         console: Console | None = None,
-        transport: RayTransport | ThreadTransport | None = None,
+        transport: str | RayTransport | ThreadTransport = "auto",
         **options: Any,
     ):
-        self.config = RunConfig(topology=topology, **options)
+        self.transport = None if isinstance(transport, str) else transport
+        if self.transport is not None:
+            transport = "ray" if self.transport.separate_processes else "threads"
+        self.config = RunConfig(topology=topology, transport=transport, **options)
         self.console = console or Console(enabled=self.config.progress)
-        self.transport = transport
 
     def start(
         self, init_state: InitState, output: str | Path | None = None, name: str | None = None

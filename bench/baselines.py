@@ -31,7 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 from common import RESULTS, bench_ray, write_results
-from txstream import Job, ThreadTransport
+from txstream import Job
 from txstream.topologies.generators import WorkloadSpec, generate
 
 SCHEDULERS = ("serial", "tstream", "morphstream", "lock", "mvlk", "sstore", "nolock")
@@ -50,10 +50,9 @@ def run(
 ) -> tuple[dict, tuple]:
     """Events/s and time breakdown (summed over executors) of one configuration, and its
     (events, state)."""
-    transport = ThreadTransport() if engine == "threads" else None
     result = Job(
         topology,
-        transport=transport,
+        transport=engine,
         scheduler=scheduler,
         executors=executors,
         udf_cost_us=cost,

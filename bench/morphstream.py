@@ -33,7 +33,7 @@ from pathlib import Path
 
 from common import RESULTS, bench_ray, write_results
 from pairwise import pairwise
-from txstream import Job, ThreadTransport
+from txstream import Job
 from txstream.topologies.generators import WorkloadSpec, generate
 
 FIXED = [
@@ -87,10 +87,9 @@ class Runner:
         self, topology: str, events, init, cost: float, scheduler: str, options: dict
     ) -> dict:
         team = 1 if scheduler == "serial" else self.executors
-        transport = ThreadTransport() if self.engine == "threads" else None
         job = Job(
             topology,
-            transport=transport,
+            transport=self.engine,
             scheduler=scheduler,
             executors=team,
             punctuation_interval=INTERVAL,

@@ -53,6 +53,7 @@ def _job(topology: str, cost: float, every: int | None, ckpt: Path | None) -> Jo
         executors=2,
         udf_cost_us=cost,
         source="arrow",
+        transport="ray",  # an executor's process is killed
         progress=False,
         **checkpoints,
     )

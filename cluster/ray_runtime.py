@@ -196,10 +196,10 @@ def actor_failure(exc: BaseException) -> TxstreamError:
             return type(cause)(cause.cause, actor)
         if isinstance(cause, TxstreamError):
             return cause
-        return RuntimeFailure(_describe(cause), actor)
+        return RuntimeFailure(describe(cause), actor)
     if isinstance(exc, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError):
         return ActorDied(_death(exc), actor)
-    return RuntimeFailure(_describe(exc), actor or "Ray")
+    return RuntimeFailure(describe(exc), actor or "Ray")
 
 
 def _actor_label(exc: BaseException) -> str | None:
@@ -230,7 +230,7 @@ def _death(exc: BaseException) -> str:
     return reasons[0] if reasons else _first_line(text)
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
     """``Type: message`` of an exception, on one line."""
     message = _first_line(str(exc))
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

@@ -10,6 +10,7 @@ the GIL.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -18,9 +19,9 @@ from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from txstream.cluster.ray_runtime import Phase, ray_session, start_actor, stop_actors
+from txstream.cluster.ray_runtime import Phase, describe, ray_session, start_actor, stop_actors
 from txstream.cluster.topology import yield_to_executors
-from txstream.errors import PeerFailed
+from txstream.errors import PeerFailed, RuntimeFailure, TxstreamError
 
 _POLL_S = 0.001
 
@@ -93,12 +94,15 @@ class ThreadTransport:
         self,
         cls: type,
         *args: object,
+        label: str | None = None,
         concurrency_groups: dict[str, int] | None = None,
         **_placement: object,
     ) -> LocalActor:
-        """``cls(*args)`` in this process, its calls on a thread per concurrency group."""
+        """``cls(*args)`` in this process, its calls on a thread per concurrency group;
+        ``label`` (default: the class name) names it in errors, as on Ray."""
         groups = ["", *(concurrency_groups or {})]
-        lanes = {group: _Lane(f"{cls.__name__}{':' + group if group else ''}") for group in groups}
+        actor = label or cls.__name__
+        lanes = {group: _Lane(actor, group) for group in groups}
         self._lanes += lanes.values()
         return LocalActor(cls(*args), lanes)
 
@@ -135,10 +139,14 @@ class _LocalMethod:
 
 
 class _Lane:
-    """A daemon thread running calls in the order they were queued."""
+    """A daemon thread running calls in the order they were queued; a call's error is
+    what a Ray actor's would be (`actor_failure`): txstream's own keep their type, any
+    other is a `RuntimeFailure` naming the ``actor``."""
 
-    def __init__(self, name: str):
+    def __init__(self, actor: str, group: str):
+        self._actor = actor
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        name = f"{actor}:{group}" if group else actor
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -164,8 +172,27 @@ class _Lane:
                 continue
             try:
                 future.set_result(method(*args, **kwargs))
-            except BaseException as exc:  # the caller's to handle
+            except RuntimeFailure as exc:
+                named = exc.actor is None
+                future.set_exception(type(exc)(exc.cause, self._actor) if named else exc)
+            except (TxstreamError, KeyboardInterrupt, SystemExit) as exc:  # the caller's
                 future.set_exception(exc)
+            except BaseException as exc:
+                failure = RuntimeFailure(describe(exc), self._actor)
+                failure.__cause__ = exc
+                future.set_exception(failure)
+
+
+def transport_for(
+    choice: str, address: str | None, named: bool
+) -> RayTransport | ThreadTransport:
+    """The transport of a run told ``--transport choice``: ``auto`` is Ray where something
+    outside this process must reach the team (a cluster at ``address`` or ``$RAY_ADDRESS``,
+    a ``named`` session), threads otherwise (no Ray start-up for a local run)."""
+    if choice == "auto":
+        remote = address or os.environ.get("RAY_ADDRESS") or named
+        choice = "ray" if remote else "threads"
+    return RayTransport() if choice == "ray" else ThreadTransport()
 
 
 def get(refs: Any, timeout_s: float | None = None) -> Any:

@@ -27,7 +27,14 @@ from txstream.actors.executor import Executor, rows_schema
 from txstream.actors.progress import CONCURRENCY, ProgressController
 from txstream.actors.sink import Sink
 from txstream.cluster.ray_runtime import actor_failure
-from txstream.cluster.transport import RayTransport, ThreadTransport, ended, get, wait_all
+from txstream.cluster.transport import (
+    RayTransport,
+    ThreadTransport,
+    ended,
+    get,
+    transport_for,
+    wait_all,
+)
 from txstream.engine.plan import Plan
 from txstream.engine.reaper import ensure_reaper
 from txstream.errors import PeerFailed, RuntimeFailure, TxstreamError, UsageError
@@ -62,7 +69,9 @@ class Engine:
         self.plan = plan
         self.config = plan.config
         self.console = console
-        self.transport = transport or RayTransport()
+        self.transport = transport or transport_for(
+            self.config.transport, self.config.address, bool(plan.name)
+        )
         self.launches = 0
         """Teams launched so far (a recovery launches another)."""
         self._stack = ExitStack()
@@ -139,7 +148,8 @@ class Engine:
         )
         self._actors.append(sink)
         buffer = self.buffer.handle if self.buffer is not None else None
-        pin = transport.separate_processes  # pinning a thread's process pins every thread
+        # a process is pinned as it starts; a thread by its first call (on its own thread)
+        pin = transport.separate_processes
         executors = [
             transport.start(
                 Executor,
@@ -184,7 +194,12 @@ class Engine:
         self.sink, self.executors = sink, executors
         team = f"starting {len(executors)} executor{'s' * (len(executors) > 1)}"
         with self.console.phase(team if self.launches == 0 else f"re{team}"):
-            pids = self._get_watching([e.warm_up.remote(topology.event_schema) for e in executors])
+            pids = self._get_watching(
+                [
+                    e.warm_up.remote(topology.event_schema, None if pin else cpu)
+                    for e, (_, cpu) in zip(executors, plan.cores, strict=True)
+                ]
+            )
         self._pids = pids if transport.separate_processes else []
         self.running = self.controller.run.remote()
         self.launches += 1

@@ -93,6 +93,10 @@ def plan(
     )
     if name is not None and not name:
         raise UsageError("a session name must not be empty")
+    if name and config.transport == "threads":
+        raise UsageError(
+            "a named session is reached through Ray: --transport threads takes no --name"
+        )
     store = CheckpointStore(config.checkpoint_dir) if config.checkpoint_dir else None
     identity = input_identity(source) if source is not None else None
     resume = None

@@ -97,3 +97,17 @@ def _ours(proc: Path) -> bool:
         return RUN_TAG.encode() in (proc / "environ").read_bytes().split(b"\0")
     except OSError:
         return False
+
+
+def wait_for_team(pid: int, transport: str, timeout_s: float = 120.0) -> None:
+    """Return once the run of process ``pid`` is past start-up (its team is up: Executor
+    processes on Ray, its shared memory for threads), or after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if transport == "ray" and actor_processes("Executor", wait_s=0):
+            return
+        if transport == "threads" and txstream_segments(pid):
+            return
+        time.sleep(0.2)

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import TESTS, actor_processes, txstream_segments
+from conftest import TESTS, txstream_segments, wait_for_team
 from tmp_watch import TmpWatch
 from txstream.cli.main import main
 from txstream.cluster.topology import usable_cores
@@ -266,10 +266,14 @@ def test_default_run_goes_through_spark_on_its_own_ray(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("signum", "code", "line"),
-    [(signal.SIGINT, 130, "txstream: interrupted"), (signal.SIGTERM, 143, "txstream: terminated")],
+    ("signum", "code", "line", "transport"),
+    [
+        (signal.SIGINT, 130, "txstream: interrupted", "threads"),
+        (signal.SIGTERM, 143, "txstream: terminated", "threads"),
+        (signal.SIGINT, 130, "txstream: interrupted", "ray"),
+    ],
 )
-def test_ctrl_c_and_sigterm_stop_the_run_and_clean_up(tmp_path, signum, code, line):
+def test_ctrl_c_and_sigterm_stop_the_run_and_clean_up(tmp_path, signum, code, line, transport):
 
     data = _generate(tmp_path, "sl", events=400_000)
     env = {**os.environ, "RAY_ADDRESS": ""}
@@ -291,6 +295,8 @@ def test_ctrl_c_and_sigterm_stop_the_run_and_clean_up(tmp_path, signum, code, li
             "--no-progress",
             "--source",
             "arrow",
+            "--transport",
+            transport,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -300,9 +306,7 @@ def test_ctrl_c_and_sigterm_stop_the_run_and_clean_up(tmp_path, signum, code, li
         # background commands SIGINT ignored, and Python keeps it ignored
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    deadline = time.monotonic() + 120  # the run itself takes over a minute
-    while not actor_processes("Executor", wait_s=0) and time.monotonic() < deadline:
-        time.sleep(0.2)  # the run's actors are up: it is past start-up
+    wait_for_team(proc.pid, transport)  # the run itself takes over a minute
     time.sleep(3)
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)

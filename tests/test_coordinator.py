@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from local_engine import run_local
 from txstream.actors.coordinator import Coordinator
+from txstream.errors import RuntimeFailure
 from txstream.topologies.generators import WorkloadSpec, generate
 
 
@@ -30,5 +31,5 @@ def test_a_failing_coordinator_stops_the_team_with_its_error(monkeypatch):
 
     monkeypatch.setattr(Coordinator, "_resolve", fail)
     events, init = generate("sl", WorkloadSpec(events=2000, keys=20, seed=1))
-    with pytest.raises(RuntimeError, match="on purpose"):
+    with pytest.raises(RuntimeFailure, match="Coordinator: RuntimeError: .*on purpose"):
         run_local("sl", events, init, scheduler="tstream", executors=2, punctuation_interval=100)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import actor_processes, txstream_segments
+from conftest import txstream_segments, wait_for_team
 from test_job import _sl_tables
 from txstream import Job
 from txstream.connectors.outputs import OutputDir, part_name
@@ -111,7 +111,8 @@ def test_a_failed_run_leaves_the_previous_output_untouched(tmp_path):
     assert not (out / "_temporary").exists()
 
 
-def test_ctrl_c_over_an_existing_output_leaves_it_untouched(tmp_path):
+@pytest.mark.parametrize("transport", ["ray", "threads"])
+def test_ctrl_c_over_an_existing_output_leaves_it_untouched(tmp_path, transport):
     from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 
     events, init = generate("sl", WorkloadSpec(events=300_000, seed=1))
@@ -140,6 +141,8 @@ def test_ctrl_c_over_an_existing_output_leaves_it_untouched(tmp_path):
             "--no-progress",
             "--source",
             "arrow",
+            "--transport",
+            transport,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -147,9 +150,7 @@ def test_ctrl_c_over_an_existing_output_leaves_it_untouched(tmp_path):
         env=env,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    deadline = time.monotonic() + 120
-    while not actor_processes("Executor", wait_s=0) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for_team(proc.pid, transport)
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)

@@ -91,6 +91,7 @@ def test_a_killed_actor_is_recovered_exactly_once(
     ckpt = tmp_path_factory.mktemp("ckpt")
     job = Job(
         topology,
+        transport="ray",  # actors' processes are killed
         scheduler=scheduler,
         executors=TEAMS[scheduler],
         udf_cost_us=20,
@@ -121,6 +122,7 @@ def test_an_actor_killed_during_a_recovery_is_recovered_again(tmp_path):
     events, init = _workload("sl", 5)
     job = Job(
         "sl",
+        transport="ray",  # executors' processes are killed
         scheduler="tstream",
         executors=2,
         udf_cost_us=20,

@@ -92,6 +92,7 @@ def _kill_mid_run(scheduler: str, actor: str) -> BaseException | None:
         try:
             Job(
                 "sl",
+                transport="ray",  # an actor's process is killed
                 scheduler=scheduler,
                 executors=2,
                 udf_cost_us=50,
