@@ -183,9 +183,7 @@ class _Lane:
                 future.set_exception(failure)
 
 
-def transport_for(
-    choice: str, address: str | None, named: bool
-) -> RayTransport | ThreadTransport:
+def transport_for(choice: str, address: str | None, named: bool) -> RayTransport | ThreadTransport:
     """The transport of a run told ``--transport choice``: ``auto`` is Ray where something
     outside this process must reach the team (a cluster at ``address`` or ``$RAY_ADDRESS``,
     a ``named`` session), threads otherwise (no Ray start-up for a local run)."""
