@@ -34,6 +34,7 @@ from startup import HERE, run_once
 
 CONFIGS = {
     "arrow serial": ("arrow", "--scheduler", "serial"),
+    "arrow serial, Ray actors": ("arrow", "--scheduler", "serial", "--transport", "ray"),
     "arrow tstream x2": ("arrow", "--scheduler", "tstream", "--executors", "2"),
     "arrow morphstream x2": ("arrow", "--scheduler", "morphstream", "--executors", "2"),
     "spark serial": ("spark", "--scheduler", "serial"),
