@@ -102,6 +102,29 @@ def yield_to_executors() -> None:
             continue
 
 
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3  # glibc's mallopt parameters
+
+
+def keep_freed_memory() -> None:
+    """Have this process's malloc keep the memory of freed arrays for the next ones.
+
+    A chunk's arrays (operations, outcomes, rows: megabytes each) are allocated and freed
+    once per chunk; glibc's defaults hand such blocks back to the kernel and then fault
+    fresh pages in for the next chunk's (4M SL events, serial, threads, one run each:
+    4.2 M events/s with the defaults, 6.4 M with these). Freed memory stays with the
+    process up to the peak it used. Nothing happens without glibc.
+    """
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest: blocks below it come from the heap
+    mallopt(_M_TRIM_THRESHOLD, 1 << 30)  # the heap's free top is kept up to 1 GiB
+    mallopt(_M_TOP_PAD, 256 << 20)  # and grown by 256 MiB at a time
+
+
 OVERSUBSCRIPTION_LIMIT = 4
 """Executors per usable core beyond which a run is refused: they would mostly wait for
 each other (64 executors on 2 cores took 119 s for 10k events)."""

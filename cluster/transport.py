@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from txstream.cluster.ray_runtime import Phase, describe, ray_session, start_actor, stop_actors
-from txstream.cluster.topology import yield_to_executors
+from txstream.cluster.topology import keep_freed_memory, yield_to_executors
 from txstream.errors import PeerFailed, RuntimeFailure, TxstreamError
 
 _POLL_S = 0.001
@@ -57,8 +57,8 @@ class RayTransport:
             namespace=namespace,
             concurrency_groups=concurrency_groups,
         )
-        if feeder:  # the actor's first call, before any other
-            actor.__ray_call__.remote(_lower_priority)
+        # the actor's first call, before any other
+        actor.__ray_call__.remote(_prepare_feeder if feeder else _prepare_process)
         return actor
 
     def stop(self, actors: list) -> None:
@@ -66,7 +66,12 @@ class RayTransport:
         stop_actors(actors)
 
 
-def _lower_priority(_actor: object) -> None:
+def _prepare_process(_actor: object) -> None:
+    keep_freed_memory()
+
+
+def _prepare_feeder(_actor: object) -> None:
+    keep_freed_memory()
     yield_to_executors()
 
 
@@ -84,7 +89,9 @@ class ThreadTransport:
     def session(
         self, address: str | None, job_config: object | None, phase: Phase, logging_level: int
     ) -> Iterator[bool]:
-        """Nothing to start; the lanes of the actors end with it."""
+        """Nothing to start but this process's malloc (`keep_freed_memory`); the lanes
+        of the actors end with it."""
+        keep_freed_memory()
         try:
             yield False
         finally:
