@@ -154,9 +154,11 @@ class Executor:
 
     def warm_up(self, schema: pa.Schema) -> int:
         """Load every kernel (numba cache) on an empty chunk, before timing starts (all
-        executors together, as for any chunk); this executor's process id."""
+        executors together, as for any chunk), and those the empty chunk does not reach
+        (`Scheduler.warm_up`); this executor's process id."""
         empty = pa.RecordBatch.from_pylist([], schema=schema)
         self.run_share(empty, -1, 0, 0, np.zeros(1, np.int64), Breakdown())
+        self.scheduler.warm_up(self._chunk)
         self.batch_seconds.clear()
         return os.getpid()
 
