@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from txstream import schedulers
-from txstream.schedulers.team.aborts import MAP_SEGMENT, POLICIES, RESOLVE, resolve
+from txstream.schedulers.team.aborts import MAP_SEGMENT, POLICIES, RESOLVE, resolve, warm_resolve
 from txstream.state.chunk import ChunkArrays, ChunkDims, segment_name
 from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.state.sync import (
@@ -56,6 +56,10 @@ class Coordinator:
         self._stack = np.zeros(0, np.int64)
         self._chunk: ChunkArrays | None = None
         self._dims: ChunkDims | None = None
+        if self.policies:  # before the run: its first repair would wait for the kernel
+            tiny = ChunkDims(*([1] * ChunkDims.word_count()))
+            specs = self.scheduler.chunk_layout(config, tiny).specs
+            warm_resolve({spec.name: np.zeros(spec.shape, spec.dtype) for spec in specs})
         self.stats = {
             "requests": dict.fromkeys(self.policies, 0),
             "failed": 0,

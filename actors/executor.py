@@ -154,13 +154,15 @@ class Executor:
 
     def warm_up(self, schema: pa.Schema, thread_cpu: int | None = None) -> int:
         """Load every kernel (numba cache) on an empty chunk, before timing starts (all
-        executors together, as for any chunk); this executor's process id. With
-        ``thread_cpu`` (an executor that is a thread: its calls all run on the thread of
-        this one), that thread alone is pinned to the core."""
+        executors together, as for any chunk), and those the empty chunk does not reach
+        (`Scheduler.warm_up`); this executor's process id. With ``thread_cpu`` (an
+        executor that is a thread: its calls all run on the thread of this one), that
+        thread alone is pinned to the core."""
         if thread_cpu is not None:
             os.sched_setaffinity(0, {thread_cpu})
         empty = pa.RecordBatch.from_pylist([], schema=schema)
         self.run_share(empty, -1, 0, 0, np.zeros(1, np.int64), Breakdown())
+        self.scheduler.warm_up(self._chunk)
         self.batch_seconds.clear()
         return os.getpid()
 

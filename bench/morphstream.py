@@ -112,6 +112,8 @@ class Runner:
             "cpu_s",
             "seconds",
             "batches",
+            "chunks",
+            "punctuations",
         )
         return {k: m[k] for k in keep if k in m}
 
@@ -184,16 +186,23 @@ HEADLINE = [
 """(topology, C, events) of the headline: the workloads of the team's throughput targets."""
 
 
-def headline(runner: Runner, scale: float) -> list[dict]:
+def headline(
+    runner: Runner, scale: float, only: list[str] | None = None, tstream: bool = True
+) -> list[dict]:
     """morphstream (auto) and tstream against serial at the generator's defaults, on
-    `HEADLINE`'s event counts times ``scale``."""
+    `HEADLINE`'s event counts times ``scale``; ``only`` keeps the workloads named
+    ``<topology>:<C>`` (``gs:10``)."""
     rows = []
     for topology, cost, events in HEADLINE:
+        if only and f"{topology}:{cost:g}" not in only:
+            continue
         n = int(events * scale)
         table, init = generate(topology, WorkloadSpec(events=n, seed=1))
+        configs = [("serial", {}), ("tstream", {}), ("morphstream", AUTO)]
         runs = {
             _label(s, o): runner(topology, table, init, cost, s, o)
-            for s, o in [("serial", {}), ("tstream", {}), ("morphstream", AUTO)]
+            for s, o in configs
+            if tstream or s != "tstream"
         }
         base = runs["serial"]["throughput_eps"]
         ratios = {k: round(r["throughput_eps"] / base, 3) for k, r in runs.items()}
@@ -257,18 +266,33 @@ def main() -> None:
         "--headline-scale", type=float, default=1.0, help="times HEADLINE's event counts"
     )
     parser.add_argument("--no-headline", action="store_true")
+    parser.add_argument("--headline-only", action="store_true", help="no sensitivity study")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="headline workloads as TOPOLOGY:C (gs:10 sl:0)"
+    )
+    parser.add_argument("--no-tstream", action="store_true", help="headline without tstream")
     parser.add_argument("--out", type=Path, default=RESULTS / "morphstream.json")
     args = parser.parse_args()
     events = args.events or (100_000 if args.quick else 200_000)
     costly = args.costly_events or (15_000 if args.quick else 30_000)
     runner = Runner(args.engine, args.executors)
     with bench_ray() if args.engine == "ray" else nullcontext():
-        rows = study(runner, events, costly, args.quick)
-        tops = [] if args.no_headline else headline(runner, args.headline_scale)
+        rows = [] if args.headline_only else study(runner, events, costly, args.quick)
+        tops = (
+            []
+            if args.no_headline
+            else headline(runner, args.headline_scale, args.only, not args.no_tstream)
+        )
     summary = {
-        "auto_vs_best_min": min(r["auto_vs_best"] for r in rows if not r["held_out"]),
-        "held_out_auto_vs_best_min": min(r["auto_vs_best"] for r in rows if r["held_out"]),
-        "auto_vs_tstream_mean": round(sum(r["auto_vs_tstream"] for r in rows) / len(rows), 3),
+        "auto_vs_best_min": min(
+            (r["auto_vs_best"] for r in rows if not r["held_out"]), default=None
+        ),
+        "held_out_auto_vs_best_min": min(
+            (r["auto_vs_best"] for r in rows if r["held_out"]), default=None
+        ),
+        "auto_vs_tstream_mean": round(sum(r["auto_vs_tstream"] for r in rows) / len(rows), 3)
+        if rows
+        else None,
         "headline_vs_serial": {
             f"{r['topology']} C={r['udf_cost_us']:g}": r["vs_serial"] for r in tops
         },
@@ -284,8 +308,9 @@ def main() -> None:
         "headline": tops,
     }
     path = write_results(args.out.stem, results, args.out.parent)
-    plot(rows, path.with_suffix(".png"))
-    print("->", path, "and", path.with_suffix(".png"))
+    if rows:
+        plot(rows, path.with_suffix(".png"))
+    print("->", path, "and", path.with_suffix(".png") if rows else "no figure")
 
 
 if __name__ == "__main__":

@@ -340,11 +340,12 @@ def _sort(a, first, end):
 
 
 @jit
-def plan_partitions(ops, part_of_cell, next_seq, last, pool, pool_size, my_index, plan):
+def plan_partitions(ops, part_of_cell, next_seq, last, pools, pool, pool_size, my_index, plan):
     """PAT: the partitions of every transaction of the chunk and its place in their
     order (``next_seq``: each partition's transactions so far in the run, advanced);
-    this executor runs those whose first operation's partition is its ``pool``, spread
-    over the pool's ``pool_size`` executors by their place in it."""
+    this executor runs those whose first operation's partition belongs to its ``pool``
+    (partition ``p`` to pool ``p % pools``), spread over the pool's ``pool_size``
+    executors by their place in it."""
     last[:] = -1
     k = 0
     n_txn = len(ops.txn_ptr) - 1
@@ -365,7 +366,7 @@ def plan_partitions(ops, part_of_cell, next_seq, last, pool, pool_size, my_index
             p = plan.part[j]
             plan.seq[j] = next_seq[p]
             next_seq[p] += 1
-            if p == home and p == pool and plan.seq[j] % pool_size == my_index:
+            if p == home and p % pools == pool and plan.seq[j] % pool_size == my_index:
                 plan.mine[t] = 1
     plan.ptr[n_txn] = k
 

@@ -110,6 +110,13 @@ class Scheduler(ABC):
         (this executor's share) in the chunk (default: nothing left to do)."""
         return None
 
+    def warm_up(self, chunk: ChunkArrays) -> None:
+        """Before the first event, once the team ran an empty ``chunk``: compile (or load
+        from numba's cache) the kernels the empty chunk did not reach but a run may (a
+        repair, another exploration), so that none is loaded in the middle of the run with
+        the whole team waiting for it (default: nothing)."""
+        return None
+
     def report(self) -> dict:
         """What it adds to metrics.json (executor 0's is used; default: nothing)."""
         return {}

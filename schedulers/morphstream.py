@@ -58,7 +58,7 @@ from txstream.schedulers.team._links import (
 from txstream.schedulers.team._versions import scratch
 from txstream.schedulers.team.aborts import EAGER, LAZY, Speculation
 from txstream.schedulers.team.member import Member
-from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE
+from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, compile_for
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
 from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
@@ -365,6 +365,43 @@ class MorphStreamScheduler(SpeculativeScheduler):
     def _repair(self, policy, spec, txns, s, stats, breakdown, paused) -> None:
         stats.repairs += 1
         self._repairs.run(policy, spec, txns[0], txns[1], s, breakdown, paused)
+
+    def warm_up(self, chunk: ChunkArrays) -> None:
+        """Every exploration and unit kernel, whichever the empty chunk's batch chose,
+        and the repair's (`Scheduler.warm_up`): `auto` may choose another one per batch.
+        The arguments are built as `execute` builds them."""
+        super().warm_up(chunk)
+        team, spec = self.team, Speculation.of(chunk)
+        ops, links, state, udf = spec.ops, spec.links, self.state.arrays, self.udf
+        units = Units(*(chunk.arrays[name] for name in UNIT_ARRAYS))
+        tpg = ex.Tpg(ops, links, spec.versions, spec.fates, units)
+        share = chunk.operations()
+        s = scratch(share.max_reads, share.max_txn_ops)
+        seat = self._seat(chunk.ready, chunk.dims.operations)
+        batch = ex.Exploration(0, 0, True, True)
+        strata = ex.Strata(1, self._level_ptr, self._listed)
+        cursor = np.zeros(6, np.int64)
+        for explore in (ex.explore_bfs, ex.explore_dfs):
+            compile_for(explore, batch, tpg, state, udf, s, seat, strata, cursor)
+        compile_for(ex.explore_ns, batch, tpg, state, udf, s, seat, cursor)
+        compile_for(ex.queue_ready, 0, 0, tpg, seat, True, team.rank)
+        compile_for(merge_cycles, 0, 0, ops, links, units, self._cycles)
+        compile_for(
+            fine_levels,
+            *(team.rank, 0, 0, ops, links, units, self.run["redo_position"]),
+            *(team.sync, team.timeout_ns, np.zeros(1, np.int64)),
+        )
+        compile_for(
+            count_pending,
+            *(team.rank, 0, 0, True, ops, links, units, self._row_pool, self._row_of_cell),
+            np.zeros(team.seat.pools, np.int64),
+        )
+        compile_for(
+            work_strata,
+            *(0, 0, True, self._own, team.seat.alone, seat, 1, ops, links, units, 0),
+            *(self._level_ptr, self._listed),
+        )
+        compile_for(add_to, seat.words, 0, 0)
 
     def report(self) -> dict:
         """`decisions` (contract §5), per-batch statistics, operations redone."""

@@ -13,7 +13,7 @@ from txstream.schedulers._kernels import collect_results
 from txstream.schedulers.base import Scheduler
 from txstream.schedulers.team._links import forget_chunk, with_room
 from txstream.schedulers.team._links import partition as link_partition
-from txstream.schedulers.team._versions import undo_aborted_tails
+from txstream.schedulers.team._versions import scratch, undo_aborted_tails
 from txstream.schedulers.team.aborts import Repairs, Speculation, chunk_versions
 from txstream.schedulers.team.member import Member
 from txstream.schedulers.team.placement import row_pools
@@ -72,6 +72,12 @@ class SpeculativeScheduler(Scheduler):
         with breakdown.timing("useful"):
             collect_results(first, end, spec.ops, spec.versions, spec.fates, chunk.outcomes)
         forget_chunk(self._part)
+
+    def warm_up(self, chunk: ChunkArrays) -> None:
+        """The kernels of a repair (`Scheduler.warm_up`)."""
+        self.team.warm_up()
+        ops = chunk.operations()
+        self._repairs.warm_up(Speculation.of(chunk), scratch(ops.max_reads, ops.max_txn_ops))
 
     def report(self) -> dict:
         """Operations redone after failures."""

@@ -1,12 +1,13 @@
 """sstore: PAT, S-Store's partitioned execution (TStream's PAT baseline).
 
-The state is partitioned by row over the pools of ``--placement`` (shared-nothing, the
-default: a partition per executor); a transaction belongs to the partition of its first
-operation, whose executors run its transactions in ts order (a pool of several
-executors spreads them round-robin). Each partition counts its transactions done (a
-word in shared memory); a transaction waits until every partition it touches reached it,
-taken in ascending order, runs holding them all, and advances them
-(`txstream.schedulers._whole`).
+The state is partitioned by row into `PARTITIONS_PER_POOL` partitions per pool of
+``--placement`` (shared-nothing, the default: a pool per executor); a transaction
+belongs to the partition of its first operation, whose pool's executors run its
+transactions in ts order (a pool of several executors spreads them round-robin). Each
+partition counts its transactions done (a word in shared memory); a transaction waits
+until every partition it touches reached it, taken in ascending order, runs holding them
+all, and advances them (`txstream.schedulers._whole`). It only ever waits for earlier
+transactions, so the team never deadlocks.
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ if TYPE_CHECKING:
     from txstream.config import RunConfig
 
 
+PARTITIONS_PER_POOL = 256
+"""Partitions per pool. With one partition per executor nearly every multi-key
+transaction touches both of 2 partitions and waits for every earlier transaction that
+touched either: the team ran about one transaction at a time. With more, a transaction
+waits only for earlier ones on the same partitions. Measured (bench/baselines.py, threads
+engine, 10k events at C = 10, SL / GS / TP, theta 0.2 and 0.8, 2 executors ÷ 1, one run
+each): 1 per pool 0.96-1.07, 16: 1.24-1.51, 64: 1.19-1.64, 256: 1.56-1.78, 1024:
+1.51-1.83. A row's pool is the same whatever the count (a hash modulo a multiple of the
+pools)."""
+
+
 class SStoreScheduler(WholeTransactionScheduler):
     """Per-partition order counters (module docstring)."""
 
@@ -39,14 +51,16 @@ class SStoreScheduler(WholeTransactionScheduler):
     @classmethod
     def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
         """A counter per partition, each on its own cache line."""
-        return [ArraySpec("partition_done", "int64", (STRIDE * dims.pools,))]
+        partitions = PARTITIONS_PER_POOL * dims.pools
+        return [ArraySpec("partition_done", "int64", (STRIDE * partitions,))]
 
     def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
         super().__init__(config, topology, state, team)
         seat = team.seat
-        self._part_of_cell = row_pools(state.layout.rows, seat.pools)[state.layout.row_of_cell()]
-        self._next_seq = np.zeros(seat.pools, np.int64)
-        self._last = np.empty(seat.pools, np.int64)
+        partitions = PARTITIONS_PER_POOL * seat.pools
+        self._part_of_cell = row_pools(state.layout.rows, partitions)[state.layout.row_of_cell()]
+        self._next_seq = np.zeros(partitions, np.int64)
+        self._last = np.empty(partitions, np.int64)
 
     def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """Plan the chunk: every executor alike, keeping the transactions it runs."""
@@ -65,6 +79,7 @@ class SStoreScheduler(WholeTransactionScheduler):
                 self._part_of_cell,
                 self._next_seq,
                 self._last,
+                seat.pools,
                 seat.pool,
                 len(seat.pool_ranks),
                 seat.pool_ranks.index(seat.rank),

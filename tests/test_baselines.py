@@ -25,11 +25,14 @@ from txstream.schedulers._whole import (
     MvWords,
     PartitionPlan,
     Peer,
+    plan_partitions,
     run_locked,
     run_multiversioned,
     run_partitioned,
     version_read,
 )
+from txstream.schedulers.sstore import PARTITIONS_PER_POOL
+from txstream.schedulers.team.placement import row_pools
 from txstream.schedulers.whole import WholeTransactionScheduler
 from txstream.state._kernels import Udf
 from txstream.state.chunk import Outcomes
@@ -172,6 +175,40 @@ def test_nolock_writes_every_event_exactly_once_in_ts_order(topology, data):
     assert {name: t.num_rows for name, t in state.items()} == {
         name: t.num_rows for name, t in want_state.items()
     }
+
+
+def test_pat_orders_a_transaction_only_after_those_on_its_partitions():
+    """sstore: a pool owns many partitions (the rows it owns, as with one per pool), so a
+    transaction waits only for the earlier ones that touched its partitions, not for
+    every earlier one of its pool or the other's."""
+    pools, rows = 2, 4096
+    partitions = PARTITIONS_PER_POOL * pools
+    part = row_pools(rows, partitions)
+    assert partitions > pools and np.array_equal(part % pools, row_pools(rows, pools))
+    # three one-write transactions: rows a and b of pool 0 on different partitions,
+    # then row a again
+    a = 0
+    b = next(r for r in range(rows) if part[r] % pools == 0 and part[r] != part[a])
+    ops = _one_write()._replace(
+        txn=np.arange(3, dtype=np.int64),
+        cell=np.array([a, b, a], np.int64),
+        kind=np.full(3, WRITE, np.int8),
+        fun=np.zeros(3, np.int32),
+        cond=np.zeros(3, np.int32),
+        reason=np.zeros(3, np.int32),
+        out=np.full(3, -1, np.int32),
+        args=np.zeros((3, 1), np.int64),
+        dep_ptr=np.zeros(4, np.int64),
+        txn_ptr=np.arange(4, dtype=np.int64),
+    )
+    plan = PartitionPlan(
+        np.empty(4, np.int64), np.empty(3, np.int64), np.empty(3, np.int64), np.empty(3, np.int8)
+    )
+    next_seq = np.zeros(partitions, np.int64)
+    plan_partitions(ops, part, next_seq, np.empty(partitions, np.int64), pools, 0, 1, 0, plan)
+    assert list(plan.part) == [part[a], part[b], part[a]]
+    assert list(plan.seq) == [0, 0, 1]  # b's transaction waits for nothing; a's second for one
+    assert list(plan.mine) == [1, 1, 1]  # all of pool 0's rows: executor 0's
 
 
 def test_breakdown_shows_where_the_baselines_spend_their_time():

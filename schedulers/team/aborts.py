@@ -33,7 +33,7 @@ from txstream.schedulers.team._versions import (
     roll_back_marked,
 )
 from txstream.schedulers.team.member import Member
-from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, Udf
+from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, Udf, compile_for
 from txstream.state.chunk import ChunkArrays, ChunkDims
 from txstream.state.operations import Ops
 from txstream.state.segments import ArraySpec
@@ -79,6 +79,18 @@ def chunk_versions(dims: ChunkDims) -> list[ArraySpec]:
     ]
 
 
+def warm_resolve(layout_arrays: dict[str, np.ndarray]) -> None:
+    """The Coordinator's kernel compiled (or loaded from numba's cache) before the run,
+    for chunk arrays as ``layout_arrays`` gives them (their types, not their sizes,
+    matter): the first repair of a run would otherwise wait for it."""
+    a = layout_arrays
+    ops = Ops(*(a[name] for name in Ops._fields))
+    links = Links(*(a[name] for name in Links._fields))
+    versions = Versions(*(a[name] for name in Versions._fields))
+    fates = Fates(*(a[name] for name in Fates._fields))
+    compile_for(find_affected, 0, 0, ops, links, versions, fates, np.zeros(1, np.int64))
+
+
 def resolve(chunk: ChunkArrays, begin: int, end: int, stack: np.ndarray) -> int:
     """The Coordinator's part: mark what the fresh failures among transactions
     begin..end-1 make wrong; how many operations to redo. ``stack`` is scratch (room
@@ -101,6 +113,18 @@ class Repairs:
         self.redo_position = redo_position
         self.requests = {policy: 0 for policy in POLICIES}
         self.redone = 0
+
+    def warm_up(self, spec: Speculation, s: Scratch) -> None:
+        """Compile (or load) the kernels of a repair for a chunk's arrays
+        (`Scheduler.warm_up`): the same calls as `run`'s."""
+        team, ops, links, v, fates = self.team, spec.ops, spec.links, spec.versions, spec.fates
+        compile_for(roll_back_marked, team.rank, 0, 0, ops, links, v, self.state)
+        compile_for(
+            redo,
+            *(team.rank, 0, 0, 0, ops, links, v, fates, self.state, self.udf),
+            *(self.redo_position, team.sync, team.timeout_ns, s),
+        )
+        compile_for(clear_marks, team.rank, 0, ops, links, v, fates)
 
     def run(
         self,

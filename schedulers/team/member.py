@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers.team.placement import Seat
+from txstream.state._kernels import compile_for
 from txstream.state.sync import (
     ANSWER,
     ARGS,
@@ -107,6 +108,10 @@ class Member:
         """Count operations of this executor that failed (read after the next barrier)."""
         if count:
             add_to(self.sync, word(FAILURES), count)
+
+    def warm_up(self) -> None:
+        """Compile (or load) the kernel `add_failures` calls, before the run."""
+        compile_for(add_to, self.sync, 0, 0)
 
     def failures_since_last_check(self) -> int:
         """After a barrier: operations the team counted as failed since the last check."""
