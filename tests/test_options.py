@@ -82,3 +82,26 @@ def test_morphstream_runs_every_batch_with_the_dimensions_it_is_given():
         ).metrics["decisions"]
         assert decisions["explore"][explore] == 4 and decisions["granularity"][granularity] == 4
         assert decisions["abort"][abort] == 4
+
+
+def test_the_transport_is_chosen_by_what_must_reach_the_team(monkeypatch):
+    from txstream.cluster.transport import RayTransport, ThreadTransport, transport_for
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert isinstance(transport_for("auto", None, named=False), ThreadTransport)
+    assert isinstance(transport_for("auto", "127.0.0.1:6379", named=False), RayTransport)
+    assert isinstance(transport_for("auto", None, named=True), RayTransport)
+    assert isinstance(transport_for("ray", None, named=False), RayTransport)
+    assert isinstance(transport_for("threads", None, named=False), ThreadTransport)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert isinstance(transport_for("auto", None, named=False), RayTransport)
+    with pytest.raises(UsageError, match="takes no --address"):
+        RunConfig(transport="threads", address="127.0.0.1:6379")
+
+
+def test_a_named_session_on_threads_is_refused_before_anything_starts(tmp_path):
+    from txstream import Job
+
+    events, init = generate("sl", WorkloadSpec(events=10))
+    with pytest.raises(UsageError, match="takes no --name"):
+        Job("sl", transport="threads", progress=False).start(init, name="ledger")
