@@ -53,7 +53,7 @@ class Session:
     """A running stream (module docstring); made by `Job.start` (or `Job.run`).
 
     Use it as a context manager: leaving the block closes it. ``transport``: how the team
-    runs (default: Ray actors; tests and benchmarks use threads of this process).
+    runs (default: the plan's ``--transport``, see `transport_for`).
     """
 
     def __init__(

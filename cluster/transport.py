@@ -1,5 +1,5 @@
-"""Transports: how a team's actors run — as Ray actors (every run), or as threads of this
-process (tests and benchmarks: the same classes, wiring and shared memory, without Ray).
+"""Transports: how a team's actors run — as Ray actors, or as threads of this process (the
+same classes, wiring and shared memory, without Ray); `transport_for` picks one.
 
 A handle's methods are called as Ray's are, ``handle.method.remote(*args)``, and return a
 reference that `get`, `ended` and `wait_all` accept from either transport, so actors that

@@ -4,7 +4,7 @@ A team is the state and synchronisation words in shared memory, the executors (o
 seat, pinned to their cores), the Coordinator (for schedulers whose aborts need one), the
 Sink and the ProgressController that feeds them. The *transport* says how the actors run
 (`txstream.cluster.transport`): as Ray actors, or as threads of this process, with the same
-classes and wiring — tests and benchmarks run the whole engine without Ray.
+classes and wiring (`--transport`; a local run takes threads: no Ray to start).
 
 The shared memory lives as long as the engine; the actors as long as a launch: a recovery
 stops them, restores the state and launches new ones on the same memory (`stop`, `restore`,
