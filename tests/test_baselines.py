@@ -46,21 +46,21 @@ from workloads import workloads
 TIMEOUT_S = 0.05
 
 
-def _one_write() -> Ops:
-    """One transaction writing cell 0."""
-    one = np.zeros(1, np.int64)
+def _writes(cells: list[int]) -> Ops:
+    """One transaction per cell, each a single WRITE of it, in that order."""
+    n = len(cells)
     return Ops(
-        txn=one,
-        cell=one,
-        kind=np.full(1, WRITE, np.int8),
-        fun=np.zeros(1, np.int32),
-        cond=np.zeros(1, np.int32),
-        reason=np.zeros(1, np.int32),
-        out=np.full(1, -1, np.int32),
-        args=np.zeros((1, 1), np.int64),
-        dep_ptr=np.zeros(2, np.int64),
+        txn=np.arange(n, dtype=np.int64),
+        cell=np.array(cells, np.int64),
+        kind=np.full(n, WRITE, np.int8),
+        fun=np.zeros(n, np.int32),
+        cond=np.zeros(n, np.int32),
+        reason=np.zeros(n, np.int32),
+        out=np.full(n, -1, np.int32),
+        args=np.zeros((n, 1), np.int64),
+        dep_ptr=np.zeros(n + 1, np.int64),
         dep_cell=np.zeros(0, np.int64),
-        txn_ptr=np.array([0, 1], np.int64),
+        txn_ptr=np.arange(n + 1, dtype=np.int64),
     )
 
 
@@ -100,7 +100,7 @@ WAITS = ("lock turn", "lock word", "mvlk turn", "mvlk low-water mark", "partitio
 
 @pytest.mark.parametrize("wait", WAITS)
 def test_every_wait_ends_at_the_timeout_or_when_a_peer_fails(wait):
-    ops = _one_write()
+    ops = _writes([0])
     sync = np.zeros(sync_words(2), np.int64)
     sync[word(FAILED)] = 1  # (first: this call also compiles the kernel)
     assert _blocked_run(wait, ops, Peer(sync, int(600e9), 1, 2)) == PEER_FAILED
@@ -189,18 +189,7 @@ def test_pat_orders_a_transaction_only_after_those_on_its_partitions():
     # then row a again
     a = 0
     b = next(r for r in range(rows) if part[r] % pools == 0 and part[r] != part[a])
-    ops = _one_write()._replace(
-        txn=np.arange(3, dtype=np.int64),
-        cell=np.array([a, b, a], np.int64),
-        kind=np.full(3, WRITE, np.int8),
-        fun=np.zeros(3, np.int32),
-        cond=np.zeros(3, np.int32),
-        reason=np.zeros(3, np.int32),
-        out=np.full(3, -1, np.int32),
-        args=np.zeros((3, 1), np.int64),
-        dep_ptr=np.zeros(4, np.int64),
-        txn_ptr=np.arange(4, dtype=np.int64),
-    )
+    ops = _writes([a, b, a])
     plan = PartitionPlan(
         np.empty(4, np.int64), np.empty(3, np.int64), np.empty(3, np.int64), np.empty(3, np.int8)
     )
