@@ -113,7 +113,7 @@ class RunConfig:
     )
     transport: str = option(
         "auto",
-        "how the team runs: ray (Ray actors, a process each, pinned to cores), threads (of "
+        "how the team runs: ray (Ray actors, a process each), threads (of "
         "this process: no Ray to start, no outside readers), auto (ray with --address, "
         "$RAY_ADDRESS or a session --name, threads otherwise)",
         choices=TRANSPORTS,

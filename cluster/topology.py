@@ -110,9 +110,9 @@ def keep_freed_memory() -> None:
 
     A chunk's arrays (operations, outcomes, rows: megabytes each) are allocated and freed
     once per chunk; glibc's defaults hand such blocks back to the kernel and then fault
-    fresh pages in for the next chunk's (4M SL events, serial, threads, one run each:
-    4.2 M events/s with the defaults, 6.4 M with these). Freed memory stays with the
-    process up to the peak it used. Nothing happens without glibc.
+    fresh pages in for the next chunk's (4M SL events, serial, threads, runs outside a
+    benchmark: 4.1-4.2 M events/s with the defaults, 5.4-6.3 M with these). Freed memory
+    stays with the process up to the peak it used. Nothing happens without glibc.
     """
     import ctypes
 
