@@ -77,8 +77,9 @@ def _prepare_feeder(_actor: object) -> None:
 
 class ThreadTransport:
     """Each actor an object of this process whose calls run on threads, in order per Ray
-    concurrency group as on Ray. Nothing is reniced (nor, by the engine, pinned): that would
-    act on the whole process. No Ray is started; a failing call raises its own exception."""
+    concurrency group as on Ray. Nothing is reniced (that acts on the whole process); an
+    executor pins its own thread (`Executor.warm_up`). No Ray is started; a failing call
+    fails as a Ray actor's would (see `_Lane`)."""
 
     separate_processes = False
 
