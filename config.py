@@ -115,7 +115,7 @@ class RunConfig:
         "auto",
         "how the team runs: ray (Ray actors, a process each), threads (of "
         "this process: no Ray to start, no outside readers), auto (ray with --address, "
-        "$RAY_ADDRESS or a session --name, threads otherwise)",
+        "$RAY_ADDRESS, a session --name or --checkpoint-dir, threads otherwise)",
         choices=TRANSPORTS,
     )
     log_level: str = option(

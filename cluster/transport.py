@@ -191,13 +191,17 @@ class _Lane:
                 future.set_exception(failure)
 
 
-def transport_for(choice: str, address: str | None, named: bool) -> RayTransport | ThreadTransport:
+def transport_for(
+    choice: str, address: str | None, named: bool, checkpoints: bool
+) -> RayTransport | ThreadTransport:
     """The transport of a run told ``--transport choice``: ``auto`` is Ray where something
     outside this process must reach the team (a cluster at ``address`` or ``$RAY_ADDRESS``,
-    a ``named`` session), threads otherwise (no Ray start-up for a local run)."""
+    a ``named`` session) or where the run must outlive one of its actors (``checkpoints``:
+    a dead actor's team is recovered without the driver); threads otherwise (no Ray
+    start-up for a local run)."""
     if choice == "auto":
-        remote = address or os.environ.get("RAY_ADDRESS") or named
-        choice = "ray" if remote else "threads"
+        ray_needed = address or os.environ.get("RAY_ADDRESS") or named or checkpoints
+        choice = "ray" if ray_needed else "threads"
     return RayTransport() if choice == "ray" else ThreadTransport()
 
 

@@ -70,7 +70,7 @@ class Engine:
         self.config = plan.config
         self.console = console
         self.transport = transport or transport_for(
-            self.config.transport, self.config.address, bool(plan.name)
+            self.config.transport, self.config.address, bool(plan.name), plan.store is not None
         )
         self.launches = 0
         """Teams launched so far (a recovery launches another)."""

@@ -87,14 +87,18 @@ def test_morphstream_runs_every_batch_with_the_dimensions_it_is_given():
 def test_the_transport_is_chosen_by_what_must_reach_the_team(monkeypatch):
     from txstream.cluster.transport import RayTransport, ThreadTransport, transport_for
 
+    def chosen(choice, address=None, named=False, checkpoints=False):
+        return type(transport_for(choice, address, named, checkpoints))
+
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert isinstance(transport_for("auto", None, named=False), ThreadTransport)
-    assert isinstance(transport_for("auto", "127.0.0.1:6379", named=False), RayTransport)
-    assert isinstance(transport_for("auto", None, named=True), RayTransport)
-    assert isinstance(transport_for("ray", None, named=False), RayTransport)
-    assert isinstance(transport_for("threads", None, named=False), ThreadTransport)
+    assert chosen("auto") is ThreadTransport
+    assert chosen("auto", address="127.0.0.1:6379") is RayTransport
+    assert chosen("auto", named=True) is RayTransport
+    assert chosen("auto", checkpoints=True) is RayTransport
+    assert chosen("ray") is RayTransport
+    assert chosen("threads", checkpoints=True) is ThreadTransport
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    assert isinstance(transport_for("auto", None, named=False), RayTransport)
+    assert chosen("auto") is RayTransport
     with pytest.raises(UsageError, match="takes no --address"):
         RunConfig(transport="threads", address="127.0.0.1:6379")
 
