@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,10 @@ def wait_for_team(pid: int, transport: str, timeout_s: float = 120.0) -> None:
         if transport == "threads" and txstream_segments(pid):
             return
         time.sleep(0.2)
+
+
+def run_command(topology: str, events: str, init: str, output: str, *options: str) -> list[str]:
+    """The command line of `txstream run` in this interpreter: ``topology`` over ``events``
+    from ``init`` into ``output``, with more ``options``."""
+    command = ["run", topology, "--input", events, "--init-state", init, "--output", output]
+    return [sys.executable, "-m", "txstream", *command, *options]

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import TESTS, txstream_segments, wait_for_team
+from conftest import TESTS, run_command, txstream_segments, wait_for_team
 from tmp_watch import TmpWatch
 from txstream.cli.main import main
 from txstream.cluster.topology import usable_cores
@@ -278,17 +278,10 @@ def test_ctrl_c_and_sigterm_stop_the_run_and_clean_up(tmp_path, signum, code, li
     data = _generate(tmp_path, "sl", events=400_000)
     env = {**os.environ, "RAY_ADDRESS": ""}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "txstream",
-            "run",
+        run_command(
             "sl",
-            "--input",
             str(data / "events.parquet"),
-            "--init-state",
             str(data / "init"),
-            "--output",
             str(tmp_path / "out"),
             "--udf-cost-us",
             "50",
@@ -297,7 +290,7 @@ def test_ctrl_c_and_sigterm_stop_the_run_and_clean_up(tmp_path, signum, code, li
             "arrow",
             "--transport",
             transport,
-        ],
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -4,9 +4,9 @@ does what it says."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
+from conftest import run_command
 from local_engine import run_local
 from txstream.config import ABORT, EXPLORE, GRANULARITY, PLACEMENTS, RunConfig
 from txstream.errors import UsageError
@@ -43,20 +43,13 @@ def test_every_option_is_honoured_or_refused(scheduler, option):
 )
 def test_the_command_refuses_an_option_that_does_not_apply_in_one_line(tmp_path, args):
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "txstream",
-            "run",
+        run_command(
             "sl",
-            "--input",
             str(tmp_path / "x"),
-            "--init-state",
             str(tmp_path),
-            "--output",
             str(tmp_path / "out"),
             *args,
-        ],
+        ),
         capture_output=True,
         text=True,
         timeout=120,

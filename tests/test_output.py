@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import txstream_segments, wait_for_team
+from conftest import run_command, txstream_segments, wait_for_team
 from test_job import _sl_tables
 from txstream import Job
 from txstream.connectors.outputs import OutputDir, part_name
@@ -123,17 +122,10 @@ def test_ctrl_c_over_an_existing_output_leaves_it_untouched(tmp_path, transport)
     (out / "_SUCCESS").write_bytes(b"")
     env = {**os.environ, "RAY_ADDRESS": ""}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "txstream",
-            "run",
+        run_command(
             "sl",
-            "--input",
             str(tmp_path / "data" / "events.parquet"),
-            "--init-state",
             str(tmp_path / "data" / "init"),
-            "--output",
             str(out),
             "--overwrite",
             "--udf-cost-us",
@@ -143,7 +135,7 @@ def test_ctrl_c_over_an_existing_output_leaves_it_untouched(tmp_path, transport)
             "arrow",
             "--transport",
             transport,
-        ],
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from compare import assert_same_run
-from conftest import txstream_segments
+from conftest import run_command, txstream_segments
 from test_job import _sl_tables
 from txstream import Job
 from txstream.topologies.generators import WorkloadSpec, generate, write_workload
@@ -30,6 +30,21 @@ def _drop(folder, name, table):
     os.replace(folder / f".{name}", folder / name)
 
 
+def _follow(incoming: Path, init: Path, out: Path, env: dict, *options: str) -> subprocess.Popen:
+    """`txstream run sl --follow` over ``incoming`` (read with pyarrow), in the background."""
+    command = run_command("sl", str(incoming), str(init), str(out), "--follow", "--source", "arrow")
+    return subprocess.Popen(
+        [*command, *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+
+
+def _wait_for_a_part(out: Path, timeout_s: float = 120.0) -> None:
+    """Return once a part file of ``out``'s events is committed, or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not list((out / "events").glob("part-*.parquet")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def test_follow_pushes_new_files_in_name_order_until_stop(tmp_path):
     events, init = generate("sl", WorkloadSpec(events=6000, keys=50, abort_ratio=0.05, seed=4))
     write_workload(tmp_path / "data", events, init)
@@ -37,36 +52,10 @@ def test_follow_pushes_new_files_in_name_order_until_stop(tmp_path):
     incoming.mkdir()
     _drop(incoming, "a-000.parquet", events.slice(0, 2000))
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "txstream",
-            "run",
-            "sl",
-            "--input",
-            str(incoming),
-            "--init-state",
-            str(tmp_path / "data" / "init"),
-            "--output",
-            str(out),
-            "--follow",
-            "--source",
-            "arrow",
-            "--executors",
-            "2",
-            "--scheduler",
-            "tstream",
-            "--no-progress",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "RAY_ADDRESS": ""},
-    )
-    deadline = time.monotonic() + 120
-    while not list((out / "events").glob("part-*.parquet")) and time.monotonic() < deadline:
-        time.sleep(0.2)  # the first file's outputs are committed while the session runs
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    options = ("--executors", "2", "--scheduler", "tstream", "--no-progress")
+    proc = _follow(incoming, tmp_path / "data" / "init", out, env, *options)
+    _wait_for_a_part(out)  # the first file's outputs are committed while the session runs
     assert list((out / "events").glob("part-*.parquet")), proc.stderr
     assert not (out / "_SUCCESS").exists()
     (incoming / "_ignored.parquet").write_bytes(b"not parquet")  # hidden: never read
@@ -174,34 +163,10 @@ def test_follow_on_a_cluster_that_dies_fails_at_once_with_one_line(tmp_path):
             capture_output=True,
             timeout=120,
         )
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "txstream",
-                "run",
-                "sl",
-                "--input",
-                str(incoming),
-                "--init-state",
-                str(tmp_path / "data" / "init"),
-                "--output",
-                str(out),
-                "--follow",
-                "--source",
-                "arrow",
-                "--address",
-                f"127.0.0.1:{port}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        address = f"127.0.0.1:{port}"
+        proc = _follow(incoming, tmp_path / "data" / "init", out, env, "--address", address)
         _drop(incoming, "a-000.parquet", events)
-        deadline = time.monotonic() + 120
-        while not list((out / "events").glob("part-*.parquet")) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_for_a_part(out)
         for pid in _processes_with(str(cluster)):  # the cluster dies
             os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
