@@ -29,6 +29,7 @@ from txstream.actors.executor import _output_rows, rows_schema
 from txstream.actors.progress import _record_batch
 from txstream.actors.punctuation import CHUNK_EVENTS, Punctuator
 from txstream.actors.sink import Sink
+from txstream.cluster.topology import keep_freed_memory
 from txstream.config import RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
@@ -141,6 +142,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=CHUNK_EVENTS, help="events per chunk")
     parser.add_argument("--label", default="now", help="name of this entry in stages.json")
     args = parser.parse_args()
+    keep_freed_memory()  # as every process of a team does (its transport's first step)
     config = RunConfig(topology="sl", source="arrow", progress=False)
     passes = []
     with workload_dirs(["sl"], args.events) as dirs:
