@@ -21,6 +21,8 @@ LATENCY_TARGET_MS = 500.0
 """Default push-to-output latency target (bench/latency: see README, Sessions)."""
 CHECKPOINT_EVERY = 100
 """Default punctuation batches between checkpoints (bench/recovery: see README)."""
+MAX_NODES = 62
+"""Nodes a run can spread over (a transaction's participants are a bit each of an int64)."""
 PUNCTUATION_MS = 50.0
 """Default time after which a punctuation batch is cut however few events it has."""
 
@@ -111,6 +113,12 @@ class RunConfig:
         "for this run)",
         metavar="RAY_ADDRESS",
     )
+    nodes: int = option(
+        1,
+        "spread the state by key over N nodes of the Ray cluster given by --address, a team "
+        "of --executors on each (1: this host's engine)",
+        metavar="N",
+    )
     transport: str = option(
         "auto",
         "how the team runs: ray (Ray actors, a process each), threads (of "
@@ -167,6 +175,12 @@ class RunConfig:
                 f"topology must be one of {', '.join(BUNDLED)} or module:function",
             ),
             (self.executors >= 1, "--executors must be >= 1"),
+            (1 <= self.nodes <= MAX_NODES, f"--nodes must be between 1 and {MAX_NODES}"),
+            (
+                self.nodes == 1 or self.transport != "ray",
+                "--nodes N > 1 runs each node's team as threads of a process on that node: "
+                "it takes no --transport ray",
+            ),
             (
                 _among(self.placement, PLACEMENTS),
                 f"--placement must be one of {', '.join(PLACEMENTS)}",

@@ -8,6 +8,7 @@ checked before anything starts (schema errors cost no Ray or Spark start-up).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from txstream.engine.plan import plan
 from txstream.errors import UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.logs import level_number, run_log
+from txstream.nodes.run import NodesRun
 from txstream.result import Result
 from txstream.session import Session
 from txstream.state.init import InitState
@@ -64,6 +66,7 @@ class Job:
         written (``events/part-*.parquet``), then ``state/``, ``metrics.json`` and
         ``_SUCCESS`` at ``close()``. With ``name`` (on a Ray cluster, ``address``), other
         processes reach it with ``txstream query`` and ``txstream status``."""
+        self._check_nodes(session=True)
         session_plan = self._plan(init_state, output, name=name)
         return Session(session_plan, console=self.console, transport=self.transport)
 
@@ -82,6 +85,7 @@ class Job:
         outside readers can query it while it runs (see `start`)."""
         begin = time.perf_counter()
         events = self._checked(events)
+        self._check_nodes(name=name)
         session_plan = self._plan(
             init_state,
             output,
@@ -96,6 +100,8 @@ class Job:
             ):
                 source, ingest, job_config = self._open_source(events, stack)
                 session_plan.expected_events = source.num_rows
+                if self.config.nodes > 1:
+                    return NodesRun(session_plan, self.console, job_config).run(source, begin)
                 with Session(session_plan, job_config, self.console, self.transport) as session:
                     session.startup_s = time.perf_counter() - begin  # Spark's included
                     session.extra_metrics = ingest
@@ -105,6 +111,20 @@ class Job:
                     return session.close()
         finally:
             session_plan.discard_unused()
+
+    def _check_nodes(self, session: bool = False, name: str | None = None) -> None:
+        """What a run over several nodes does not take (yet): UsageError."""
+        cfg = self.config
+        if cfg.nodes == 1:
+            return
+        if not (cfg.address or os.environ.get("RAY_ADDRESS")):
+            raise UsageError(f"--nodes {cfg.nodes} runs on a Ray cluster: give its --address")
+        if session or name:
+            raise UsageError(
+                "--nodes N > 1 takes one-shot runs: no sessions, --follow or --name yet"
+            )
+        if cfg.checkpoint_dir:
+            raise UsageError("--nodes N > 1 takes no --checkpoint-dir yet")
 
     def _plan(self, init_state: InitState, output: str | Path | None, **options: Any):
         """Everything checked before anything starts (`txstream.engine.plan`); too many
@@ -185,6 +205,7 @@ class Job:
         (see `txstream.connectors.follow`)."""
         from txstream.connectors.follow import check_folder, follow
 
+        self._check_nodes(session=True)
         warning = check_folder(folder)
         session_plan = self._plan(init_state, output, name=name)
         if warning:

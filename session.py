@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -272,6 +273,17 @@ class Session:
         return self._engine.snapshots.query(
             plan.layout, plan.tables, table, keys, lambda: self.watermark, self.config.timeout_s
         )
+
+    def set_cells(self, cells: np.ndarray, values: np.ndarray) -> None:
+        """Overwrite ``cells`` of the flat state; only between `flush` and the next push,
+        when the team is idle. How a node of a run over several takes in the values of
+        other nodes' cells that its next transactions read (`txstream.nodes`)."""
+        self._engine.state.values[cells] = values
+
+    def read_cells(self, cells: np.ndarray) -> np.ndarray:
+        """The values of ``cells`` of the flat state; only between `flush` and the next push
+        (see `set_cells`)."""
+        return self._engine.state.values[cells].copy()
 
     def outputs(self, since: int = 0) -> Iterator[pa.RecordBatch]:
         """The committed output rows from ts ``since`` on, in ts order, as record batches:

@@ -147,16 +147,21 @@ def start_actor(
     name: str | None = None,
     namespace: str | None = None,
     concurrency_groups: dict[str, int] | None = None,
+    node_id: str | None = None,
     **kwargs: object,
 ) -> object:
     """Start ``cls`` (a plain class) as a Ray actor, known as ``label`` (default: the
     class name) in error messages, named if ``name`` (in ``namespace``), with
-    ``concurrency_groups`` if it serves calls on several threads. txstream's actors
-    reserve no Ray CPU: executors pin themselves to cores, the others mostly wait."""
+    ``concurrency_groups`` if it serves calls on several threads, on the Ray node
+    ``node_id`` if given (else where Ray places it). txstream's actors reserve no Ray
+    CPU: executors pin themselves to cores, the others mostly wait."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     groups = {"concurrency_groups": concurrency_groups} if concurrency_groups else {}
-    options = {"name": name, "namespace": namespace} if name else {}
+    options: dict[str, object] = {"name": name, "namespace": namespace} if name else {}
+    if node_id is not None:
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
     actor = ray.remote(num_cpus=0, max_restarts=0, **groups)(cls).options(**options)
     actor = actor.remote(*args, **kwargs)
     _LABELS[actor._actor_id.hex()] = label or cls.__name__

@@ -431,6 +431,16 @@ class Transactions:
                 "pre_process must reject such events"
             )
 
+    def touched(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(txn, cell)``: every cell each transaction writes or reads (its operations'
+        targets and parametric reads), grouped by transaction in ascending order; what a
+        sequencer needs to know where a transaction's state lives (`txstream.nodes`)."""
+        st = self._statements
+        txn = _concat([s.txn for s in st] + [np.repeat(s.txn, s.dep_count) for s in st])
+        cell = _concat([s.cell for s in st] + [s.dep_cell for s in st])
+        order = np.argsort(txn, kind="stable")
+        return txn[order], cell[order]
+
     def sizes(self) -> tuple[int, int, int]:
         """Operations, parametric reads and argument width of what was emitted so far."""
         operations = sum(len(s.txn) for s in self._statements)

@@ -1,0 +1,241 @@
+"""A one-shot run over several nodes of a Ray cluster (contract §8): the driver sequences
+the input (`txstream.nodes.sequencer`), hands every node its steps, and merges what the
+nodes produced into one output, as a run on one host writes it.
+
+Each node is a `NodeTeam` actor placed on its own Ray node. The values one node sends
+another never pass through the driver: a step's results are Ray objects that the receiving
+node's next step takes as arguments, so Ray moves them between the nodes' object stores and
+starts the step once they are there. The driver only submits, at most `UNITS_IN_FLIGHT`
+units ahead of the slowest node, and remembers for every node which of its events are
+whose (global ts) and whose outputs count (the event's home node).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from contextlib import ExitStack
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from txstream.actors.executor import output_schema
+from txstream.cluster.nodes import pick_nodes
+from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor, stop_actors
+from txstream.connectors.outputs import part_name
+from txstream.connectors.sources import Source
+from txstream.engine.plan import Plan
+from txstream.monitor.console import Console
+from txstream.monitor.metrics import LatencyHistogram
+from txstream.nodes.member import NodeTeam
+from txstream.nodes.sequencer import Partition, Sequencer, UnitPlan
+from txstream.result import Result
+from txstream.state.operations import STATUS_NAMES
+from txstream.topologies.api import conform_events
+
+UNIT_EVENTS = 65536
+"""Events per unit of input: the sequencer's grain (levels restart with every unit)."""
+UNITS_IN_FLIGHT = 2
+"""Units submitted and not finished yet: one running, one ready."""
+
+
+class NodesRun:
+    """A run of ``plan`` over ``plan.config.nodes`` nodes (module docstring)."""
+
+    def __init__(self, plan: Plan, console: Console, job_config: object | None = None):
+        self.plan = plan
+        self.config = plan.config
+        self.console = console
+        self.job_config = job_config
+        nodes = self.config.nodes
+        self.partition = Partition(plan.layout, plan.topology, nodes)
+        self.sequencer = Sequencer(plan.topology, plan.layout, self.partition)
+        self.teams: list[Any] = []
+        self.steps = [0] * nodes
+        self.global_ts: list[list[np.ndarray]] = [[] for _ in range(nodes)]
+        self.is_home: list[list[np.ndarray]] = [[] for _ in range(nodes)]
+        self.latency = LatencyHistogram()
+        self.figures = {"units": 0, "levels": 0, "steps": 0, "cross": 0, "exchanged_values": 0}
+
+    def run(self, source: Source, startup_begin: float) -> Result:
+        """Run ``source`` to its end; the merged `Result`, committed to the plan's output."""
+        cfg = self.config
+        with ExitStack() as stack:
+            stack.enter_context(ray_session(cfg.address, self.job_config, phase=self.console.phase))
+            node_ids = pick_nodes(cfg.nodes)
+            stack.callback(stop_actors, self.teams)
+            with self.console.phase(f"starting {cfg.nodes} nodes"):
+                self._start(node_ids)
+            startup_s = time.perf_counter() - startup_begin
+            begin = time.perf_counter()
+            total = source.num_rows
+            bar = self.console.progress(total, "running", begin, 0)
+            with bar:
+                ts, in_flight = 0, deque()
+                for batch in source.iter_batches(UNIT_EVENTS):
+                    events = conform_events(batch, self.plan.topology.event_schema)
+                    in_flight.append(
+                        (time.perf_counter(), events.num_rows, self._submit(events, ts))
+                    )
+                    ts += events.num_rows
+                    while len(in_flight) > UNITS_IN_FLIGHT:
+                        self._complete(in_flight.popleft())
+                        bar.update(ts - sum(n for _, n, _ in in_flight))
+                while in_flight:
+                    self._complete(in_flight.popleft())
+                bar.update(ts)
+                outputs, state, node_metrics = self._finish()
+            seconds = time.perf_counter() - begin
+            metrics = self._metrics(outputs, node_metrics, seconds, startup_s)
+            bar.close(metrics["throughput_eps"], metrics["seconds"])
+        self._commit(outputs, state, metrics)
+        return Result(outputs, state, metrics)
+
+    def _start(self, node_ids: list[str]) -> None:
+        """A `NodeTeam` on each node, every one with the whole init state."""
+        cfg = self.config
+        options = {
+            **{k: v for k, v in cfg.as_dict().items() if k not in ("topology", "nodes")},
+            "address": None,
+            "transport": "threads",
+            "progress": False,
+            "checkpoint_dir": None,
+            "checkpoint_every": None,
+        }
+        init = self.plan.init
+        for node, node_id in enumerate(node_ids):
+            team = start_actor(
+                NodeTeam,
+                node,
+                cfg.topology,
+                options,
+                init,
+                None,
+                label=f"node {node}",
+                node_id=node_id,
+            )
+            self.teams.append(team)
+        self._get([team.pid.remote() for team in self.teams])
+
+    def _submit(self, events: pa.Table, ts0: int) -> list:
+        """Sequence a unit that starts at ``ts0`` and submit every node's steps; the
+        references of the steps, to wait for."""
+        unit: UnitPlan = self.sequencer.plan(events)
+        f = self.figures
+        f["units"] += 1
+        f["levels"] += len(unit.steps)
+        f["cross"] += unit.cross
+        f["exchanged_values"] += unit.exchanged
+        sent: dict[tuple[int, int], Any] = {}  # (from, to) -> values for the next level
+        refs = []
+        for level in unit.steps:
+            received, sent = sent, {}
+            for node, step in enumerate(level):
+                if step is None:
+                    continue
+                cells = [c for _, c in step.receive]
+                values = [received.pop((source, node)) for source, _ in step.receive]
+                rows = events.take(step.events) if len(step.events) else None
+                out = (
+                    self.teams[node]
+                    .step.options(num_returns=max(1, len(step.send)))
+                    .remote(
+                        self.steps[node],
+                        rows,
+                        np.concatenate(cells) if cells else np.zeros(0, np.int64),
+                        [c for _, c in step.send],
+                        *values,
+                    )
+                )
+                self.steps[node] += 1
+                f["steps"] += 1
+                outs = out if isinstance(out, list) else [out]
+                for (to, _), ref in zip(step.send, outs, strict=False):
+                    sent[(node, to)] = ref
+                refs.append(outs[0])
+                self.global_ts[node].append(ts0 + step.events)
+                self.is_home[node].append(unit.home[step.events] == node)
+        return refs
+
+    def _complete(self, unit: tuple[float, int, list]) -> None:
+        """Wait for a unit's steps; its events' latency from the moment it was sequenced."""
+        submitted, events, refs = unit
+        self._get(refs)
+        self.latency.add(np.full(events, time.perf_counter() - submitted))
+
+    def _finish(self) -> tuple[pa.Table, dict[str, pa.Table], list[dict]]:
+        """Every node's outputs (those of its home events, with their global ts) merged in
+        ts order, every table with each key's values from the node that owns it, and the
+        nodes' own metrics."""
+        results = self._get([team.finish.remote() for team in self.teams])
+        pieces = []
+        for node, (events, _, _) in enumerate(results):
+            global_ts = np.concatenate(self.global_ts[node] or [np.zeros(0, np.int64)])
+            home = np.concatenate(self.is_home[node] or [np.zeros(0, bool)])
+            local = events.column("ts").to_numpy()
+            keep = home[local]
+            rows = events.filter(pa.array(keep))
+            pieces.append(rows.set_column(0, "ts", pa.array(global_ts[local[keep]])))
+        schema = output_schema(self.plan.topology)
+        merged = (
+            pa.concat_tables([p.cast(schema) for p in pieces]) if pieces else schema.empty_table()
+        )
+        merged = merged.take(pc.sort_indices(merged, [("ts", "ascending")]))
+        state = {}
+        for name, first in results[0][1].items():
+            size = first.num_rows
+            columns = {"key": first.column("key")}
+            for column in first.column_names[1:]:
+                values = np.empty(size, np.int64)
+                for node, (_, tables, _) in enumerate(results):
+                    owned = self.partition.owned(size, node)
+                    values[owned] = tables[name].column(column).to_numpy()[owned]
+                columns[column] = pa.array(values)
+            state[name] = pa.table(columns, schema=first.schema)
+        return merged, state, [m for _, _, m in results]
+
+    def _metrics(
+        self, outputs: pa.Table, nodes: list[dict], seconds: float, startup_s: float
+    ) -> dict:
+        counts = dict.fromkeys(STATUS_NAMES, 0)
+        for c in pc.value_counts(outputs.column("status")).to_pylist():
+            counts[c["values"]] = c["counts"]
+        events = outputs.num_rows
+        return {
+            "events": events,
+            **counts,
+            "seconds": round(seconds, 6),
+            "throughput_eps": round(events / seconds, 1) if seconds > 0 else None,
+            "latency_ms": {f"p{q}": self.latency.percentile_ms(q) for q in (50, 99)},
+            "startup_s": round(startup_s, 3),
+            "phases_s": dict(self.console.phases),
+            "nodes": {
+                **self.figures,
+                "per_node": [
+                    {k: m.get(k) for k in ("events", "seconds", "throughput_eps", "breakdown_s")}
+                    for m in nodes
+                ],
+            },
+            "config": {**self.config.as_dict(), "pushed": events, "resumed_from": 0},
+        }
+
+    def _commit(self, outputs: pa.Table, state: dict[str, pa.Table], metrics: dict) -> None:
+        """The output as a one-shot run on one host commits it."""
+        out = self.plan.output
+        pq.write_table(outputs, out.staged_parts / part_name(0))
+        out.commit(state, json.dumps(metrics, indent=2) + "\n")
+
+    def _get(self, refs: Any) -> Any:
+        import ray
+
+        try:
+            return ray.get(refs, timeout=self.config.timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            from txstream.errors import RuntimeFailure
+
+            raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
+        except ray.exceptions.RayError as exc:
+            raise actor_failure(exc) from exc

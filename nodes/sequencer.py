@@ -1,0 +1,172 @@
+"""The sequencer of a run over several nodes: which node does what, in which step.
+
+The state is partitioned by key: key ``k`` of every table lives on node ``k % N``. The input
+has one total order (ts), fixed before anything runs, so the nodes need no commit protocol
+(Calvin, SIGMOD 2012): a transaction whose cells all live on one node (*local*) runs there
+as on one host; one that spans nodes (*cross*) runs on every node it touches, each having
+been sent the values of the other nodes' cells it reads, so all reach the same decision;
+each keeps only the writes to its own cells.
+
+Every unit of input (a pushed table) is cut into *levels*, executed as steps: in step L each
+node runs, in ts order, its transactions of level L. A cross transaction's level is one more
+than the highest level of an earlier transaction on any of its cells; a local one's is that
+highest level. So on every cell, the transactions before a cross one are in earlier levels
+and none of its level precedes it: the values it needs are those at the end of the previous
+step, which their owners send right after it (one exchange per level, not per transaction).
+Transactions without a cell (rejected events) run on node ``position % N`` (their position
+in the unit), where their outputs
+come from. Everything here is per unit and vectorised; the level assignment is one pass of a
+kernel over the unit's (transaction, cell) pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+import pyarrow as pa
+from txstream.errors import TopologyError
+from txstream.state.layout import Layout
+from txstream.topologies.api import EventShare, Topology, Transactions
+
+
+@dataclass
+class Step:
+    """What one node does in one level: run ``events`` (positions in the unit, ts order)
+    after installing the cells it was sent (``receive``: from which node, which cells), then
+    send what others need in the next level (``send``: to which node, which cells)."""
+
+    events: np.ndarray
+    receive: list[tuple[int, np.ndarray]] = field(default_factory=list)
+    send: list[tuple[int, np.ndarray]] = field(default_factory=list)
+
+
+@dataclass
+class UnitPlan:
+    """A unit of input as steps: ``steps[level][node]`` (None: the node has nothing to do),
+    and the node whose outputs count for each event (``home``)."""
+
+    steps: list[list[Step | None]]
+    home: np.ndarray
+    cross: int
+    """Transactions of the unit that span nodes."""
+    exchanged: int
+    """Cell values sent between nodes for the unit."""
+
+
+class Partition:
+    """Key ``k`` of every table on node ``k % nodes``: the owner of every cell of the flat
+    state (`txstream.state.layout.Layout`), and which cells hold distinct sets."""
+
+    def __init__(self, layout: Layout, topology: Topology, nodes: int):
+        self.nodes = nodes
+        self.owner = np.empty(layout.cells, np.int64)
+        self.is_set = np.zeros(layout.cells, np.bool_)
+        distinct = {t.name for t in topology.tables if t.distinct}
+        for (table, _), base in layout.bases.items():
+            size = layout.sizes[table]
+            self.owner[base : base + size] = np.arange(size) % nodes
+            self.is_set[base : base + size] = table in distinct
+
+    def owned(self, size: int, node: int) -> slice:
+        """The keys of a table of ``size`` rows that ``node`` holds (a strided slice)."""
+        return slice(node, size, self.nodes)
+
+
+class Sequencer:
+    """Plans units of input for a run over ``partition.nodes`` nodes (module docstring)."""
+
+    def __init__(self, topology: Topology, layout: Layout, partition: Partition):
+        self.topology = topology
+        self.layout = layout
+        self.partition = partition
+        self._last = np.zeros(layout.cells, np.int64)
+
+    def plan(self, events: pa.Table) -> UnitPlan:
+        """The steps of ``events`` (conformed to the topology's schema), which come right
+        after the previous unit's."""
+        batch = events.combine_chunks().to_batches()
+        share = EventShare(batch[0], self.topology, self.layout.sizes)
+        self.topology.pre_process(share)
+        transactions = Transactions(share, self.layout)
+        self.topology.state_access(share, transactions)
+        txn, cells = transactions.touched()
+        n, nodes, owner = share.n, self.partition.nodes, self.partition.owner
+        ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(txn, minlength=n), out=ptr[1:])
+        level, mask, home = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+        self._last[:] = 0
+        _levels(ptr, cells, owner, nodes, self._last, level, mask, home)
+        cross = (mask & (mask - 1)) != 0
+        crossing = cross[txn]
+        if self.partition.is_set[cells[crossing]].any():
+            raise TopologyError(
+                f"{self.topology.name}: a transaction across nodes adds to a distinct set; "
+                "key its set table like the tables it updates with it, or run on one node"
+            )
+        top = int(level.max(initial=0)) + 1
+        steps: list[list[Step | None]] = [[None] * nodes for _ in range(top)]
+        for node in range(nodes):
+            mine = np.flatnonzero((mask >> node) & 1)
+            by_level = mine[np.argsort(level[mine], kind="stable")]
+            bounds = np.searchsorted(level[by_level], np.arange(top + 1))
+            for lv in range(top):
+                if bounds[lv + 1] > bounds[lv]:
+                    steps[lv][node] = Step(by_level[bounds[lv] : bounds[lv + 1]])
+        exchanged = self._exchanges(steps, txn[crossing], cells[crossing], level, mask)
+        return UnitPlan(steps, home, int(cross.sum()), exchanged)
+
+    def _exchanges(self, steps, txn, cells, level, mask) -> int:
+        """Add to ``steps`` what every node sends and receives: for each cell of a cross
+        transaction, its owner sends it after the step before the transaction's level to
+        every other participant. The number of values sent."""
+        nodes, owner = self.partition.nodes, self.partition.owner
+        sender = owner[cells]
+        parts = []
+        for to in range(nodes):
+            wanted = ((mask[txn] >> to) & 1).astype(bool) & (sender != to)
+            parts.append(
+                np.stack(
+                    [level[txn[wanted]], sender[wanted], np.full(wanted.sum(), to), cells[wanted]]
+                )
+            )
+        entries = (
+            np.unique(np.concatenate(parts, axis=1), axis=1)
+            if parts
+            else np.zeros((4, 0), np.int64)
+        )
+        if entries.shape[1] == 0:
+            return 0
+        groups = np.flatnonzero(np.any(np.diff(entries[:3], axis=1) != 0, axis=0)) + 1
+        for part in np.split(entries, groups, axis=1):
+            lv, source, to = (int(v) for v in part[:3, 0])
+            got = part[3]
+            before = steps[lv - 1][source]
+            if before is None:
+                before = steps[lv - 1][source] = Step(np.zeros(0, np.int64))
+            before.send.append((to, got))
+            steps[lv][to].receive.append((source, got))  # a participant: it has a step
+        return entries.shape[1]
+
+
+@numba.njit(cache=True, nogil=True)
+def _levels(ptr, cells, owner, nodes, last, level, mask, home):  # pragma: no cover - numba
+    """Level, participants (a bit per node) and home node of every transaction, in ts
+    order; ``last[c]``: the highest level of a transaction so far on cell ``c``."""
+    for t in range(len(ptr) - 1):
+        first, end = ptr[t], ptr[t + 1]
+        if first == end:
+            home[t] = t % nodes
+            mask[t] = 1 << home[t]
+            level[t] = 0
+            continue
+        bits, top = 0, 0
+        for i in range(first, end):
+            c = cells[i]
+            bits |= 1 << owner[c]
+            top = max(top, last[c])
+        lv = top + 1 if bits & (bits - 1) else top
+        for i in range(first, end):
+            last[cells[i]] = lv
+        level[t], mask[t], home[t] = lv, bits, owner[cells[first]]
