@@ -84,8 +84,8 @@ class Job:
         metrics.json and _SUCCESS there, committed together at the end. With ``name``,
         outside readers can query it while it runs (see `start`)."""
         begin = time.perf_counter()
-        events = self._checked(events)
         self._check_nodes(name=name)
+        events = self._checked(events)
         session_plan = self._plan(
             init_state,
             output,

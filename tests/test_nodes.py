@@ -1,0 +1,165 @@
+"""Runs over several nodes (contract §8) on a Ray cluster of three nodes on this machine, as
+Ray tests clusters (`ray.cluster_utils.Cluster`: a raylet and object store per node, a
+custom resource naming each). Every run goes through the command line, as a user's would,
+and equals `serial` on one host: every scheduler, node count, team size and punctuation
+interval (sampled pairwise), on hypothesis workloads whose share of transactions across
+nodes goes from none (one key) to nearly all (few keys, several nodes), with hot keys,
+aborts, parametric reads and malformed events.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from compare import assert_same_run
+from conftest import run_command
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from local_engine import run_local
+from pairwise import pairwise
+from txstream import Job
+from txstream.errors import UsageError
+from txstream.topologies import BUNDLED
+from txstream.topologies.generators import write_workload
+from workloads import workloads
+
+NODES = 3
+AXES = {
+    "topology": BUNDLED,
+    "scheduler": ("serial", "tstream", "morphstream", "lock", "mvlk", "sstore"),
+    "nodes": (2, 3),
+    "executors": (1, 2),
+    "punctuation_interval": (7, 97, 10240),
+}
+CASES = [pytest.param(case, id="-".join(str(v) for v in case.values())) for case in pairwise(AXES)]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """The address of a local Ray cluster of `NODES` nodes (this process does not join it:
+    the runs under test do, from their own processes)."""
+    from ray.cluster_utils import Cluster
+
+    folder = tempfile.mkdtemp(prefix="txs-ray-nodes-")
+    node = {"num_cpus": 1, "object_store_memory": 80 * 1024**2, "temp_dir": folder}
+    cluster = Cluster(
+        initialize_head=True, head_node_args={**node, "resources": {"txstream_node_0": 1}}
+    )
+    try:
+        for i in range(1, NODES):
+            cluster.add_node(**node, resources={f"txstream_node_{i}": 1})
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_on_nodes(
+    address: str, topology: str, events: pa.Table, init: dict, *options: str
+) -> tuple[subprocess.CompletedProcess, pa.Table | None, dict, dict]:
+    """`txstream run` over the cluster; its process, outputs, final state and metrics."""
+    with tempfile.TemporaryDirectory() as folder:
+        data, out = Path(folder) / "data", Path(folder) / "out"
+        write_workload(data, events, init)
+        command = run_command(
+            topology,
+            str(data / "events.parquet"),
+            str(data / "init"),
+            str(out),
+            "--address",
+            address,
+            "--source",
+            "arrow",
+            "--no-progress",
+            *options,
+        )
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            return proc, None, {}, {}
+        state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
+        metrics = json.loads((out / "metrics.json").read_text())
+        return proc, pq.read_table(out / "events.parquet"), state, metrics
+
+
+@pytest.mark.parametrize("case", CASES)
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_equals_serial(cluster, case, data):
+    case = dict(case)
+    topology = case.pop("topology")
+    keys = data.draw(st.sampled_from([1, 3, 8, 40]), label="keys")
+    events, init = data.draw(workloads(topology, max_keys=keys))
+    want = run_local(topology, events, init)
+    options = [f"--{name.replace('_', '-')}={value}" for name, value in case.items()]
+    proc, got, state, _ = _run_on_nodes(cluster, topology, events, init, *options)
+    assert proc.returncode == 0, proc.stderr
+    assert_same_run(got, state, want.events, want.state)
+
+
+@pytest.mark.parametrize("share", [0, 50, 100])
+def test_cross_node_share(cluster, share):
+    """SL transfers between even accounts and odd assets cross two nodes; between even
+    ones, none do: the run says how many crossed, and equals serial."""
+    n = 400
+    crossing = [i * 100 < share * n for i in range(n)]
+    rows = [
+        {
+            "event_id": i,
+            "kind": "transfer",
+            "account": (2 * i) % 10,
+            "asset": (2 * i + (1 if cross else 0)) % 10,
+            "dst_account": (2 * i + 4) % 10,
+            "dst_asset": (2 * i + 2 + (1 if cross else 0)) % 10,
+            "amount": 1 + i % 7,
+            "asset_amount": 1 + i % 5,
+        }
+        for i, cross in enumerate(crossing)
+    ]
+    events = pa.Table.from_pylist(rows, schema=_sl_schema())
+    init = {
+        name: pa.table({"key": pa.array(range(10), pa.int64()), "balance": [50] * 10})
+        for name in ("accounts", "assets")
+    }
+    want = run_local("sl", events, init)
+    proc, got, state, metrics = _run_on_nodes(cluster, "sl", events, init, "--nodes", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert_same_run(got, state, want.events, want.state)
+    assert metrics["nodes"]["cross"] == sum(crossing)
+
+
+def _sl_schema() -> pa.Schema:
+    from txstream import topologies
+
+    return topologies.get("sl").event_schema
+
+
+def test_more_nodes_than_the_cluster_has_is_refused(cluster):
+    init = {
+        name: pa.table({"key": pa.array([0, 1], pa.int64()), "balance": [5, 5]})
+        for name in ("accounts", "assets")
+    }
+    events = pa.Table.from_pylist([], schema=_sl_schema())
+    proc, *_ = _run_on_nodes(cluster, "sl", events, init, "--nodes", str(NODES + 1))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert f"has {NODES} nodes alive" in proc.stderr
+
+
+def test_what_several_nodes_do_not_take_is_refused():
+    init = {"records": pa.table({"key": pa.array([0], pa.int64()), "value": [1]})}
+    with pytest.raises(UsageError, match="give its --address"):
+        Job("gs", nodes=2, source="arrow").run(pa.table({}), init)
+    with pytest.raises(UsageError, match="one-shot runs"):
+        Job("gs", nodes=2, address="127.0.0.1:1").start(init)
+    with pytest.raises(UsageError, match="between 1 and"):
+        Job("gs", nodes=0)
+    with pytest.raises(UsageError, match="no --transport ray"):
+        Job("gs", nodes=2, transport="ray")
