@@ -123,8 +123,6 @@ class Job:
             raise UsageError(
                 "--nodes N > 1 takes one-shot runs: no sessions, --follow or --name yet"
             )
-        if cfg.checkpoint_dir:
-            raise UsageError("--nodes N > 1 takes no --checkpoint-dir yet")
 
     def _plan(self, init_state: InitState, output: str | Path | None, **options: Any):
         """Everything checked before anything starts (`txstream.engine.plan`); too many

@@ -249,6 +249,14 @@ class Session:
             self._wait_until(done)
         return self.watermark
 
+    def drain(self) -> int:
+        """Wait until every pushed event is decided and its outputs written (not committed:
+        cheaper than `flush` when nothing needs to be read back from the output); the
+        watermark."""
+        self._poll()
+        self._wait_until(lambda: self.watermark >= self._pushed)
+        return self.watermark
+
     @property
     def checkpointing(self) -> bool:
         """Whether the session writes checkpoints (and so recovers from failures)."""
@@ -275,14 +283,15 @@ class Session:
         )
 
     def set_cells(self, cells: np.ndarray, values: np.ndarray) -> None:
-        """Overwrite ``cells`` of the flat state; only between `flush` and the next push,
+        """Overwrite ``cells`` of the flat state; only between `drain` (or `flush`) and the
+        next push,
         when the team is idle. How a node of a run over several takes in the values of
         other nodes' cells that its next transactions read (`txstream.nodes`)."""
         self._engine.state.values[cells] = values
 
     def read_cells(self, cells: np.ndarray) -> np.ndarray:
-        """The values of ``cells`` of the flat state; only between `flush` and the next push
-        (see `set_cells`)."""
+        """The values of ``cells`` of the flat state; only between `drain` (or `flush`) and
+        the next push (see `set_cells`)."""
         return self._engine.state.values[cells].copy()
 
     def outputs(self, since: int = 0) -> Iterator[pa.RecordBatch]:

@@ -44,7 +44,10 @@ class NodeTeam:
         planned = plan(config, init, Path(output) if output else None)
         self.session = Session(planned, console=Console(enabled=False), transport=ThreadTransport())
         self.next_step = 0
-        self.resumed_from = self.session.resumed_from
+
+    def resumed_from(self) -> int:
+        """Events of this node's own input that its checkpoint covered (0: a fresh start)."""
+        return self.session.resumed_from
 
     def step(
         self,
@@ -66,7 +69,7 @@ class NodeTeam:
             session.set_cells(receive, np.concatenate(values))
         if events is not None and events.num_rows:
             session.push(events)
-            session.flush()
+            session.drain()
         self.next_step += 1
         out = [session.read_cells(cells) for cells in send]
         if not out:
@@ -87,9 +90,3 @@ class NodeTeam:
         table as its state has it, and its metrics."""
         result = self.session.close()
         return result.events, result.state, result.metrics
-
-    def pid(self) -> int:
-        """This node's process (tests end it to simulate the loss of a node)."""
-        import os
-
-        return os.getpid()

@@ -13,9 +13,12 @@ whose (global ts) and whose outputs count (the event's home node).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections import deque
 from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,11 +31,14 @@ from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor
 from txstream.connectors.outputs import part_name
 from txstream.connectors.sources import Source
 from txstream.engine.plan import Plan
+from txstream.engine.recovery import MAX_RECOVERIES
+from txstream.errors import ActorDied, RuntimeFailure
 from txstream.monitor.console import Console
 from txstream.monitor.metrics import LatencyHistogram
 from txstream.nodes.member import NodeTeam
 from txstream.nodes.sequencer import Partition, Sequencer, UnitPlan
 from txstream.result import Result
+from txstream.state.checkpoints import CheckpointStore
 from txstream.state.operations import STATUS_NAMES
 from txstream.topologies.api import conform_events
 
@@ -40,10 +46,30 @@ UNIT_EVENTS = 65536
 """Events per unit of input: the sequencer's grain (levels restart with every unit)."""
 UNITS_IN_FLIGHT = 2
 """Units submitted and not finished yet: one running, one ready."""
+NEVER = 1 << 40
+"""A node's own checkpoint interval: nodes checkpoint only when the driver says."""
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """The last checkpoint every node took: after ``ts`` events of the input, which were
+    ``local[i]`` events of node i's own."""
+
+    ts: int
+    local: list[int]
 
 
 class NodesRun:
-    """A run of ``plan`` over ``plan.config.nodes`` nodes (module docstring)."""
+    """A run of ``plan`` over ``plan.config.nodes`` nodes (module docstring).
+
+    With a checkpoint folder, every node checkpoints at the same unit boundary every
+    ``--checkpoint-every`` batches' worth of events (``node-<i>/`` in the folder, its
+    session's outputs beside them), and the driver keeps the units since. When a node is
+    lost, every node goes back to that checkpoint (on the nodes still alive, sharing them
+    if need be) and the units since are run again: as the input's order is fixed, they
+    produce the same steps, values and outputs (exactly once: a node's outputs after its
+    checkpoint are dropped when it resumes).
+    """
 
     def __init__(self, plan: Plan, console: Console, job_config: object | None = None):
         self.plan = plan
@@ -59,35 +85,41 @@ class NodesRun:
         self.is_home: list[list[np.ndarray]] = [[] for _ in range(nodes)]
         self.latency = LatencyHistogram()
         self.figures = {"units": 0, "levels": 0, "steps": 0, "cross": 0, "exchanged_values": 0}
+        self.in_flight: deque[tuple[float, int, list]] = deque()
+        self.ts = 0
+        """Events submitted so far."""
+        self.done = 0
+        """Events whose steps all ended."""
+        folder = self.config.checkpoint_dir
+        self.folder = Path(folder).resolve() if folder else None
+        self.every = (self.config.checkpoint_every or 0) * self.config.punctuation_interval
+        self.saved = _Saved(0, [0] * nodes)
+        self.since: list[pa.Table] = []
+        """The units after the last checkpoint, run again after the loss of a node."""
+        self.recoveries: list[dict[str, Any]] = []
+        self.checkpoints = 0
 
     def run(self, source: Source, startup_begin: float) -> Result:
         """Run ``source`` to its end; the merged `Result`, committed to the plan's output."""
         cfg = self.config
         with ExitStack() as stack:
             stack.enter_context(ray_session(cfg.address, self.job_config, phase=self.console.phase))
-            node_ids = pick_nodes(cfg.nodes)
-            stack.callback(stop_actors, self.teams)
+            stack.callback(self._stop)
+            if self.folder is not None:
+                for old in self.folder.glob("node-*"):  # a previous run's: start afresh
+                    shutil.rmtree(old)
             with self.console.phase(f"starting {cfg.nodes} nodes"):
-                self._start(node_ids)
+                self._start(pick_nodes(cfg.nodes))
             startup_s = time.perf_counter() - startup_begin
             begin = time.perf_counter()
-            total = source.num_rows
-            bar = self.console.progress(total, "running", begin, 0)
+            bar = self.console.progress(source.num_rows, "running", begin, 0)
             with bar:
-                ts, in_flight = 0, deque()
-                for batch in source.iter_batches(UNIT_EVENTS):
-                    events = conform_events(batch, self.plan.topology.event_schema)
-                    in_flight.append(
-                        (time.perf_counter(), events.num_rows, self._submit(events, ts))
-                    )
-                    ts += events.num_rows
-                    while len(in_flight) > UNITS_IN_FLIGHT:
-                        self._complete(in_flight.popleft())
-                        bar.update(ts - sum(n for _, n, _ in in_flight))
-                while in_flight:
-                    self._complete(in_flight.popleft())
-                bar.update(ts)
+                unit = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
+                for batch in source.iter_batches(unit):
+                    self._advance(conform_events(batch, self.plan.topology.event_schema))
+                    bar.update(self.done)
                 outputs, state, node_metrics = self._finish()
+                bar.update(self.done)
             seconds = time.perf_counter() - begin
             metrics = self._metrics(outputs, node_metrics, seconds, startup_s)
             bar.close(metrics["throughput_eps"], metrics["seconds"])
@@ -95,7 +127,8 @@ class NodesRun:
         return Result(outputs, state, metrics)
 
     def _start(self, node_ids: list[str]) -> None:
-        """A `NodeTeam` on each node, every one with the whole init state."""
+        """A `NodeTeam` on each node, every one with the whole init state; with
+        checkpoints, each resumes from its own (as of ``self.saved``)."""
         cfg = self.config
         options = {
             **{k: v for k, v in cfg.as_dict().items() if k not in ("topology", "nodes")},
@@ -105,20 +138,98 @@ class NodesRun:
             "checkpoint_dir": None,
             "checkpoint_every": None,
         }
-        init = self.plan.init
         for node, node_id in enumerate(node_ids):
+            output = None
+            if self.folder is not None:
+                home = self.folder / f"node-{node}"
+                CheckpointStore(home).drop_after(self.saved.local[node])
+                options["checkpoint_dir"] = str(home)
+                options["checkpoint_every"] = NEVER  # only when the driver says
+                output = str(home / "output")
             team = start_actor(
                 NodeTeam,
                 node,
                 cfg.topology,
-                options,
-                init,
-                None,
+                dict(options),
+                self.plan.init,
+                output,
                 label=f"node {node}",
                 node_id=node_id,
             )
             self.teams.append(team)
-        self._get([team.pid.remote() for team in self.teams])
+        resumed = self._get([team.resumed_from.remote() for team in self.teams])
+        if resumed != self.saved.local:
+            raise RuntimeFailure(
+                f"the nodes resumed at events {resumed} of their own, not {self.saved.local}"
+            )
+
+    def _stop(self) -> None:
+        stop_actors(self.teams)
+        self.teams = []
+
+    def _advance(self, events: pa.Table) -> None:
+        """Submit a unit; wait while too many are in flight; checkpoint when one is due."""
+        self.since.append(events)
+        self._submit_unit(events)
+        while len(self.in_flight) > UNITS_IN_FLIGHT:
+            self._wait_oldest()
+        if self.folder is not None and self.ts - self.saved.ts >= self.every:
+            self._checkpoint()
+
+    def _submit_unit(self, events: pa.Table) -> None:
+        refs = self._submit(events, self.ts)
+        self.in_flight.append((time.perf_counter(), events.num_rows, refs))
+        self.ts += events.num_rows
+
+    def _wait_oldest(self) -> None:
+        """Wait for the oldest unit in flight; recover if a node was lost."""
+        try:
+            self._complete(self.in_flight[0])
+            _, events, _ = self.in_flight.popleft()
+            self.done += events
+        except ActorDied as lost:
+            self._recover(lost)
+
+    def _drain(self) -> None:
+        while self.in_flight:
+            self._wait_oldest()
+
+    def _checkpoint(self) -> None:
+        """Every node checkpoints once all submitted units are done (the same boundary)."""
+        while True:
+            self._drain()
+            try:
+                local = self._get([team.checkpoint.remote() for team in self.teams])
+                break
+            except ActorDied as lost:
+                self._recover(lost)
+        self.saved = _Saved(self.ts, local)
+        self.since = []
+        self.checkpoints += 1
+
+    def _recover(self, lost: ActorDied) -> None:
+        """Every node back to the last checkpoint, on the nodes alive; the units since it
+        submitted again (module docstring of `NodesRun`)."""
+        if self.folder is None:
+            raise lost
+        stuck = [r for r in self.recoveries if r["from_ts"] == self.saved.ts]
+        if len(stuck) >= MAX_RECOVERIES:
+            raise lost
+        begin = time.perf_counter()
+        self.console.warn(f"recovering from the checkpoint at event {self.saved.ts:,}: {lost}")
+        self.recoveries.append({"cause": str(lost)[:300], "from_ts": self.saved.ts})
+        self._stop()
+        self.in_flight.clear()
+        for node, local in enumerate(self.saved.local):
+            kept = np.concatenate(self.global_ts[node] or [np.zeros(0, np.int64)])[:local]
+            home = np.concatenate(self.is_home[node] or [np.zeros(0, bool)])[:local]
+            self.global_ts[node], self.is_home[node] = [kept], [home]
+        self.steps = [0] * self.config.nodes
+        self.ts = self.done = self.saved.ts
+        self._start(pick_nodes(self.config.nodes, share=True))
+        for events in self.since:
+            self._submit_unit(events)
+        self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
 
     def _submit(self, events: pa.Table, ts0: int) -> list:
         """Sequence a unit that starts at ``ts0`` and submit every node's steps; the
@@ -170,7 +281,13 @@ class NodesRun:
         """Every node's outputs (those of its home events, with their global ts) merged in
         ts order, every table with each key's values from the node that owns it, and the
         nodes' own metrics."""
-        results = self._get([team.finish.remote() for team in self.teams])
+        while True:
+            self._drain()
+            try:
+                results = self._get([team.finish.remote() for team in self.teams])
+                break
+            except ActorDied as lost:
+                self._recover(lost)
         pieces = []
         for node, (events, _, _) in enumerate(results):
             global_ts = np.concatenate(self.global_ts[node] or [np.zeros(0, np.int64)])
@@ -219,6 +336,8 @@ class NodesRun:
                     for m in nodes
                 ],
             },
+            "recoveries": self.recoveries,
+            "checkpoints": {"written": self.checkpoints} if self.folder is not None else None,
             "config": {**self.config.as_dict(), "pushed": events, "resumed_from": 0},
         }
 
@@ -227,6 +346,8 @@ class NodesRun:
         out = self.plan.output
         pq.write_table(outputs, out.staged_parts / part_name(0))
         out.commit(state, json.dumps(metrics, indent=2) + "\n")
+        if self.plan.store is not None:
+            self.plan.store.mark_complete()
 
     def _get(self, refs: Any) -> Any:
         import ray
@@ -234,8 +355,6 @@ class NodesRun:
         try:
             return ray.get(refs, timeout=self.config.timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
-            from txstream.errors import RuntimeFailure
-
             raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
         except ray.exceptions.RayError as exc:
             raise actor_failure(exc) from exc

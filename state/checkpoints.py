@@ -174,6 +174,13 @@ class CheckpointStore:
             return Checkpoint(path, meta)
         return None
 
+    def drop_after(self, ts: int) -> None:
+        """Remove the checkpoints of more than ``ts`` events: a run over several nodes
+        goes back to the last checkpoint that every node took."""
+        for path in self.folder.glob(f"{PREFIX}*"):
+            if int(path.name[len(PREFIX) :]) > ts:
+                shutil.rmtree(path, ignore_errors=True)
+
     def clear(self) -> None:
         """Remove every checkpoint (a run that starts afresh)."""
         for path in [*self.folder.glob(f"{PREFIX}*"), *self.folder.glob(f"{TEMPORARY}*")]:

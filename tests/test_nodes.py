@@ -10,16 +10,19 @@ aborts, parametric reads and malformed events.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from compare import assert_same_run
-from conftest import run_command
+from conftest import actor_processes, run_command
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from local_engine import run_local
@@ -27,7 +30,7 @@ from pairwise import pairwise
 from txstream import Job
 from txstream.errors import UsageError
 from txstream.topologies import BUNDLED
-from txstream.topologies.generators import write_workload
+from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 from workloads import workloads
 
 NODES = 3
@@ -163,3 +166,37 @@ def test_what_several_nodes_do_not_take_is_refused():
         Job("gs", nodes=0)
     with pytest.raises(UsageError, match="no --transport ray"):
         Job("gs", nodes=2, transport="ray")
+
+
+def test_a_lost_node_is_recovered_from_the_checkpoints(cluster, tmp_path):
+    """One node's process killed mid-run with checkpoints on: every node goes back to the
+    last checkpoint they all took, the run ends well and equals serial."""
+    events, init = generate("sl", WorkloadSpec(events=40_000, keys=20_000, seed=5))
+    want = run_local("sl", events, init)
+    write_workload(tmp_path / "data", events, init)
+    out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
+    command = run_command(
+        "sl",
+        str(tmp_path / "data" / "events.parquet"),
+        str(tmp_path / "data" / "init"),
+        str(out),
+        *("--address", cluster, "--source", "arrow", "--no-progress", "--nodes", "3"),
+        *("--checkpoint-dir", str(checkpoints), "--checkpoint-every", "1"),
+        *("--punctuation-interval", "2000"),
+    )
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(checkpoints.glob("node-2/ckpt-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        teams = actor_processes("NodeTeam", wait_s=0)
+        assert len(teams) == 3, "the run ended before a node could be lost"
+        os.kill(max(teams), signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len(metrics["recoveries"]) >= 1 and metrics["recoveries"][0]["from_ts"] > 0
+    state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
+    assert_same_run(pq.read_table(out / "events.parquet"), state, want.events, want.state)
