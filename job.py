@@ -27,7 +27,7 @@ from txstream.engine.plan import plan
 from txstream.errors import UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.logs import level_number, run_log
-from txstream.nodes.run import NodesRun
+from txstream.nodes.session import NodesSession
 from txstream.result import Result
 from txstream.session import Session
 from txstream.state.init import InitState
@@ -60,14 +60,16 @@ class Job:
 
     def start(
         self, init_state: InitState, output: str | Path | None = None, name: str | None = None
-    ) -> Session:
+    ) -> Session | NodesSession:
         """Start a session from ``init_state`` (folder of ``<table>.parquet`` or Arrow
         tables by name). With ``output``, its outputs are committed there as they are
         written (``events/part-*.parquet``), then ``state/``, ``metrics.json`` and
         ``_SUCCESS`` at ``close()``. With ``name`` (on a Ray cluster, ``address``), other
         processes reach it with ``txstream query`` and ``txstream status``."""
-        self._check_nodes(session=True)
+        self._check_nodes(name=name)
         session_plan = self._plan(init_state, output, name=name)
+        if self.config.nodes > 1:
+            return NodesSession(session_plan, self.console)
         return Session(session_plan, console=self.console, transport=self.transport)
 
     def run(
@@ -101,7 +103,11 @@ class Job:
                 source, ingest, job_config = self._open_source(events, stack)
                 session_plan.expected_events = source.num_rows
                 if self.config.nodes > 1:
-                    return NodesRun(session_plan, self.console, job_config).run(source, begin)
+                    with NodesSession(session_plan, self.console, job_config) as nodes:
+                        nodes.startup_s = time.perf_counter() - begin  # Spark's included
+                        nodes.extra_metrics = ingest
+                        nodes.push(source)
+                        return nodes.close()
                 with Session(session_plan, job_config, self.console, self.transport) as session:
                     session.startup_s = time.perf_counter() - begin  # Spark's included
                     session.extra_metrics = ingest
@@ -112,17 +118,15 @@ class Job:
         finally:
             session_plan.discard_unused()
 
-    def _check_nodes(self, session: bool = False, name: str | None = None) -> None:
+    def _check_nodes(self, follow: bool = False, name: str | None = None) -> None:
         """What a run over several nodes does not take (yet): UsageError."""
         cfg = self.config
         if cfg.nodes == 1:
             return
         if not (cfg.address or os.environ.get("RAY_ADDRESS")):
             raise UsageError(f"--nodes {cfg.nodes} runs on a Ray cluster: give its --address")
-        if session or name:
-            raise UsageError(
-                "--nodes N > 1 takes one-shot runs: no sessions, --follow or --name yet"
-            )
+        if follow or name:
+            raise UsageError("--nodes N > 1 takes no --follow or --name (yet)")
 
     def _plan(self, init_state: InitState, output: str | Path | None, **options: Any):
         """Everything checked before anything starts (`txstream.engine.plan`); too many
@@ -203,7 +207,7 @@ class Job:
         (see `txstream.connectors.follow`)."""
         from txstream.connectors.follow import check_folder, follow
 
-        self._check_nodes(session=True)
+        self._check_nodes(follow=True, name=name)
         warning = check_folder(folder)
         session_plan = self._plan(init_state, output, name=name)
         if warning:

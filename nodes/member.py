@@ -82,7 +82,7 @@ class NodeTeam:
 
     def query(self, table: str, keys: list[int]) -> pa.Table:
         """Rows of ``table`` as of every step so far (the caller asks only for its keys)."""
-        self.session.flush()
+        self.session.drain()
         return self.session.query(table, keys)[1]
 
     def finish(self) -> tuple[pa.Table, dict[str, pa.Table], dict]:

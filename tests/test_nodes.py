@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -160,8 +161,8 @@ def test_what_several_nodes_do_not_take_is_refused():
     init = {"records": pa.table({"key": pa.array([0], pa.int64()), "value": [1]})}
     with pytest.raises(UsageError, match="give its --address"):
         Job("gs", nodes=2, source="arrow").run(pa.table({}), init)
-    with pytest.raises(UsageError, match="one-shot runs"):
-        Job("gs", nodes=2, address="127.0.0.1:1").start(init)
+    with pytest.raises(UsageError, match="no --follow or --name"):
+        Job("gs", nodes=2, address="127.0.0.1:1").start(init, name="shared")
     with pytest.raises(UsageError, match="between 1 and"):
         Job("gs", nodes=0)
     with pytest.raises(UsageError, match="no --transport ray"):
@@ -200,3 +201,42 @@ def test_a_lost_node_is_recovered_from_the_checkpoints(cluster, tmp_path):
     assert len(metrics["recoveries"]) >= 1 and metrics["recoveries"][0]["from_ts"] > 0
     state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
     assert_same_run(pq.read_table(out / "events.parquet"), state, want.events, want.state)
+
+
+SESSION = """
+import json, sys
+import pyarrow.parquet as pq
+from txstream import Job
+events = pq.read_table(sys.argv[1])
+init = {t: pq.read_table(f"{sys.argv[2]}/{t}.parquet") for t in ("accounts", "assets")}
+half = events.num_rows // 2
+job = Job("sl", address=sys.argv[3], nodes=3, progress=False, punctuation_interval=500)
+with job.start(init) as session:
+    session.push(events.slice(0, half))
+    w, rows = session.query("accounts", [7, 0, 5, 3])
+    session.push(events.slice(half))
+    result = session.close()
+print(json.dumps({"w": w, "rows": rows.to_pylist(), "events": result.events.num_rows}))
+"""
+
+
+def test_a_session_over_nodes_answers_queries_at_a_cut_of_every_node(cluster, tmp_path):
+    """`Job.start` over three nodes: a query between two pushes reads every node as of
+    exactly the events pushed before it, in the order of the keys asked."""
+    events, init = generate("sl", WorkloadSpec(events=6000, keys=10, seed=2))
+    write_workload(tmp_path, events, init)
+    command = [
+        sys.executable,
+        "-c",
+        SESSION,
+        str(tmp_path / "events.parquet"),
+        str(tmp_path / "init"),
+        cluster,
+    ]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    half = events.num_rows // 2
+    assert got["w"] == half and got["events"] == events.num_rows
+    want = run_local("sl", events.slice(0, half), init).state["accounts"].to_pylist()
+    assert got["rows"] == [want[k] for k in (7, 0, 5, 3)]

@@ -1,6 +1,7 @@
-"""A one-shot run over several nodes of a Ray cluster (contract §8): the driver sequences
-the input (`txstream.nodes.sequencer`), hands every node its steps, and merges what the
-nodes produced into one output, as a run on one host writes it.
+"""A session over several nodes of a Ray cluster (contract §8): the driver sequences the
+input (`txstream.nodes.sequencer`), hands every node its steps, answers queries from the
+nodes that own the keys, and merges what the nodes produced into one output, as a session
+on one host writes it (`Job.run` is a session too: start, push everything, close).
 
 Each node is a `NodeTeam` actor placed on its own Ray node. The values one node sends
 another never pass through the driver: a step's results are Ray objects that the receiving
@@ -32,7 +33,7 @@ from txstream.connectors.outputs import part_name
 from txstream.connectors.sources import Source
 from txstream.engine.plan import Plan
 from txstream.engine.recovery import MAX_RECOVERIES
-from txstream.errors import ActorDied, RuntimeFailure
+from txstream.errors import ActorDied, RuntimeFailure, UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.metrics import LatencyHistogram
 from txstream.nodes.member import NodeTeam
@@ -59,8 +60,9 @@ class _Saved:
     local: list[int]
 
 
-class NodesRun:
-    """A run of ``plan`` over ``plan.config.nodes`` nodes (module docstring).
+class NodesSession:
+    """A session of ``plan`` over ``plan.config.nodes`` nodes (module docstring); started
+    as it is made, ended by `close`.
 
     With a checkpoint folder, every node checkpoints at the same unit boundary every
     ``--checkpoint-every`` batches' worth of events (``node-<i>/`` in the folder, its
@@ -75,7 +77,6 @@ class NodesRun:
         self.plan = plan
         self.config = plan.config
         self.console = console
-        self.job_config = job_config
         nodes = self.config.nodes
         self.partition = Partition(plan.layout, plan.topology, nodes)
         self.sequencer = Sequencer(plan.topology, plan.layout, self.partition)
@@ -98,33 +99,126 @@ class NodesRun:
         """The units after the last checkpoint, run again after the loss of a node."""
         self.recoveries: list[dict[str, Any]] = []
         self.checkpoints = 0
-
-    def run(self, source: Source, startup_begin: float) -> Result:
-        """Run ``source`` to its end; the merged `Result`, committed to the plan's output."""
-        cfg = self.config
-        with ExitStack() as stack:
-            stack.enter_context(ray_session(cfg.address, self.job_config, phase=self.console.phase))
-            stack.callback(self._stop)
+        self.extra_metrics: dict[str, Any] = {}
+        """Metrics the caller adds (e.g. Spark's start-up), written with the session's."""
+        self._result: Result | None = None
+        self._stack = ExitStack()
+        begin = time.perf_counter()
+        try:
+            self._stack.enter_context(
+                ray_session(self.config.address, job_config, phase=console.phase)
+            )
+            self._stack.callback(self._stop)
             if self.folder is not None:
                 for old in self.folder.glob("node-*"):  # a previous run's: start afresh
                     shutil.rmtree(old)
-            with self.console.phase(f"starting {cfg.nodes} nodes"):
-                self._start(pick_nodes(cfg.nodes))
-            startup_s = time.perf_counter() - startup_begin
-            begin = time.perf_counter()
-            bar = self.console.progress(source.num_rows, "running", begin, 0)
-            with bar:
-                unit = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
-                for batch in source.iter_batches(unit):
-                    self._advance(conform_events(batch, self.plan.topology.event_schema))
-                    bar.update(self.done)
-                outputs, state, node_metrics = self._finish()
-                bar.update(self.done)
-            seconds = time.perf_counter() - begin
-            metrics = self._metrics(outputs, node_metrics, seconds, startup_s)
-            bar.close(metrics["throughput_eps"], metrics["seconds"])
-        self._commit(outputs, state, metrics)
-        return Result(outputs, state, metrics)
+            with console.phase(f"starting {nodes} nodes"):
+                self._start(pick_nodes(nodes))
+        except BaseException:
+            self._teardown(failed=True)
+            raise
+        self.startup_s = time.perf_counter() - begin
+        self._begin = time.perf_counter()
+        self._bar = self._stack.enter_context(
+            console.progress(plan.expected_events or 0, "running", self._begin, 0)
+        )
+
+    def __enter__(self) -> NodesSession:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._teardown(failed=True)
+
+    def _teardown(self, failed: bool) -> None:
+        """Stop every node and the Ray this session started; remove what it wrote to
+        temporary places (idempotent)."""
+        self._stack.close()
+        if failed or self.plan.own_output:
+            self.plan.discard_unused()
+
+    def push(self, events: pa.Table | Source) -> None:
+        """Append ``events`` (an Arrow table or a source) to the stream; returns once they
+        are submitted, at most `UNITS_IN_FLIGHT` units ahead of the nodes."""
+        if isinstance(events, pa.Table):
+            events.validate()
+        unit = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
+        for batch in (
+            events.to_batches(unit) if isinstance(events, pa.Table) else events.iter_batches(unit)
+        ):
+            self._advance(conform_events(batch, self.plan.topology.event_schema))
+            self._bar.update(self.done)
+
+    def flush(self) -> int:
+        """Wait until every pushed event is done on every node; the watermark."""
+        self._drain()
+        return self.done
+
+    @property
+    def watermark(self) -> int:
+        """Events whose steps ended on every node."""
+        return self.done
+
+    @property
+    def pushed(self) -> int:
+        """Events pushed so far."""
+        return self.ts
+
+    def query(self, table: str, keys: list[int] | None = None) -> tuple[int, pa.Table]:
+        """``(w, rows)``: the rows of ``table`` (``key`` + value columns; the given keys in
+        that order, or every key) after exactly the first ``w`` transactions, ``w`` being
+        every event pushed so far: each owner answers once it has run every step submitted
+        before the question (the same cut on every node), without draining the others."""
+        size = self.plan.layout.sizes.get(table)
+        if size is None:
+            raise UsageError(f"no table {table!r}; tables: {', '.join(self.plan.layout.sizes)}")
+        wanted = np.arange(size) if keys is None else np.asarray(keys, np.int64)
+        if len(wanted) and (wanted.min() < 0 or wanted.max() >= size):
+            raise UsageError(f"a key of {table!r} is outside 0..{size - 1}")
+        while True:
+            owner = wanted % self.config.nodes
+            asked = {n: wanted[owner == n] for n in range(self.config.nodes) if (owner == n).any()}
+            w = self.ts
+            try:
+                answers = self._get(
+                    [self.teams[n].query.remote(table, k.tolist()) for n, k in asked.items()]
+                )
+                break
+            except ActorDied as lost:
+                self._recover(lost)
+        parts = pa.concat_tables(answers) if answers else None
+        if parts is None:
+            return w, self._empty_rows(table)
+        order = np.argsort(np.concatenate(list(asked.values())), kind="stable")
+        rows = parts.take(pa.array(order))
+        position = {int(k): i for i, k in enumerate(rows.column("key").to_numpy())}
+        return w, rows.take(pa.array([position[int(k)] for k in wanted]))
+
+    def _empty_rows(self, table: str) -> pa.Table:
+        columns = {"key": pa.array([], pa.int64())}
+        columns |= {c: pa.array([], pa.int64()) for c in self.plan.tables[table]}
+        return pa.table(columns)
+
+    def close(self) -> Result:
+        """Process everything pushed, merge and commit the outputs, stop every node; the
+        `Result`."""
+        if self._result is not None:
+            return self._result
+        try:
+            outputs, state, node_metrics = self._finish()
+            seconds = time.perf_counter() - self._begin
+            metrics = self._metrics(outputs, node_metrics, seconds)
+            metrics.update(self.extra_metrics)
+            self._bar.close(metrics["throughput_eps"], metrics["seconds"])
+            self._commit(outputs, state, metrics)
+            self._result = Result(outputs, state, metrics)
+        except BaseException:
+            self._teardown(failed=True)
+            raise
+        self._teardown(failed=False)
+        return self._result
 
     def _start(self, node_ids: list[str]) -> None:
         """A `NodeTeam` on each node, every one with the whole init state; with
@@ -209,7 +303,7 @@ class NodesRun:
 
     def _recover(self, lost: ActorDied) -> None:
         """Every node back to the last checkpoint, on the nodes alive; the units since it
-        submitted again (module docstring of `NodesRun`)."""
+        submitted again (see the class docstring)."""
         if self.folder is None:
             raise lost
         stuck = [r for r in self.recoveries if r["from_ts"] == self.saved.ts]
@@ -314,9 +408,7 @@ class NodesRun:
             state[name] = pa.table(columns, schema=first.schema)
         return merged, state, [m for _, _, m in results]
 
-    def _metrics(
-        self, outputs: pa.Table, nodes: list[dict], seconds: float, startup_s: float
-    ) -> dict:
+    def _metrics(self, outputs: pa.Table, nodes: list[dict], seconds: float) -> dict:
         counts = dict.fromkeys(STATUS_NAMES, 0)
         for c in pc.value_counts(outputs.column("status")).to_pylist():
             counts[c["values"]] = c["counts"]
@@ -327,7 +419,7 @@ class NodesRun:
             "seconds": round(seconds, 6),
             "throughput_eps": round(events / seconds, 1) if seconds > 0 else None,
             "latency_ms": {f"p{q}": self.latency.percentile_ms(q) for q in (50, 99)},
-            "startup_s": round(startup_s, 3),
+            "startup_s": round(self.startup_s, 3),
             "phases_s": dict(self.console.phases),
             "nodes": {
                 **self.figures,
@@ -342,9 +434,12 @@ class NodesRun:
         }
 
     def _commit(self, outputs: pa.Table, state: dict[str, pa.Table], metrics: dict) -> None:
-        """The output as a one-shot run on one host commits it."""
+        """The output as a run on one host commits it: events in one file (a one-shot
+        run) or one part (a session, whose parts are committed only now)."""
         out = self.plan.output
-        pq.write_table(outputs, out.staged_parts / part_name(0))
+        written = out.temporary / part_name(0)
+        pq.write_table(outputs, written)
+        out.stage_part(written, 0)
         out.commit(state, json.dumps(metrics, indent=2) + "\n")
         if self.plan.store is not None:
             self.plan.store.mark_complete()
