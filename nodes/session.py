@@ -47,6 +47,9 @@ UNIT_EVENTS = 65536
 """Events per unit of input: the sequencer's grain (levels restart with every unit)."""
 UNITS_IN_FLIGHT = 2
 """Units submitted and not finished yet: one running, one ready."""
+RESTART_PAUSE_S = 2.0
+"""Before placing the nodes again when a team died as it started: Ray may not know yet
+that a node it was placed on is gone."""
 NEVER = 1 << 40
 """A node's own checkpoint interval: nodes checkpoint only when the driver says."""
 
@@ -320,7 +323,15 @@ class NodesSession:
             self.global_ts[node], self.is_home[node] = [kept], [home]
         self.steps = [0] * self.config.nodes
         self.ts = self.done = self.saved.ts
-        self._start(pick_nodes(self.config.nodes, share=True))
+        for attempt in range(MAX_RECOVERIES):
+            try:
+                self._start(pick_nodes(self.config.nodes, share=True))
+                break
+            except ActorDied:  # placed on a node the cluster did not know dead yet
+                self._stop()
+                if attempt == MAX_RECOVERIES - 1:
+                    raise
+                time.sleep(RESTART_PAUSE_S)
         for events in self.since:
             self._submit_unit(events)
         self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)

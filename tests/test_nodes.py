@@ -46,24 +46,34 @@ CASES = [pytest.param(case, id="-".join(str(v) for v in case.values())) for case
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """The address of a local Ray cluster of `NODES` nodes (this process does not join it:
-    the runs under test do, from their own processes)."""
+def local_cluster():
+    """A local Ray cluster of `NODES` nodes (this process does not join it: the runs under
+    test do, from their own processes)."""
     from ray.cluster_utils import Cluster
 
     folder = tempfile.mkdtemp(prefix="txs-ray-nodes-")
-    node = {"num_cpus": 1, "object_store_memory": 80 * 1024**2, "temp_dir": folder}
     cluster = Cluster(
-        initialize_head=True, head_node_args={**node, "resources": {"txstream_node_0": 1}}
+        initialize_head=True, head_node_args={**_node(folder), "resources": {"txstream_node_0": 1}}
     )
     try:
         for i in range(1, NODES):
-            cluster.add_node(**node, resources={f"txstream_node_{i}": 1})
+            cluster.add_node(**_node(folder), resources={f"txstream_node_{i}": 1})
         cluster.wait_for_nodes()
-        yield cluster.address
+        yield cluster
     finally:
         cluster.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _node(folder: str) -> dict:
+    """A node's Ray options: one CPU, a small object store, its files under ``folder``."""
+    return {"num_cpus": 1, "object_store_memory": 80 * 1024**2, "temp_dir": folder}
+
+
+@pytest.fixture(scope="module")
+def cluster(local_cluster) -> str:
+    """The local cluster's address."""
+    return local_cluster.address
 
 
 def _run_on_nodes(
@@ -169,9 +179,12 @@ def test_what_several_nodes_do_not_take_is_refused():
         Job("gs", nodes=2, transport="ray")
 
 
-def test_a_lost_node_is_recovered_from_the_checkpoints(cluster, tmp_path):
-    """One node's process killed mid-run with checkpoints on: every node goes back to the
-    last checkpoint they all took, the run ends well and equals serial."""
+@pytest.mark.parametrize("lose", ["process", "ray node"])
+def test_a_lost_node_is_recovered_from_the_checkpoints(local_cluster, lose, tmp_path):
+    """One node's process killed mid-run with checkpoints on, or its whole Ray node (raylet,
+    object store and all): every node goes back to the last checkpoint they all took, on the
+    nodes still alive, and the run ends well and equals serial."""
+    cluster = local_cluster.address
     events, init = generate("sl", WorkloadSpec(events=40_000, keys=20_000, seed=5))
     want = run_local("sl", events, init)
     write_workload(tmp_path / "data", events, init)
@@ -192,10 +205,16 @@ def test_a_lost_node_is_recovered_from_the_checkpoints(cluster, tmp_path):
             time.sleep(0.05)
         teams = actor_processes("NodeTeam", wait_s=0)
         assert len(teams) == 3, "the run ended before a node could be lost"
-        os.kill(max(teams), signal.SIGKILL)
+        if lose == "process":
+            os.kill(max(teams), signal.SIGKILL)
+        else:
+            local_cluster.remove_node(next(iter(local_cluster.worker_nodes)), allow_graceful=False)
         _, stderr = proc.communicate(timeout=600)
     finally:
         proc.kill()
+        if len(local_cluster.worker_nodes) < NODES - 1:  # the next tests get three nodes
+            local_cluster.add_node(**_node(local_cluster.head_node._ray_params.temp_dir))
+            local_cluster.wait_for_nodes()
     assert proc.returncode == 0, stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert len(metrics["recoveries"]) >= 1 and metrics["recoveries"][0]["from_ts"] > 0
