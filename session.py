@@ -44,6 +44,9 @@ from txstream.result import Result
 from txstream.state.operations import STATUS_NAMES
 from txstream.topologies.api import conform_events
 
+DRAIN_POLL_S = 0.00005
+"""How often `drain` looks at the watermark: a node of a run over several drains once per
+level, on the critical path between nodes."""
 MAX_PENDING_BYTES = 128 * 1024**2
 """Pushed tables not yet processed, beyond which `push` waits (they hold memory in the
 outbox or the object store); sources (files, Spark) are read by the ProgressController at
@@ -254,7 +257,7 @@ class Session:
         cheaper than `flush` when nothing needs to be read back from the output); the
         watermark."""
         self._poll()
-        self._wait_until(lambda: self.watermark >= self._pushed)
+        self._wait_until(lambda: self.watermark >= self._pushed, DRAIN_POLL_S)
         return self.watermark
 
     @property
@@ -438,9 +441,9 @@ class Session:
         finally:
             self._recovering = False
 
-    def _wait_until(self, done: Callable[[], bool]) -> None:
-        """Wait for ``done()``, failing if the session fails or nothing gets through for
-        the run's timeout."""
+    def _wait_until(self, done: Callable[[], bool], poll_s: float = 0.001) -> None:
+        """Wait for ``done()`` (asked every ``poll_s``), failing if the session fails or
+        nothing gets through for the run's timeout."""
         deadline = time.monotonic() + self.config.timeout_s
         moved = self._movement()
         while not done():
@@ -449,7 +452,7 @@ class Session:
                 moved, deadline = self._movement(), time.monotonic() + self.config.timeout_s
             elif time.monotonic() > deadline:
                 raise RuntimeFailure(f"no progress within {self.config.timeout_s} s")
-            time.sleep(0.001)
+            time.sleep(poll_s)
 
     def _movement(self) -> tuple[int, int]:
         """What changes while the session gets on: its watermark, or a new team."""
