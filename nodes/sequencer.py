@@ -122,32 +122,28 @@ class Sequencer:
         transaction, its owner sends it after the step before the transaction's level to
         every other participant. The number of values sent."""
         nodes, owner = self.partition.nodes, self.partition.owner
-        sender = owner[cells]
+        sender, size = owner[cells], len(owner)
         parts = []
         for to in range(nodes):
             wanted = ((mask[txn] >> to) & 1).astype(bool) & (sender != to)
-            parts.append(
-                np.stack(
-                    [level[txn[wanted]], sender[wanted], np.full(wanted.sum(), to), cells[wanted]]
-                )
-            )
-        entries = (
-            np.unique(np.concatenate(parts, axis=1), axis=1)
-            if parts
-            else np.zeros((4, 0), np.int64)
-        )
-        if entries.shape[1] == 0:
+            group = (level[txn[wanted]] * nodes + sender[wanted]) * nodes + to
+            parts.append(group * size + cells[wanted])  # one int64 per (group, cell)
+        entries = np.sort(np.concatenate(parts))
+        if not len(entries):
             return 0
-        groups = np.flatnonzero(np.any(np.diff(entries[:3], axis=1) != 0, axis=0)) + 1
-        for part in np.split(entries, groups, axis=1):
-            lv, source, to = (int(v) for v in part[:3, 0])
-            got = part[3]
+        entries = entries[np.diff(entries, prepend=-1) != 0]  # each cell once per group
+        group, got = np.divmod(entries, size)
+        starts = np.flatnonzero(np.diff(group, prepend=-1))
+        for first, end in zip(starts, [*starts[1:], len(entries)], strict=True):
+            rest, to = divmod(int(group[first]), nodes)
+            lv, source = divmod(rest, nodes)
+            cells_sent = got[first:end]
             before = steps[lv - 1][source]
             if before is None:
                 before = steps[lv - 1][source] = Step(np.zeros(0, np.int64))
-            before.send.append((to, got))
-            steps[lv][to].receive.append((source, got))  # a participant: it has a step
-        return entries.shape[1]
+            before.send.append((to, cells_sent))
+            steps[lv][to].receive.append((source, cells_sent))  # a participant: it has a step
+        return len(entries)
 
 
 @numba.njit(cache=True, nogil=True)
