@@ -4,11 +4,12 @@ nodes that own the keys, and merges what the nodes produced into one output, as 
 on one host writes it (`Job.run` is a session too: start, push everything, close).
 
 Each node is a `NodeTeam` actor placed on its own Ray node. The values one node sends
-another never pass through the driver: a step's results are Ray objects that the receiving
-node's next step takes as arguments, so Ray moves them between the nodes' object stores and
-starts the step once they are there. The driver only submits, at most `UNITS_IN_FLIGHT`
-units ahead of the slowest node, and remembers for every node which of its events are
-whose (global ts) and whose outputs count (the event's home node).
+another are a step's results, Ray objects that the receiving node's next step takes as
+arguments: the driver never waits for them, Ray starts the step once they exist (small
+ones travel through the driver's process, which owns them; large ones between the nodes'
+object stores). The driver only submits, at most `UNITS_IN_FLIGHT` units ahead of the
+slowest node, and remembers for every node which of its events are whose (global ts) and
+whose outputs count (the event's home node).
 """
 
 from __future__ import annotations
@@ -180,24 +181,21 @@ class NodesSession:
         wanted = np.arange(size) if keys is None else np.asarray(keys, np.int64)
         if len(wanted) and (wanted.min() < 0 or wanted.max() >= size):
             raise UsageError(f"a key of {table!r} is outside 0..{size - 1}")
+        owner = wanted % self.config.nodes
+        asked = [n for n in range(self.config.nodes) if (owner == n).any()]
         while True:
-            owner = wanted % self.config.nodes
-            asked = {n: wanted[owner == n] for n in range(self.config.nodes) if (owner == n).any()}
             w = self.ts
             try:
                 answers = self._get(
-                    [self.teams[n].query.remote(table, k.tolist()) for n, k in asked.items()]
+                    [self.teams[n].query.remote(table, wanted[owner == n].tolist()) for n in asked]
                 )
                 break
             except ActorDied as lost:
                 self._recover(lost)
-        parts = pa.concat_tables(answers) if answers else None
-        if parts is None:
+        if not answers:
             return w, self._empty_rows(table)
-        order = np.argsort(np.concatenate(list(asked.values())), kind="stable")
-        rows = parts.take(pa.array(order))
-        position = {int(k): i for i, k in enumerate(rows.column("key").to_numpy())}
-        return w, rows.take(pa.array([position[int(k)] for k in wanted]))
+        position = np.concatenate([np.flatnonzero(owner == n) for n in asked])
+        return w, pa.concat_tables(answers).take(pa.array(np.argsort(position)))
 
     def _empty_rows(self, table: str) -> pa.Table:
         columns = {"key": pa.array([], pa.int64())}
@@ -266,7 +264,8 @@ class NodesSession:
 
     def _advance(self, events: pa.Table) -> None:
         """Submit a unit; wait while too many are in flight; checkpoint when one is due."""
-        self.since.append(events)
+        if self.folder is not None:
+            self.since.append(events)
         self._submit_unit(events)
         while len(self.in_flight) > UNITS_IN_FLIGHT:
             self._wait_oldest()
