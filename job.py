@@ -106,6 +106,8 @@ class Job:
                     with NodesSession(session_plan, self.console, job_config) as nodes:
                         nodes.startup_s = time.perf_counter() - begin  # Spark's included
                         nodes.extra_metrics = ingest
+                        if nodes.resumed_from:  # the nodes' checkpoints cover the events before
+                            source = SkippedSource(source, nodes.resumed_from)
                         nodes.push(source)
                         return nodes.close()
                 with Session(session_plan, job_config, self.console, self.transport) as session:

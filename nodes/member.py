@@ -7,6 +7,11 @@ other rows hold the values it was last sent (`txstream.nodes.sequencer`), read b
 transactions only. The driver calls `step` once per level with the node's events of that
 level; steps run in the order given (a sequence number checks it): a step whose input from
 another node was lost fails, and so do the ones after it, until the run recovers.
+
+The node knows each of its events' place in the whole input (global ts) and whether its
+output is the one that counts (the event's home is this node); with checkpoints, it
+writes them beside each checkpoint (``ts-<local ts>.npz``), so that a resumed node still
+knows them for the events its checkpoint covers.
 """
 
 from __future__ import annotations
@@ -44,22 +49,49 @@ class NodeTeam:
         planned = plan(config, init, Path(output) if output else None)
         self.session = Session(planned, console=Console(enabled=False), transport=ThreadTransport())
         self.next_step = 0
+        self.folder = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+        self.global_ts: list[np.ndarray] = []
+        self.home: list[np.ndarray] = []
+        self.written = 0
+        """Events whose global ts are written beside a checkpoint."""
+        if self.session.resumed_from:
+            self._load_positions(self.session.resumed_from)
 
     def resumed_from(self) -> int:
         """Events of this node's own input that its checkpoint covered (0: a fresh start)."""
         return self.session.resumed_from
 
+    def _load_positions(self, upto: int) -> None:
+        """Global ts and home flags of the first ``upto`` events, from the files written
+        beside the checkpoints (later ones, of a checkpoint not every node took, go)."""
+        for path in sorted(self.folder.glob("ts-*.npz")):
+            if int(path.stem[len("ts-") :]) > upto:
+                path.unlink()
+                continue
+            with np.load(path) as saved:
+                self.global_ts.append(saved["ts"])
+                self.home.append(saved["home"])
+        self.written = sum(len(ts) for ts in self.global_ts)
+        if self.written != upto:
+            raise RuntimeFailure(
+                f"node {self.node}: the positions beside its checkpoints cover {self.written} "
+                f"events, its checkpoint {upto}"
+            )
+
     def step(
         self,
         seq: int,
         events: pa.Table | None,
+        global_ts: np.ndarray,
+        home: np.ndarray,
         receive: np.ndarray,
         send: list[np.ndarray],
         *values: np.ndarray,
     ) -> Any:
         """Step ``seq``: install ``values`` (from other nodes) into the cells ``receive``,
-        run ``events`` to the end, then read the cells of ``send`` (one array per node to
-        send to). Returns the values read: one array per entry of ``send``, or None."""
+        run ``events`` (at ``global_ts`` in the input; ``home``: whether their outputs count
+        here) to the end, then read the cells of ``send`` (one array per node to send to).
+        Returns the values read: one array per entry of ``send``, or None."""
         if seq != self.next_step:
             raise RuntimeFailure(
                 f"node {self.node} was given step {seq}, expected {self.next_step}"
@@ -69,6 +101,8 @@ class NodeTeam:
             session.set_cells(receive, np.concatenate(values))
         if events is not None and events.num_rows:
             session.push(events)
+            self.global_ts.append(global_ts)
+            self.home.append(home)
             session.drain()
         self.next_step += 1
         out = [session.read_cells(cells) for cells in send]
@@ -77,8 +111,19 @@ class NodeTeam:
         return out[0] if len(out) == 1 else tuple(out)
 
     def checkpoint(self) -> int:
-        """A checkpoint of this node's state as of every step so far; its ts on this node."""
-        return self.session.checkpoint()
+        """A checkpoint of this node's state as of every step so far, the global ts of the
+        events since the previous one written first; its ts on this node."""
+        session = self.session
+        session.drain()
+        if session.pushed > self.written:
+            ts, home = np.concatenate(self.global_ts), np.concatenate(self.home)
+            self.global_ts, self.home = [ts], [home]
+            path = self.folder / f"ts-{session.pushed:012d}.npz"
+            with open(path.with_suffix(".tmp"), "wb") as f:
+                np.savez(f, ts=ts[self.written :], home=home[self.written :])
+            path.with_suffix(".tmp").replace(path)
+            self.written = session.pushed
+        return session.checkpoint()
 
     def query(self, table: str, keys: list[int]) -> pa.Table:
         """Rows of ``table`` as of every step so far (the caller asks only for its keys)."""
@@ -86,7 +131,12 @@ class NodeTeam:
         return self.session.query(table, keys)[1]
 
     def finish(self) -> tuple[pa.Table, dict[str, pa.Table], dict]:
-        """Close the session: this node's outputs (ts = position in its own input), every
-        table as its state has it, and its metrics."""
+        """Close the session: the outputs of the events whose home is this node (their ts
+        that of the whole input), every table as its state has it, and its metrics."""
         result = self.session.close()
-        return result.events, result.state, result.metrics
+        events = result.events
+        local = events.column("ts").to_numpy()
+        keep = np.concatenate(self.home or [np.zeros(0, bool)])[local]
+        global_ts = np.concatenate(self.global_ts or [np.zeros(0, np.int64)])[local[keep]]
+        mine = events.filter(pa.array(keep)).set_column(0, "ts", pa.array(global_ts))
+        return mine, result.state, result.metrics

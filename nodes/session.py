@@ -51,6 +51,8 @@ UNITS_IN_FLIGHT = 2
 RESTART_PAUSE_S = 2.0
 """Before placing the nodes again when a team died as it started: Ray may not know yet
 that a node it was placed on is gone."""
+NODES_META = "nodes.json"
+"""In the checkpoint folder: the last checkpoint every node took, and what it belongs to."""
 NEVER = 1 << 40
 """A node's own checkpoint interval: nodes checkpoint only when the driver says."""
 
@@ -86,8 +88,6 @@ class NodesSession:
         self.sequencer = Sequencer(plan.topology, plan.layout, self.partition)
         self.teams: list[Any] = []
         self.steps = [0] * nodes
-        self.global_ts: list[list[np.ndarray]] = [[] for _ in range(nodes)]
-        self.is_home: list[list[np.ndarray]] = [[] for _ in range(nodes)]
         self.latency = LatencyHistogram()
         self.figures = {"units": 0, "levels": 0, "steps": 0, "cross": 0, "exchanged_values": 0}
         self.in_flight: deque[tuple[float, int, list]] = deque()
@@ -103,6 +103,7 @@ class NodesSession:
         """The units after the last checkpoint, run again after the loss of a node."""
         self.recoveries: list[dict[str, Any]] = []
         self.checkpoints = 0
+        self._resumed_from = 0
         self.extra_metrics: dict[str, Any] = {}
         """Metrics the caller adds (e.g. Spark's start-up), written with the session's."""
         self._result: Result | None = None
@@ -114,8 +115,7 @@ class NodesSession:
             )
             self._stack.callback(self._stop)
             if self.folder is not None:
-                for old in self.folder.glob("node-*"):  # a previous run's: start afresh
-                    shutil.rmtree(old)
+                self._resume_or_clear()
             with console.phase(f"starting {nodes} nodes"):
                 self._start(pick_nodes(nodes))
         except BaseException:
@@ -126,6 +126,44 @@ class NodesSession:
         self._bar = self._stack.enter_context(
             console.progress(plan.expected_events or 0, "running", self._begin, 0)
         )
+
+    @property
+    def resumed_from(self) -> int:
+        """The ts this session continues from (0: it started afresh)."""
+        return self._resumed_from
+
+    def _resume_or_clear(self) -> None:
+        """Continue from the last checkpoint every node took (`NODES_META`), if the folder
+        holds one of this run's; start afresh otherwise. UsageError for another run's."""
+        meta_path = self.folder / NODES_META
+        want = self._identity()
+        if meta_path.exists() and not (self.plan.store and self.plan.store.complete):
+            meta = json.loads(meta_path.read_text())
+            for key, value in want.items():
+                if meta.get(key) != value:
+                    raise UsageError(
+                        f"checkpoint {meta_path} is of another {key} ({meta.get(key)}, here "
+                        f"{value}); use another --checkpoint-dir or remove it"
+                    )
+            self.saved = _Saved(meta["ts"], meta["local"])
+            self.ts = self.done = self._resumed_from = self.saved.ts
+            self.console.note(f"resuming from {self.folder} at event {self.saved.ts:,}")
+            return
+        self.plan.store.clear()  # and the mark of a completed run
+        meta_path.unlink(missing_ok=True)
+        for old in self.folder.glob("node-*"):
+            shutil.rmtree(old)
+
+    def _identity(self) -> dict[str, Any]:
+        """What a checkpoint over several nodes must match to be resumed."""
+        plan = self.plan
+        return {
+            "nodes": self.config.nodes,
+            "topology": self.config.topology,
+            "sizes": plan.layout.sizes,
+            "input": plan.input,
+            "output": str(plan.output.path.resolve()),
+        }
 
     def __enter__(self) -> NodesSession:
         return self
@@ -300,6 +338,10 @@ class NodesSession:
             except ActorDied as lost:
                 self._recover(lost)
         self.saved = _Saved(self.ts, local)
+        meta = {**self._identity(), "ts": self.ts, "local": local}
+        written = self.folder / f"{NODES_META}.tmp"
+        written.write_text(json.dumps(meta, indent=1))
+        written.replace(self.folder / NODES_META)
         self.since = []
         self.checkpoints += 1
 
@@ -316,10 +358,6 @@ class NodesSession:
         self.recoveries.append({"cause": str(lost)[:300], "from_ts": self.saved.ts})
         self._stop()
         self.in_flight.clear()
-        for node, local in enumerate(self.saved.local):
-            kept = np.concatenate(self.global_ts[node] or [np.zeros(0, np.int64)])[:local]
-            home = np.concatenate(self.is_home[node] or [np.zeros(0, bool)])[:local]
-            self.global_ts[node], self.is_home[node] = [kept], [home]
         self.steps = [0] * self.config.nodes
         self.ts = self.done = self.saved.ts
         for attempt in range(MAX_RECOVERIES):
@@ -360,6 +398,8 @@ class NodesSession:
                     .remote(
                         self.steps[node],
                         rows,
+                        ts0 + step.events,
+                        unit.home[step.events] == node,
                         np.concatenate(cells) if cells else np.zeros(0, np.int64),
                         [c for _, c in step.send],
                         *values,
@@ -371,8 +411,6 @@ class NodesSession:
                 for (to, _), ref in zip(step.send, outs, strict=False):
                     sent[(node, to)] = ref
                 refs.append(outs[0])
-                self.global_ts[node].append(ts0 + step.events)
-                self.is_home[node].append(unit.home[step.events] == node)
         return refs
 
     def _complete(self, unit: tuple[float, int, list]) -> None:
@@ -392,14 +430,7 @@ class NodesSession:
                 break
             except ActorDied as lost:
                 self._recover(lost)
-        pieces = []
-        for node, (events, _, _) in enumerate(results):
-            global_ts = np.concatenate(self.global_ts[node] or [np.zeros(0, np.int64)])
-            home = np.concatenate(self.is_home[node] or [np.zeros(0, bool)])
-            local = events.column("ts").to_numpy()
-            keep = home[local]
-            rows = events.filter(pa.array(keep))
-            pieces.append(rows.set_column(0, "ts", pa.array(global_ts[local[keep]])))
+        pieces = [events for events, _, _ in results]
         schema = output_schema(self.plan.topology)
         merged = (
             pa.concat_tables([p.cast(schema) for p in pieces]) if pieces else schema.empty_table()
@@ -427,7 +458,9 @@ class NodesSession:
             "events": events,
             **counts,
             "seconds": round(seconds, 6),
-            "throughput_eps": round(events / seconds, 1) if seconds > 0 else None,
+            "throughput_eps": round((events - self.resumed_from) / seconds, 1)
+            if seconds > 0
+            else None,
             "latency_ms": {f"p{q}": self.latency.percentile_ms(q) for q in (50, 99)},
             "startup_s": round(self.startup_s, 3),
             "phases_s": dict(self.console.phases),
@@ -440,7 +473,11 @@ class NodesSession:
             },
             "recoveries": self.recoveries,
             "checkpoints": {"written": self.checkpoints} if self.folder is not None else None,
-            "config": {**self.config.as_dict(), "pushed": events, "resumed_from": 0},
+            "config": {
+                **self.config.as_dict(),
+                "pushed": events,
+                "resumed_from": self.resumed_from,
+            },
         }
 
     def _commit(self, outputs: pa.Table, state: dict[str, pa.Table], metrics: dict) -> None:
@@ -451,8 +488,11 @@ class NodesSession:
         pq.write_table(outputs, written)
         out.stage_part(written, 0)
         out.commit(state, json.dumps(metrics, indent=2) + "\n")
-        if self.plan.store is not None:
+        if self.folder is not None:
             self.plan.store.mark_complete()
+            (self.folder / NODES_META).unlink(missing_ok=True)
+            for node in self.folder.glob("node-*"):
+                shutil.rmtree(node)
 
     def _get(self, refs: Any) -> Any:
         import ray

@@ -259,3 +259,42 @@ def test_a_session_over_nodes_answers_queries_at_a_cut_of_every_node(cluster, tm
     assert got["w"] == half and got["events"] == events.num_rows
     want = run_local("sl", events.slice(0, half), init).state["accounts"].to_pylist()
     assert got["rows"] == [want[k] for k in (7, 0, 5, 3)]
+
+
+def test_a_killed_driver_resumes_from_the_checkpoints_every_node_took(cluster, tmp_path):
+    """The driver (`txstream run`) killed mid-run: the same command run again continues
+    from the last checkpoint every node took and equals serial."""
+    events, init = generate("sl", WorkloadSpec(events=40_000, keys=20_000, seed=6))
+    want = run_local("sl", events, init)
+    write_workload(tmp_path / "data", events, init)
+    out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
+    command = run_command(
+        "sl",
+        str(tmp_path / "data" / "events.parquet"),
+        str(tmp_path / "data" / "init"),
+        str(out),
+        *("--address", cluster, "--source", "arrow", "--no-progress", "--nodes", "2"),
+        *("--checkpoint-dir", str(checkpoints), "--checkpoint-every", "1"),
+        *("--punctuation-interval", "2000"),
+    )
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        meta = checkpoints / "nodes.json"
+        while time.monotonic() < deadline and (
+            not meta.exists() or json.loads(meta.read_text())["ts"] < 10_000
+        ):
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before its driver could be killed"
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "resumed at event" in again.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["config"]["resumed_from"] >= 10_000
+    state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
+    assert_same_run(pq.read_table(out / "events.parquet"), state, want.events, want.state)
+    assert not list(checkpoints.glob("node-*")), "a completed run keeps no checkpoint"
