@@ -16,6 +16,7 @@ knows them for the events its checkpoint covers.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,8 @@ class NodeTeam:
         planned = plan(config, init, Path(output) if output else None)
         self.session = Session(planned, console=Console(enabled=False), transport=ThreadTransport())
         self.next_step = 0
+        self.step_seconds = 0.0
+        """Spent in steps: the rest of a level's time is Ray's (calls, values between nodes)."""
         self.folder = Path(config.checkpoint_dir) if config.checkpoint_dir else None
         self.global_ts: list[np.ndarray] = []
         self.home: list[np.ndarray] = []
@@ -92,6 +95,7 @@ class NodeTeam:
         run ``events`` (at ``global_ts`` in the input; ``home``: whether their outputs count
         here) to the end, then read the cells of ``send`` (one array per node to send to).
         Returns the values read: one array per entry of ``send``, or None."""
+        begin = time.perf_counter()
         if seq != self.next_step:
             raise RuntimeFailure(
                 f"node {self.node} was given step {seq}, expected {self.next_step}"
@@ -106,6 +110,7 @@ class NodeTeam:
             session.drain()
         self.next_step += 1
         out = [session.read_cells(cells) for cells in send]
+        self.step_seconds += time.perf_counter() - begin
         if not out:
             return None
         return out[0] if len(out) == 1 else tuple(out)
@@ -139,4 +144,5 @@ class NodeTeam:
         keep = np.concatenate(self.home or [np.zeros(0, bool)])[local]
         global_ts = np.concatenate(self.global_ts or [np.zeros(0, np.int64)])[local[keep]]
         mine = events.filter(pa.array(keep)).set_column(0, "ts", pa.array(global_ts))
-        return mine, result.state, result.metrics
+        steps = {"steps": self.next_step, "step_s": round(self.step_seconds, 3)}
+        return mine, result.state, {**result.metrics, **steps}

@@ -467,7 +467,7 @@ class NodesSession:
             "nodes": {
                 **self.figures,
                 "per_node": [
-                    {k: m.get(k) for k in ("events", "seconds", "throughput_eps", "breakdown_s")}
+                    {k: m.get(k) for k in ("events", "steps", "step_s", "breakdown_s")}
                     for m in nodes
                 ],
             },
