@@ -328,6 +328,12 @@ class Session:
         self._teardown(failed=False)
         return self._result
 
+    def abandon(self) -> None:
+        """Stop everything and commit nothing: what was written goes, as after a failure
+        (a node of a run over several, whose outputs its driver merged and committed)."""
+        self._failure = self._failure or UsageError("the session was abandoned")
+        self._teardown(failed=True)
+
     def _finish(self) -> Result:
         self._closing = True
         engine = self._engine

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from txstream import topologies
+from txstream.actors.executor import output_schema
 from txstream.cluster.topology import keep_freed_memory
 from txstream.cluster.transport import ThreadTransport
 from txstream.config import RunConfig
@@ -46,6 +48,7 @@ class NodeTeam:
     ):
         keep_freed_memory()
         self.node = node
+        self.topology = topologies.get(topology)
         config = RunConfig(topology=topology, **options)
         planned = plan(config, init, Path(output) if output else None)
         self.session = Session(planned, console=Console(enabled=False), transport=ThreadTransport())
@@ -135,14 +138,31 @@ class NodeTeam:
         self.session.drain()
         return self.session.query(table, keys)[1]
 
-    def finish(self) -> tuple[pa.Table, dict[str, pa.Table], dict]:
-        """Close the session: the outputs of the events whose home is this node (their ts
-        that of the whole input), every table as its state has it, and its metrics."""
-        result = self.session.close()
-        events = result.events
+    def results(self) -> tuple[pa.Table, dict[str, pa.Table], dict]:
+        """Once every step ran: the outputs of the events whose home is this node (their ts
+        that of the whole input), every table as its state has it, and figures of its
+        steps. Nothing is committed or closed: if a node is lost before the driver has
+        merged every node's results, all go back to their checkpoints."""
+        session = self.session
+        session.flush()
+        batches = list(session.outputs())
+        events = (
+            pa.Table.from_batches(batches)
+            if batches
+            else output_schema(self.topology).empty_table()
+        )
         local = events.column("ts").to_numpy()
         keep = np.concatenate(self.home or [np.zeros(0, bool)])[local]
         global_ts = np.concatenate(self.global_ts or [np.zeros(0, np.int64)])[local[keep]]
         mine = events.filter(pa.array(keep)).set_column(0, "ts", pa.array(global_ts))
-        steps = {"steps": self.next_step, "step_s": round(self.step_seconds, 3)}
-        return mine, result.state, {**result.metrics, **steps}
+        state = {table: session.query(table)[1] for table in session.plan.tables}
+        figures = {
+            "events": session.pushed,
+            "steps": self.next_step,
+            "step_s": round(self.step_seconds, 3),
+        }
+        return mine, state, figures
+
+    def discard(self) -> None:
+        """Stop this node's session without committing anything (its results were merged)."""
+        self.session.abandon()

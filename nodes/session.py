@@ -253,6 +253,7 @@ class NodesSession:
             self._bar.close(metrics["throughput_eps"], metrics["seconds"])
             self._commit(outputs, state, metrics)
             self._result = Result(outputs, state, metrics)
+            self._get([team.discard.remote() for team in self.teams])
         except BaseException:
             self._teardown(failed=True)
             raise
@@ -299,6 +300,24 @@ class NodesSession:
     def _stop(self) -> None:
         stop_actors(self.teams)
         self.teams = []
+
+    def _stop_and_wait(self) -> None:
+        """Stop every node and wait until Ray reports each dead: a node still finishing
+        a step must not write into its output folder once its successor has resumed."""
+        import ray
+
+        teams = self.teams
+        self._stop()
+        deadline = time.monotonic() + self.config.timeout_s
+        for team in teams:
+            while time.monotonic() < deadline:
+                try:
+                    ray.get(team.resumed_from.remote(), timeout=1.0)
+                except ray.exceptions.RayActorError:
+                    break
+                except ray.exceptions.GetTimeoutError:
+                    continue
+                time.sleep(0.05)
 
     def _advance(self, events: pa.Table) -> None:
         """Submit a unit; wait while too many are in flight; checkpoint when one is due."""
@@ -356,7 +375,7 @@ class NodesSession:
         begin = time.perf_counter()
         self.console.warn(f"recovering from the checkpoint at event {self.saved.ts:,}: {lost}")
         self.recoveries.append({"cause": str(lost)[:300], "from_ts": self.saved.ts})
-        self._stop()
+        self._stop_and_wait()
         self.in_flight.clear()
         self.steps = [0] * self.config.nodes
         self.ts = self.done = self.saved.ts
@@ -365,7 +384,7 @@ class NodesSession:
                 self._start(pick_nodes(self.config.nodes, share=True))
                 break
             except ActorDied:  # placed on a node the cluster did not know dead yet
-                self._stop()
+                self._stop_and_wait()
                 if attempt == MAX_RECOVERIES - 1:
                     raise
                 time.sleep(RESTART_PAUSE_S)
@@ -426,7 +445,7 @@ class NodesSession:
         while True:
             self._drain()
             try:
-                results = self._get([team.finish.remote() for team in self.teams])
+                results = self._get([team.results.remote() for team in self.teams])
                 break
             except ActorDied as lost:
                 self._recover(lost)
@@ -466,10 +485,7 @@ class NodesSession:
             "phases_s": dict(self.console.phases),
             "nodes": {
                 **self.figures,
-                "per_node": [
-                    {k: m.get(k) for k in ("events", "steps", "step_s", "breakdown_s")}
-                    for m in nodes
-                ],
+                "per_node": [nodes],
             },
             "recoveries": self.recoveries,
             "checkpoints": {"written": self.checkpoints} if self.folder is not None else None,
