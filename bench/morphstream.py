@@ -63,6 +63,7 @@ HELD_OUT = [
     ("sl", {"theta": 0.9, "abort_ratio": 0.3, "udf_cost_us": 10.0}),
     ("tp", {"theta": 0.2, "abort_ratio": 0.01, "udf_cost_us": 10.0}),
     ("gs", {"theta": 0.9, "abort_ratio": 0.2, "udf_cost_us": 10.0, "deps": 3, "txn_length": 1}),
+    ("gs", {"theta": 0.9, "abort_ratio": 0.3, "udf_cost_us": 0.0, "deps": 2, "txn_length": 3}),
 ]
 """Workloads the calibration never saw (values off `GRID`'s axes; TP is not in it); the
 first two in --quick runs."""
@@ -177,11 +178,14 @@ def measure(runner: Runner, topology: str, table, init, cost: float, repeats: in
     return kept
 
 
-def warm_up(runner: Runner) -> None:
-    """Every configuration once on a small workload, untimed: the first runs in a fresh
+def warm_up(runner: Runner, events: int) -> None:
+    """Every configuration once, untimed, on as many events as a C = 0 workload of the
+    study with the most operations per event (GS r 4, l 4): the first runs in a fresh
     process were 1.4-2.8x slower than the same configurations' later runs (GS theta 0
-    r4 l4, C = 0, heavy --bench at load 0.16)."""
-    table, init = generate("gs", WorkloadSpec(events=20_000, seed=3, deps=2, txn_length=2))
+    r4 l4, C = 0, heavy --bench at load 0.16), and after a warm-up on 20k events the
+    first workload's first round still was (serial 2.8 M against 4.8-5.4 M ev/s)."""
+    spec = WorkloadSpec(events=events, seed=3, theta=0.6, deps=4, txn_length=4)
+    table, init = generate("gs", spec)
     for scheduler, options in CONFIGS:
         runner("gs", table, init, 0.0, scheduler, options)
 
@@ -189,7 +193,7 @@ def warm_up(runner: Runner) -> None:
 def study(runner: Runner, events: int, costly: int, quick: bool, repeats: int) -> list[dict]:
     """Every configuration on every workload of the sensitivity study."""
     rows = []
-    warm_up(runner)
+    warm_up(runner, events)
     for topology, knobs, held_out in workloads(quick):
         knobs = dict(knobs)
         cost = knobs.pop("udf_cost_us")
