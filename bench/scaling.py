@@ -6,7 +6,9 @@ Ray start-up (``--engine ray``; the team is threads of this process by default, 
 local run's is) and executor warm-up are excluded (see bench/serial.py). `speedup_vs_serial_1`
 divides by serial at 1 executor on the same topology and UDF cost, measured first in the
 same invocation (added if not asked for), so every ratio comes from one process on one
-machine. Placement does not apply to serial, which runs shared-nothing only.
+machine; every configuration first runs once untimed on the first topology at C = 0 (the
+first runs in a fresh process are the slowest: serial's first SL run at C = 0 made 4.0M
+events/s, its next 5.5M). Placement does not apply to serial, which runs shared-nothing only.
 
 Runs without a UDF cost use --events events; runs with one use the first
 --costly-events of them (each event then costs about 10 us per operation).
@@ -156,6 +158,12 @@ def main() -> None:
     knobs = {"theta": 0.2, "abort_ratio": 0.01}
     ray = bench_ray() if args.engine == "ray" else nullcontext()
     with ray, workload_dirs(args.topologies, args.events, **knobs) as dirs:
+        name, folder = next(iter(dirs.items()))
+        events = pq.read_table(folder / "events.parquet")
+        for scheduler, executors, placement in _configs(args):  # untimed warm-up
+            _measure(
+                name, events, folder / "init", scheduler, executors, placement, 0.0, 1, args.engine
+            )
         for name, folder in dirs.items():
             for cost in args.udf_costs:
                 n = args.costly_events if cost else args.events
