@@ -2,10 +2,13 @@
 
 Workloads are the generator's defaults (Zipf theta 0.2, 1% aborts, passed explicitly);
 punctuation every 10240 events (40960 for TP). Each figure is the median of --repeat runs;
-Ray start-up and executor warm-up are excluded (see bench/serial.py). `speedup_vs_serial_1`
+Ray start-up (``--engine ray``; the team is threads of this process by default, as a
+local run's is) and executor warm-up are excluded (see bench/serial.py). `speedup_vs_serial_1`
 divides by serial at 1 executor on the same topology and UDF cost, measured first in the
 same invocation (added if not asked for), so every ratio comes from one process on one
-machine. Placement does not apply to serial, which runs shared-nothing only.
+machine; every configuration first runs once untimed on the first topology at C = 0 (the
+first runs in a fresh process are the slowest: serial's first SL run at C = 0 made 4.0M
+events/s, its next 5.5M). Placement does not apply to serial, which runs shared-nothing only.
 
 Runs without a UDF cost use --events events; runs with one use the first
 --costly-events of them (each event then costs about 10 us per operation).
@@ -13,12 +16,13 @@ Runs without a UDF cost use --events events; runs with one use the first
     python bench/scaling.py [--events 1000000] [--costly-events 300000] [--repeat 1]
         [--topologies sl gs ob tp]
         [--schedulers serial tstream] [--executors 1 2] [--placements ...] [--udf-costs 0 10]
-        [--out bench/results/scaling.json]
+        [--engine threads|ray] [--out bench/results/scaling.json]
 """
 
 from __future__ import annotations
 
 import argparse
+from contextlib import nullcontext
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -41,10 +45,11 @@ def _configs(args) -> list[tuple[str, int, str]]:
     return [BASELINE] + [c for c in configs if c != BASELINE]
 
 
-def _measure(name, events, init, scheduler, executors, placement, cost, repeat) -> dict:
+def _measure(name, events, init, scheduler, executors, placement, cost, repeat, engine) -> dict:
     runs = [
         Job(
             name,
+            transport=engine,
             scheduler=scheduler,
             executors=executors,
             placement=None if scheduler == "serial" else placement,
@@ -141,11 +146,24 @@ def main() -> None:
     parser.add_argument("--executors", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--placements", nargs="+", choices=PLACEMENTS, default=list(PLACEMENTS))
     parser.add_argument("--udf-costs", nargs="+", type=float, default=[0.0, 10.0])
+    parser.add_argument(
+        "--engine",
+        choices=("threads", "ray"),
+        default="threads",
+        help="the team as threads of this process (the default of a local run) or Ray actors",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "scaling.json")
     args = parser.parse_args()
     rows = []
     knobs = {"theta": 0.2, "abort_ratio": 0.01}
-    with bench_ray(), workload_dirs(args.topologies, args.events, **knobs) as dirs:
+    ray = bench_ray() if args.engine == "ray" else nullcontext()
+    with ray, workload_dirs(args.topologies, args.events, **knobs) as dirs:
+        name, folder = next(iter(dirs.items()))
+        events = pq.read_table(folder / "events.parquet")
+        for scheduler, executors, placement in _configs(args):  # untimed warm-up
+            _measure(
+                name, events, folder / "init", scheduler, executors, placement, 0.0, 1, args.engine
+            )
         for name, folder in dirs.items():
             for cost in args.udf_costs:
                 n = args.costly_events if cost else args.events
@@ -161,6 +179,7 @@ def main() -> None:
                         placement,
                         cost,
                         args.repeat,
+                        args.engine,
                     )
                     baseline = baseline or row["throughput_eps"]
                     row["speedup_vs_serial_1"] = round((row["throughput_eps"] or 0) / baseline, 3)
@@ -170,7 +189,7 @@ def main() -> None:
                         f" {row['throughput_eps'] or 0:>12,.0f} ev/s"
                         f"  {row['speedup_vs_serial_1']:5.2f}x serial-1"
                     )
-    results = {"repeat": args.repeat, "workload": knobs, "rows": rows}
+    results = {"engine": args.engine, "repeat": args.repeat, "workload": knobs, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     path = write_results(args.out.stem, results, args.out.parent)
     plot(rows, path.with_suffix(".png"))

@@ -35,7 +35,13 @@ class Thresholds:
     rows had to be merged into cyclic groups (merged groups run serially)."""
     ns_min_skew: float = 8.0
     """Non-structured exploration once the hottest cell has this many times the mean
-    operations per cell (skew makes strata unbalanced, which costs BFS and DFS waits)."""
+    operations per cell (skew makes strata unbalanced, which costs BFS and DFS waits) ..."""
+    ns_min_cost_us: float = 1.0
+    """... and an operation costs at least this many microseconds (measured): NS's ready
+    queue and count-downs cost a few atomics per unit. On skewed GS (theta 1.2, fine
+    units, bench/morphstream.py full grid, threads, medians of 3) NS was 1.04x DFS at
+    C = 10 (r 1, l 1) but 0.91x at C = 0 (r 1, l 4, 50% aborts: 0.83 against 0.92 M ev/s),
+    where an operation takes 0.1-0.2 us."""
     bfs_max_strata_share: float = 0.02
     """BFS (a barrier per stratum, nothing else) while strata are at most this share of
     the units; DFS (per-dependency checks, no barrier) beyond it. The strata of fine
@@ -145,7 +151,7 @@ def decide(stats: BatchStats, history: History, fixed: Choice, th: Thresholds) -
         strata = 1 if granularity == "coarse" and stats.cross == 0 else stats.hot
         if edges == 0 or strata <= th.bfs_max_strata_share * units:
             explore = "bfs"
-        elif stats.skew >= th.ns_min_skew:
+        elif stats.skew >= th.ns_min_skew and _costly(history, th):
             explore = "ns"
         else:
             explore = "dfs"
@@ -156,6 +162,11 @@ def decide(stats: BatchStats, history: History, fixed: Choice, th: Thresholds) -
         costly = late >= th.eager_min_late_us
         abort = "eager" if costly and failures <= th.eager_max_failures else "lazy"
     return Choice(explore, granularity, abort)
+
+
+def _costly(history: History, th: Thresholds) -> bool:
+    """Whether operations cost enough for NS's queue (not measured yet: assumed so)."""
+    return history.cost_us is None or history.cost_us >= th.ns_min_cost_us
 
 
 @dataclass

@@ -55,6 +55,18 @@ def test_exploration_is_bfs_with_few_strata_ns_when_skewed_dfs_otherwise():
     assert decide(_stats(td=1700, hot=few_strata + 1), History(), fine, TH).explore == "dfs"
 
 
+def test_skewed_batches_are_explored_ns_only_when_operations_are_costly():
+    fine = Choice("auto", "fine", "auto")
+    skewed = _stats(td=1900, hot=int(TH.ns_min_skew * 2000 / 100) + 1)
+    for cost, want in [
+        (None, "ns"),  # the first batch: nothing measured yet
+        (TH.ns_min_cost_us * 10, "ns"),
+        (TH.ns_min_cost_us / 10, "dfs"),
+        (0.0, "dfs"),
+    ]:
+        assert decide(skewed, History(cost_us=cost), fine, TH).explore == want
+
+
 def test_aborts_are_eager_when_late_repairs_cost_more_than_pauses_and_failures_are_few():
     costly = (TH.eager_min_late_us / 10) * 2  # us per operation, with 10 redone per failure
     cheap = (TH.eager_min_late_us / 10) / 2
