@@ -179,25 +179,31 @@ def test_what_several_nodes_do_not_take_is_refused():
         Job("gs", nodes=2, transport="ray")
 
 
+def _checkpointed_run(tmp_path: Path, address: str, nodes: int, seed: int):
+    """40,000 SL events on disk, the `txstream run` command over ``nodes`` nodes with a
+    checkpoint every 2,000 events, and the reference result."""
+    events, init = generate("sl", WorkloadSpec(events=40_000, keys=20_000, seed=seed))
+    write_workload(tmp_path / "data", events, init)
+    command = run_command(
+        "sl",
+        str(tmp_path / "data" / "events.parquet"),
+        str(tmp_path / "data" / "init"),
+        str(tmp_path / "out"),
+        *("--address", address, "--source", "arrow", "--no-progress", "--nodes", str(nodes)),
+        *("--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "1"),
+        *("--punctuation-interval", "2000"),
+    )
+    return command, run_local("sl", events, init)
+
+
 @pytest.mark.parametrize("lose", ["process", "ray node"])
 def test_a_lost_node_is_recovered_from_the_checkpoints(local_cluster, lose, tmp_path):
     """One node's process killed mid-run with checkpoints on, or its whole Ray node (raylet,
     object store and all): every node goes back to the last checkpoint they all took, on the
     nodes still alive, and the run ends well and equals serial."""
     cluster = local_cluster.address
-    events, init = generate("sl", WorkloadSpec(events=40_000, keys=20_000, seed=5))
-    want = run_local("sl", events, init)
-    write_workload(tmp_path / "data", events, init)
+    command, want = _checkpointed_run(tmp_path, cluster, 3, seed=5)
     out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
-    command = run_command(
-        "sl",
-        str(tmp_path / "data" / "events.parquet"),
-        str(tmp_path / "data" / "init"),
-        str(out),
-        *("--address", cluster, "--source", "arrow", "--no-progress", "--nodes", "3"),
-        *("--checkpoint-dir", str(checkpoints), "--checkpoint-every", "1"),
-        *("--punctuation-interval", "2000"),
-    )
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -264,19 +270,8 @@ def test_a_session_over_nodes_answers_queries_at_a_cut_of_every_node(cluster, tm
 def test_a_killed_driver_resumes_from_the_checkpoints_every_node_took(cluster, tmp_path):
     """The driver (`txstream run`) killed mid-run: the same command run again continues
     from the last checkpoint every node took and equals serial."""
-    events, init = generate("sl", WorkloadSpec(events=40_000, keys=20_000, seed=6))
-    want = run_local("sl", events, init)
-    write_workload(tmp_path / "data", events, init)
+    command, want = _checkpointed_run(tmp_path, cluster, 2, seed=6)
     out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
-    command = run_command(
-        "sl",
-        str(tmp_path / "data" / "events.parquet"),
-        str(tmp_path / "data" / "init"),
-        str(out),
-        *("--address", cluster, "--source", "arrow", "--no-progress", "--nodes", "2"),
-        *("--checkpoint-dir", str(checkpoints), "--checkpoint-every", "1"),
-        *("--punctuation-interval", "2000"),
-    )
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
