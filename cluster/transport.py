@@ -15,7 +15,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as futures_wait
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -224,8 +225,11 @@ def ended(refs: list, timeout_s: float = 0.0) -> list:
         import ray
 
         return ray.wait(refs, num_returns=1, timeout=timeout_s)[0] if refs else []
-    deadline = time.monotonic() + timeout_s
     remote = [ref for ref in refs if not isinstance(ref, Future)]
+    if not remote:  # threads only: sleep until one ends, no polling
+        done, _ = futures_wait(refs, timeout_s, return_when=FIRST_COMPLETED)
+        return [ref for ref in refs if ref in done]
+    deadline = time.monotonic() + timeout_s
     while True:
         done = [ref for ref in refs if isinstance(ref, Future) and ref.done()]
         if remote:
