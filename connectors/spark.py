@@ -227,7 +227,7 @@ def spark_session(
         fetcher = PartitionFetcher.remote()  # its process starts while Spark does
         stack.callback(ray.kill, fetcher)
         try:
-            with console.phase("starting Spark"):
+            with console.phase("starting Spark"), _driver_launched_early():
                 cores = _executor_cores()
                 session = raydp.init_spark(app_name, 1, cores, executor_memory, configs=configs)
                 session.sparkContext.setLogLevel(_LOG4J_LEVELS[log_level])  # pyspark's is WARN
@@ -240,6 +240,42 @@ def spark_session(
             libraries.note()  # while the JVMs that extracted them still run
             with console.phase("stopping Spark"):
                 raydp.stop_spark()
+
+
+@contextmanager
+def _driver_launched_early() -> Iterator[None]:
+    """Within `raydp.init_spark`, Spark's driver JVM is launched (with the configs RayDP has
+    prepared) while RayDP starts its app master, instead of after it: the driver needs the
+    master's address only to create its SparkContext (1M SL events read through Spark, two
+    runs each: RayDP's session 2.0-2.2 s -> 1.4 s after its master, Spark's start 0.3 s
+    shorter). If the early launch fails, RayDP launches the driver as usual."""
+    from pyspark import SparkConf
+    from pyspark.context import SparkContext
+    from raydp.spark.ray_cluster import SparkCluster
+
+    set_up_master = SparkCluster._set_up_master
+    launches: list[threading.Thread] = []
+
+    def launch(conf: SparkConf) -> None:
+        try:
+            SparkContext._ensure_initialized(conf=conf)  # under pyspark's own lock
+        except Exception:  # init_spark launches it again, and reports what fails
+            logging.getLogger(__name__).debug("early launch of Spark's driver failed")
+
+    def set_up_master_and_driver(cluster: SparkCluster, *args: object, **kwargs: object):
+        if SparkContext._gateway is None:
+            conf = SparkConf(loadDefaults=False).setAll(list(cluster._configs.items()))
+            launches.append(threading.Thread(target=launch, args=(conf,), daemon=True))
+            launches[-1].start()
+        return set_up_master(cluster, *args, **kwargs)
+
+    SparkCluster._set_up_master = set_up_master_and_driver
+    try:
+        yield
+    finally:
+        SparkCluster._set_up_master = set_up_master
+        for thread in launches:
+            thread.join()
 
 
 def _executor_cores() -> int:
