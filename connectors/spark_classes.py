@@ -1,13 +1,14 @@
 """The class archive of Spark's JVMs: made once per installation (``./setup`` runs this module).
 
 A Spark application on Ray runs four fresh JVMs (RayDP's app master and its Ray actor, the
-Spark driver, the executor), and most of their start is loading classes: ~12,000 distinct
-ones from Spark's, RayDP's and Ray's jars, ~24,000 loads in all for a small read. All four
+Spark driver, the executor), and much of their start is loading classes: ~12,000 distinct
+ones from the JDK and Spark's, RayDP's and Ray's jars, ~24,000 loads in all for a 1M-event
+read. All four
 have the same class path (RayDP's jars, then Spark's, then Ray's; the driver adds Spark's
 conf folder after them), so one class data sharing archive serves them all: its classes are
-mapped parsed and linked instead of being read from the jars (1M SL events read through
-Spark, two runs each: Spark's start 7.0 -> 6.3 s, the first converted partition 3.0 ->
-2.5 s after staging).
+mapped already parsed instead of being read from the jars (1M SL events read through
+Spark, two runs each at load < 0.7: Spark's start 4.7 -> 3.6 s, planning the input 1.55
+-> 1.1 s, the first converted partition 1.9 -> 1.5 s after that).
 
 It is made in two steps: a small Spark read whose JVMs log every class they load
 (``-Xlog:class+load``), then ``java -Xshare:dump`` over those classes, with the class path
