@@ -31,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from txstream.connectors.spark import CLASS_ARCHIVE as ARCHIVE
@@ -39,6 +41,8 @@ from txstream.topologies.generators import WorkloadSpec, generate, write_workloa
 
 CLASS_PATH = ARCHIVE.with_suffix(".classpath")
 """The class path the archive was made for (to check it later)."""
+LOG = ARCHIVE.with_suffix(".log")
+"""What Ray, Spark and the JVMs printed while the archive was made."""
 
 _EVENTS = 300_000
 """Events of the training read: enough for three partitions and the JIT's first tier."""
@@ -153,6 +157,27 @@ def _descends_from(pid: int, ancestor: int) -> bool:
     return False
 
 
+@contextmanager
+def _output_to(log: Path) -> Iterator[None]:
+    """File descriptors 1 and 2 (this process's and its children's output) into ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with log.open("w") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
 def main() -> int:
     """Make the archive (``--check``: unless usable); 1 if it could not be made."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -163,11 +188,13 @@ def main() -> int:
     if args.check and usable():
         print(f"Spark's class archive is usable: {ARCHIVE}")
         return 0
+    os.environ.pop("RAY_ADDRESS", None)  # the archive is this machine's: a local Ray
     begin = time.perf_counter()
     try:
-        path = build()
+        with _output_to(LOG):
+            path = build()
     except Exception as exc:  # optional: Spark works without it, only starts slower
-        print(f"no class archive for Spark's JVMs: {exc}", file=sys.stderr)
+        print(f"no class archive for Spark's JVMs: {exc} (see {LOG})", file=sys.stderr)
         return 1
     size = path.stat().st_size / 2**20
     print(f"Spark's class archive: {path} ({size:.0f} MiB, {time.perf_counter() - begin:.0f} s)")
