@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 from common import RESULTS, workload_dirs, write_results
-from startup import HERE, run_once
+from startup import HERE, class_archive, run_once
 
 CONFIGS = {
     "arrow serial": ("arrow", "--scheduler", "serial"),
@@ -191,6 +191,7 @@ def main() -> None:
         "events": args.events,
         "input": "peers" if peers_data(peers, args.events) else "generated (θ 0.2)",
         "load_average": os.environ.get("TXSTREAM_BENCH_LOAD", f"{os.getloadavg()[0]:.2f}"),
+        "spark_class_archive": class_archive(args.venv),
         "results": results,
     }
     path = write_results(args.name, payload)

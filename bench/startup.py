@@ -63,6 +63,11 @@ def run_once(venv: Path, data: Path, source: str, out: Path, options: tuple[str,
     }
 
 
+def class_archive(venv: Path) -> bool:
+    """Whether the checkout's installation has Spark's class archive (./setup makes it)."""
+    return (venv / "share" / "txstream" / "spark-classes.jsa").is_file()
+
+
 def medians(runs: list[dict]) -> dict:
     """Median of every figure over runs (phases by name)."""
     figures = {k: statistics.median(r[k] for r in runs) for k in ("wall_s", "startup_s", "seconds")}
@@ -109,7 +114,13 @@ def main() -> None:
     print(
         "->",
         write_results(
-            args.name, {"events": args.events, "checkouts": checkouts, "results": results}
+            args.name,
+            {
+                "events": args.events,
+                "checkouts": checkouts,
+                "spark_class_archive": {n: class_archive(Path(v)) for n, v in checkouts.items()},
+                "results": results,
+            },
         ),
     )
 

@@ -1,0 +1,59 @@
+"""Spark's class archive: what is archived, and that a missing or foreign one is harmless."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+from txstream.connectors import spark
+from txstream.connectors.spark_classes import _descends_from, class_names
+
+LOG = "\n".join(
+    "[0.1s][info][class,load] " + line
+    for line in [
+        "java.lang.Object source: shared objects file",
+        "java.sql.Date source: jrt:/java.sql",
+        "org.apache.spark.SparkConf source: file:/v/pyspark/jars/spark-core_2.12-3.5.7.jar",
+        "org.apache.spark.SparkConf$$Lambda$12/0x0000000800c0b000 source: org.apache.spark.Conf",
+        "org.apache.spark.GeneratedClass source: __JVM_DefineClass__",
+        "org.apache.spark.Foo$$Lambda$1/0x1 source: file:/v/x.jar",
+    ]
+)
+
+
+def test_class_names_keeps_what_the_jvms_own_loaders_load():
+    assert class_names(LOG) == {
+        "java/lang/Object",
+        "java/sql/Date",
+        "org/apache/spark/SparkConf",
+    }
+
+
+def test_no_archive_no_flag(monkeypatch, tmp_path):
+    monkeypatch.setattr(spark, "CLASS_ARCHIVE", tmp_path / "missing.jsa")
+    assert spark._archive_flags() == []
+    (tmp_path / "missing.jsa").write_bytes(b"")
+    assert spark._archive_flags() == [f"-XX:SharedArchiveFile={tmp_path / 'missing.jsa'}"]
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="no java")
+@pytest.mark.parametrize("content", [b"", b"not an archive" * 100])
+def test_a_broken_archive_is_ignored(tmp_path, content):
+    """A JVM given an archive it cannot map starts as without one, and says nothing."""
+    archive = tmp_path / "broken.jsa"
+    archive.write_bytes(content)
+    run = subprocess.run(
+        ["java", f"-XX:SharedArchiveFile={archive}", "-cp", str(tmp_path), "-version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0
+    assert "archive" not in (run.stdout + run.stderr).lower()
+
+
+def test_descends_from():
+    assert _descends_from(os.getpid(), os.getppid())
+    assert not _descends_from(os.getppid(), os.getpid())
