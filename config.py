@@ -225,7 +225,10 @@ class RunConfig:
                 raise UsageError(message)
         from txstream.schedulers import get as get_scheduler
 
-        effective = get_scheduler(self.scheduler).check_options(self)
+        scheduler = get_scheduler(self.scheduler)
+        if self.nodes > 1 and not scheduler.several_nodes:
+            raise UsageError(f"--scheduler {self.scheduler} does not run on several nodes")
+        effective = scheduler.check_options(self)
         if self.checkpoint_dir is not None and self.checkpoint_every is None:
             effective["checkpoint_every"] = CHECKPOINT_EVERY
         for option, value in effective.items():

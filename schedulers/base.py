@@ -44,6 +44,9 @@ class Scheduler(ABC):
     name: ClassVar[str]
     serial_equivalent: ClassVar[bool] = True
     """Whether its outputs and state equal `serial`'s (contract §5)."""
+    several_nodes: ClassVar[bool] = True
+    """Whether it runs on several nodes (`--nodes`, contract §8): the nodes of a
+    transaction across them must each reach serial's decision for it."""
     defaults: ClassVar[dict[str, str]] = {}
     """The options of `OPTIONS` it honours, with their defaults."""
 

@@ -177,6 +177,8 @@ def test_what_several_nodes_do_not_take_is_refused():
         Job("gs", nodes=0)
     with pytest.raises(UsageError, match="no --transport ray"):
         Job("gs", nodes=2, transport="ray")
+    with pytest.raises(UsageError, match="does not run on several nodes"):
+        Job("gs", nodes=2, scheduler="nolock")
 
 
 def _checkpointed_run(tmp_path: Path, address: str, nodes: int, seed: int):
