@@ -18,6 +18,7 @@ import json
 import shutil
 import time
 from collections import deque
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -221,15 +222,11 @@ class NodesSession:
             raise UsageError(f"a key of {table!r} is outside 0..{size - 1}")
         owner = wanted % self.config.nodes
         asked = [n for n in range(self.config.nodes) if (owner == n).any()]
-        while True:
-            w = self.ts
-            try:
-                answers = self._get(
-                    [self.teams[n].query.remote(table, wanted[owner == n].tolist()) for n in asked]
-                )
-                break
-            except ActorDied as lost:
-                self._recover(lost)
+        answers = self._ask(
+            lambda: [self.teams[n].query.remote(table, wanted[owner == n].tolist()) for n in asked],
+            drain=False,
+        )
+        w = self.ts  # after a recovery too: the same events are submitted again
         if not answers:
             return w, self._empty_rows(table)
         position = np.concatenate([np.flatnonzero(owner == n) for n in asked])
@@ -347,15 +344,20 @@ class NodesSession:
         while self.in_flight:
             self._wait_oldest()
 
-    def _checkpoint(self) -> None:
-        """Every node checkpoints once all submitted units are done (the same boundary)."""
+    def _ask(self, calls: Callable[[], list], drain: bool = True) -> list:
+        """The results of ``calls()``, calls to the nodes made (with ``drain``) once every
+        submitted unit is done; after the loss of a node, made again once all are back."""
         while True:
-            self._drain()
+            if drain:
+                self._drain()
             try:
-                local = self._get([team.checkpoint.remote() for team in self.teams])
-                break
+                return self._get(calls())
             except ActorDied as lost:
                 self._recover(lost)
+
+    def _checkpoint(self) -> None:
+        """Every node checkpoints once all submitted units are done (the same boundary)."""
+        local = self._ask(lambda: [team.checkpoint.remote() for team in self.teams])
         self.saved = _Saved(self.ts, local)
         meta = {**self._identity(), "ts": self.ts, "local": local}
         written = self.folder / f"{NODES_META}.tmp"
@@ -442,13 +444,7 @@ class NodesSession:
         """Every node's outputs (those of its home events, with their global ts) merged in
         ts order, every table with each key's values from the node that owns it, and the
         nodes' own metrics."""
-        while True:
-            self._drain()
-            try:
-                results = self._get([team.results.remote() for team in self.teams])
-                break
-            except ActorDied as lost:
-                self._recover(lost)
+        results = self._ask(lambda: [team.results.remote() for team in self.teams])
         pieces = [events for events, _, _ in results]
         schema = output_schema(self.plan.topology)
         merged = (
