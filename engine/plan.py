@@ -22,7 +22,7 @@ from txstream.engine.recovery import input_identity, resume_point
 from txstream.errors import UsageError
 from txstream.state.checkpoints import Checkpoint, CheckpointStore
 from txstream.state.init import InitState, read_init_state
-from txstream.state.layout import Layout
+from txstream.state.layout import Layout, NodeShare
 from txstream.topologies.api import Topology
 
 DEFAULT_SET_CAPACITY = 1 << 20
@@ -80,17 +80,18 @@ def plan(
     name: str | None = None,
     progressive: bool = True,
     source: Any = None,
+    share: NodeShare | None = None,
 ) -> Plan:
     """Check everything a session needs before starting anything; UsageError,
     SchemaError or TopologyError otherwise. ``progressive``: outputs are committed as
     part files while the session runs (a one-shot run commits once, at the end).
-    ``source``: a one-shot run's input (it identifies the run for checkpoints)."""
+    ``source``: a one-shot run's input (it identifies the run for checkpoints); ``share``:
+    the keys a node of a run over several holds (``init_state`` has only those)."""
     topology = topologies.get(config.topology)
     cores = host_topology(config.sockets).assign(config.executors)
-    init = read_init_state(topology, init_state)
-    layout = Layout.of(
-        topology.tables, topology.sizes_from({k: t.num_rows for k, t in init.items()})
-    )
+    init = read_init_state(topology, init_state, share)
+    sizes = share.sizes if share else topology.sizes_from({k: t.num_rows for k, t in init.items()})
+    layout = Layout.of(topology.tables, sizes, share)
     if name is not None and not name:
         raise UsageError("a session name must not be empty")
     if name and config.transport == "threads":

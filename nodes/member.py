@@ -2,9 +2,10 @@
 its own (`txstream.session.Session`) — the team, as threads pinned to the node's cores, over
 state in the node's own shared memory.
 
-Every node's state has every key, but a node keeps only its own partition current: the
-other rows hold the values it was last sent (`txstream.nodes.sequencer`), read by cross
-transactions only. The driver calls `step` once per level with the node's events of that
+A node's state holds its own keys (`txstream.state.layout.NodeShare`), then rows for the
+other nodes' keys that a step's cross transactions touch: each step, the values sent to it
+(`txstream.nodes.sequencer`) take those rows, and what the transactions write there is
+dropped with them. The driver calls `step` once per level with the node's events of that
 level; steps run in the order given (a sequence number checks it): a step whose input from
 another node was lost fails, and so do the ones after it, until the run recovers.
 
@@ -31,26 +32,30 @@ from txstream.engine.plan import plan
 from txstream.errors import RuntimeFailure
 from txstream.monitor.console import Console
 from txstream.session import Session
+from txstream.state.layout import Layout, NodeShare
 
 
 class NodeTeam:
-    """A node's session (module docstring): ``options`` are the run's `RunConfig` fields
-    as this node runs them; ``output``: where its session writes (None: a temporary
-    folder)."""
+    """A node's session (module docstring): ``share``: the keys it holds (``init`` has
+    those rows); ``options`` are the run's `RunConfig` fields as this node runs them;
+    ``output``: where its session writes (None: a temporary folder)."""
 
     def __init__(
         self,
-        node: int,
+        share: NodeShare,
         topology: str,
         options: dict[str, Any],
         init: dict[str, pa.Table],
         output: str | None,
     ):
         keep_freed_memory()
-        self.node = node
+        self.node = share.node
         self.topology = topologies.get(topology)
+        self.whole = Layout.of(self.topology.tables, share.sizes)
+        """The layout of every key, in which the driver names cells."""
         config = RunConfig(topology=topology, **options)
-        planned = plan(config, init, Path(output) if output else None)
+        planned = plan(config, init, Path(output) if output else None, share=share)
+        self.layout = planned.layout
         self.session = Session(planned, console=Console(enabled=False), transport=ThreadTransport())
         self.next_step = 0
         self.step_seconds = 0.0
@@ -105,18 +110,37 @@ class NodeTeam:
             )
         session = self.session
         if len(receive):
-            session.set_cells(receive, np.concatenate(values))
+            session.set_cells(self._install(receive), np.concatenate(values))
         if events is not None and events.num_rows:
             session.push(events)
             self.global_ts.append(global_ts)
             self.home.append(home)
             session.drain()
         self.next_step += 1
-        out = [session.read_cells(cells) for cells in send]
+        out = [session.read_cells(self._local(cells)) for cells in send]
         self.step_seconds += time.perf_counter() - begin
         if not out:
             return None
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _install(self, cells: np.ndarray) -> np.ndarray:
+        """Rows for the other nodes' keys among ``cells`` (of `whole`), for this step; the
+        cells of this node's state that hold them."""
+        columns, where, keys = self.whole.locate(cells)
+        names = list(self.whole.stored)
+        table = np.array([names.index(t) for t, _ in columns])[where]
+        for number, name in enumerate(names):
+            self.layout.share.hold(name, np.unique(keys[table == number]))
+        return self._local(cells)
+
+    def _local(self, cells: np.ndarray) -> np.ndarray:
+        """The cells of this node's state that hold ``cells`` of `whole`."""
+        columns, where, keys = self.whole.locate(cells)
+        local = np.empty_like(cells)
+        for j in np.unique(where):
+            at = where == j
+            local[at] = self.layout.cells_of(*columns[j], keys[at])
+        return local
 
     def checkpoint(self) -> int:
         """A checkpoint of this node's state as of every step so far, the global ts of the
@@ -140,8 +164,8 @@ class NodeTeam:
 
     def results(self) -> tuple[pa.Table, dict[str, pa.Table], dict]:
         """Once every step ran: the outputs of the events whose home is this node (their ts
-        that of the whole input), every table as its state has it, and figures of its
-        steps. Nothing is committed or closed: if a node is lost before the driver has
+        that of the whole input), its own keys of every table, and figures of its steps
+        and state (``rows``: rows of every table it holds, its own and room for others'). Nothing is committed or closed: if a node is lost before the driver has
         merged every node's results, all go back to their checkpoints."""
         session = self.session
         session.flush()
@@ -160,6 +184,7 @@ class NodeTeam:
             "events": session.pushed,
             "steps": self.next_step,
             "step_s": round(self.step_seconds, 3),
+            "rows": self.layout.rows,
         }
         return mine, state, figures
 

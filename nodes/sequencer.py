@@ -27,7 +27,7 @@ import numba
 import numpy as np
 import pyarrow as pa
 from txstream.errors import TopologyError
-from txstream.state.layout import Layout
+from txstream.state.layout import Layout, NodeShare
 from txstream.topologies.api import EventShare, Topology, Transactions
 
 
@@ -56,22 +56,27 @@ class UnitPlan:
 
 
 class Partition:
-    """Key ``k`` of every table on node ``k % nodes``: the owner of every cell of the flat
-    state (`txstream.state.layout.Layout`), and which cells hold distinct sets."""
+    """Key ``k`` of every table on node ``k % nodes`` (`txstream.state.layout.NodeShare`):
+    the owner of every cell of the flat state of every key (``layout``), which cells hold
+    distinct sets, and how many other nodes' keys of each table a node has room for."""
 
     def __init__(self, layout: Layout, topology: Topology, nodes: int):
         self.nodes = nodes
+        self.shares = [NodeShare(node, nodes, layout.sizes) for node in range(nodes)]
+        tables = list(layout.sizes)
         self.owner = np.empty(layout.cells, np.int64)
         self.is_set = np.zeros(layout.cells, np.bool_)
+        self.row = layout.row_of_cell()
+        """The (table, key) of every cell, as one number."""
+        self.table_of_row = np.empty(layout.rows, np.int64)
+        self.room = np.array([[s.foreign_rows(t) for t in tables] for s in self.shares])
+        """``room[node, table]``: rows for other nodes' keys."""
         distinct = {t.name for t in topology.tables if t.distinct}
         for (table, _), base in layout.bases.items():
             size = layout.sizes[table]
             self.owner[base : base + size] = np.arange(size) % nodes
             self.is_set[base : base + size] = table in distinct
-
-    def owned(self, size: int, node: int) -> slice:
-        """The keys of a table of ``size`` rows that ``node`` holds (a strided slice)."""
-        return slice(node, size, self.nodes)
+            self.table_of_row[self.row[base : base + size]] = tables.index(table)
 
 
 class Sequencer:
@@ -83,9 +88,10 @@ class Sequencer:
         self.partition = partition
         self._last = np.zeros(layout.cells, np.int64)
 
-    def plan(self, events: pa.Table) -> UnitPlan:
+    def plan(self, events: pa.Table) -> UnitPlan | None:
         """The steps of ``events`` (conformed to the topology's schema), which come right
-        after the previous unit's."""
+        after the previous unit's; None if a step would touch more of other nodes' keys
+        than the node has room for (`Partition.room`): the unit must be cut smaller."""
         batch = events.combine_chunks().to_batches()
         share = EventShare(batch[0], self.topology, self.layout.sizes)
         self.topology.pre_process(share)
@@ -115,12 +121,15 @@ class Sequencer:
                 if bounds[lv + 1] > bounds[lv]:
                     steps[lv][node] = Step(by_level[bounds[lv] : bounds[lv + 1]])
         exchanged = self._exchanges(steps, txn[crossing], cells[crossing], level, mask)
+        if exchanged is None:
+            return None
         return UnitPlan(steps, home, int(cross.sum()), exchanged)
 
-    def _exchanges(self, steps, txn, cells, level, mask) -> int:
+    def _exchanges(self, steps, txn, cells, level, mask) -> int | None:
         """Add to ``steps`` what every node sends and receives: for each cell of a cross
         transaction, its owner sends it after the step before the transaction's level to
-        every other participant. The number of values sent."""
+        every other participant. The number of values sent (None: too many keys for a
+        node's room, see `plan`)."""
         nodes, owner = self.partition.nodes, self.partition.owner
         sender, size = owner[cells], len(owner)
         parts = []
@@ -133,6 +142,8 @@ class Sequencer:
             return 0
         entries = entries[np.diff(entries, prepend=-1) != 0]  # each cell once per group
         group, got = np.divmod(entries, size)
+        if self._too_wide(group, got):
+            return None
         starts = np.flatnonzero(np.diff(group, prepend=-1))
         for first, end in zip(starts, [*starts[1:], len(entries)], strict=True):
             rest, to = divmod(int(group[first]), nodes)
@@ -144,6 +155,19 @@ class Sequencer:
             before.send.append((to, cells_sent))
             steps[lv][to].receive.append((source, cells_sent))  # a participant: it has a step
         return len(entries)
+
+    def _too_wide(self, group: np.ndarray, cells: np.ndarray) -> bool:
+        """Whether, in some step, a node receives more distinct keys of a table than it
+        has rows for (``group``: (level, sender, receiver) of each cell received)."""
+        p, nodes = self.partition, self.partition.nodes
+        level_to = (group // (nodes * nodes)) * nodes + group % nodes
+        rows = len(p.table_of_row)
+        held = np.unique(level_to * rows + p.row[cells])
+        table = p.table_of_row[held % rows]
+        tables = p.room.shape[1]
+        counts = np.bincount((held // rows) * tables + table)
+        at = np.flatnonzero(counts)
+        return bool((counts[at] > p.room[(at // tables) % nodes, at % tables]).any())
 
 
 @numba.njit(cache=True, nogil=True)

@@ -35,11 +35,11 @@ from txstream.connectors.outputs import part_name
 from txstream.connectors.sources import Source
 from txstream.engine.plan import Plan
 from txstream.engine.recovery import MAX_RECOVERIES
-from txstream.errors import ActorDied, RuntimeFailure, UsageError
+from txstream.errors import ActorDied, RuntimeFailure, TopologyError, UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.metrics import LatencyHistogram
 from txstream.nodes.member import NodeTeam
-from txstream.nodes.sequencer import Partition, Sequencer, UnitPlan
+from txstream.nodes.sequencer import Partition, Sequencer
 from txstream.result import Result
 from txstream.state.checkpoints import CheckpointStore
 from txstream.state.operations import STATUS_NAMES
@@ -258,7 +258,7 @@ class NodesSession:
         return self._result
 
     def _start(self, node_ids: list[str]) -> None:
-        """A `NodeTeam` on each node, every one with the whole init state; with
+        """A `NodeTeam` on each node, each with the init state of its own keys; with
         checkpoints, each resumes from its own (as of ``self.saved``)."""
         cfg = self.config
         options = {
@@ -269,20 +269,21 @@ class NodesSession:
             "checkpoint_dir": None,
             "checkpoint_every": None,
         }
-        for node, node_id in enumerate(node_ids):
-            output = None
+        for share, node_id in zip(self.partition.shares, node_ids, strict=True):
+            node, output = share.node, None
             if self.folder is not None:
                 home = self.folder / f"node-{node}"
                 CheckpointStore(home).drop_after(self.saved.local[node])
                 options["checkpoint_dir"] = str(home)
                 options["checkpoint_every"] = NEVER  # only when the driver says
                 output = str(home / "output")
+            init = {name: t.take(share.own_keys(name)) for name, t in self.plan.init.items()}
             team = start_actor(
                 NodeTeam,
-                node,
+                share,
                 cfg.topology,
                 dict(options),
-                self.plan.init,
+                init,
                 output,
                 label=f"node {node}",
                 node_id=node_id,
@@ -397,7 +398,17 @@ class NodesSession:
     def _submit(self, events: pa.Table, ts0: int) -> list:
         """Sequence a unit that starts at ``ts0`` and submit every node's steps; the
         references of the steps, to wait for."""
-        unit: UnitPlan = self.sequencer.plan(events)
+        unit = self.sequencer.plan(events)
+        if unit is None:  # a step would need more rows for other nodes' keys: halve it
+            half = events.num_rows // 2
+            if half == 0:
+                raise TopologyError(
+                    f"{self.plan.topology.name}: an event touches more keys of other nodes "
+                    "than a node has room for; run on fewer nodes"
+                )
+            return self._submit(events.slice(0, half), ts0) + self._submit(
+                events.slice(half), ts0 + half
+            )
         f = self.figures
         f["units"] += 1
         f["levels"] += len(unit.steps)
@@ -453,13 +464,12 @@ class NodesSession:
         merged = merged.take(pc.sort_indices(merged, [("ts", "ascending")]))
         state = {}
         for name, first in results[0][1].items():
-            size = first.num_rows
-            columns = {"key": first.column("key")}
+            size = self.plan.layout.sizes[name]
+            columns = {"key": pa.array(np.arange(size, dtype=np.int64))}
             for column in first.column_names[1:]:
                 values = np.empty(size, np.int64)
-                for node, (_, tables, _) in enumerate(results):
-                    owned = self.partition.owned(size, node)
-                    values[owned] = tables[name].column(column).to_numpy()[owned]
+                for (_, tables, _), share in zip(results, self.partition.shares, strict=True):
+                    values[share.own_keys(name)] = tables[name].column(column).to_numpy()
                 columns[column] = pa.array(values)
             state[name] = pa.table(columns, schema=first.schema)
         return merged, state, [m for _, _, m in results]

@@ -12,13 +12,17 @@ import pyarrow.parquet as pq
 from txstream.errors import SchemaError
 
 if TYPE_CHECKING:
+    from txstream.state.layout import NodeShare
     from txstream.topologies.api import Table, Topology
 
 InitState = str | Path | dict[str, pa.Table]
 
 
-def read_init_state(topology: Topology, init: InitState) -> dict[str, pa.Table]:
-    """Init tables by name, validated and cast to int64; raises SchemaError otherwise."""
+def read_init_state(
+    topology: Topology, init: InitState, share: NodeShare | None = None
+) -> dict[str, pa.Table]:
+    """Init tables by name, validated and cast to int64; raises SchemaError otherwise.
+    With a node's ``share``, the tables hold the node's own keys only."""
     tables = {}
     for table in topology.init_tables:
         if isinstance(init, dict):
@@ -34,12 +38,16 @@ def read_init_state(topology: Topology, init: InitState) -> dict[str, pa.Table]:
                 data = pq.ParquetFile(path).read()  # read_table's first call costs ~0.3 s more
             except Exception as exc:
                 raise SchemaError(f"{label}: unreadable ({exc})") from exc
-        tables[table.name] = validate_init_table(table, data, label)
+        keys = share.own_keys(table.name) if share is not None else None
+        tables[table.name] = validate_init_table(table, data, label, keys)
     return tables
 
 
-def validate_init_table(table: Table, data: pa.Table, label: str) -> pa.Table:
-    """Check ``key`` = 0..K-1 plus exactly the table's value columns, integer, no nulls."""
+def validate_init_table(
+    table: Table, data: pa.Table, label: str, keys: np.ndarray | None = None
+) -> pa.Table:
+    """Check ``key`` = 0..K-1 (or the given ``keys``) plus exactly the table's value
+    columns, integer, no nulls."""
     expected = {"key", *table.columns}
     if set(data.column_names) != expected:
         raise SchemaError(
@@ -53,11 +61,11 @@ def validate_init_table(table: Table, data: pa.Table, label: str) -> pa.Table:
         if col.null_count:
             raise SchemaError(f"{label}: column {name!r} has nulls")
         columns[name] = pc.cast(col, pa.int64()).combine_chunks()
-    keys = columns["key"].to_numpy()
-    if not np.array_equal(keys, np.arange(len(keys))):
+    got = columns["key"].to_numpy()
+    if not np.array_equal(got, np.arange(len(got)) if keys is None else keys):
         raise SchemaError(f"{label}: keys are not 0..K-1 in order (init state must be dense)")
     if table.init_min is not None:
         for name in table.columns:
-            if len(keys) and pc.min(columns[name]).as_py() < table.init_min:
+            if len(got) and pc.min(columns[name]).as_py() < table.init_min:
                 raise SchemaError(f"{label}: column {name!r} has values below {table.init_min}")
     return pa.table(columns)

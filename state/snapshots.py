@@ -122,7 +122,7 @@ class SnapshotRing:
         columns = tables[table]
         size = layout.sizes[table]
         if keys is None:
-            keys = np.arange(size, dtype=np.int64)
+            keys = layout.keys(table)
         else:
             keys = np.asarray(keys, dtype=np.int64).reshape(-1)
             bad = keys[(keys < 0) | (keys >= size)]
@@ -131,7 +131,7 @@ class SnapshotRing:
                     f"query: key {int(bad[0])} is not a key of {table!r} (0..{size - 1})"
                 )
         cells = np.concatenate(
-            [layout.bases[(table, column)] + keys for column in columns] or [keys[:0]]
+            [layout.cells_of(table, column, keys) for column in columns] or [keys[:0]]
         )
         got = self.read(cells, watermark, timeout_s)
         if got is None:

@@ -1,6 +1,7 @@
 """The state of a run: every table's columns in one flat int64 array, plus distinct sets.
 
-Cell ``layout.base(column) + key`` holds ``column[key]``. Distinct tables keep their
+Cell ``layout.bases[(table, column)] + row`` holds ``column`` of the key in that row (the
+key itself, or a node's share: `txstream.state.layout`). Distinct tables keep their
 members in an open-addressing hash set of (cell, member) pairs; the cell holds the size.
 """
 
@@ -94,7 +95,8 @@ class SharedState:
         self.close()
 
     def load(self, topology: Topology, init: dict[str, pa.Table]) -> None:
-        """Copy validated init tables into the state (tables without init start at 0)."""
+        """Copy validated init tables (of the keys the layout holds) into the state (tables
+        without init start at 0)."""
         for table in topology.init_tables:
             for column in table.columns:
                 base = self.layout.bases[(table.name, column)]
@@ -102,11 +104,13 @@ class SharedState:
                 self.values[base : base + len(data)] = data
 
     def tables(self, topology: Topology) -> dict[str, pa.Table]:
-        """Every table as ``key`` + value columns (a copy, safe after close)."""
+        """Every table as ``key`` + value columns, of the keys the layout holds for good (a
+        copy, safe after close)."""
         out = {}
         for table in topology.tables:
-            size = self.layout.sizes[table.name]
-            columns = {"key": pa.array(np.arange(size, dtype=np.int64))}
+            keys = self.layout.keys(table.name)
+            size = len(keys)
+            columns = {"key": pa.array(keys)}
             for column in table.columns:
                 base = self.layout.bases[(table.name, column)]
                 columns[column] = pa.array(self.values[base : base + size].copy())

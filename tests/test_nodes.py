@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -28,8 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from local_engine import run_local
 from pairwise import pairwise
-from txstream import Job
-from txstream.errors import UsageError
+from txstream import Job, topologies
+from txstream.errors import RuntimeFailure, UsageError
+from txstream.state.layout import FOREIGN_ROWS, Layout, NodeShare
 from txstream.topologies import BUNDLED
 from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 from workloads import workloads
@@ -43,6 +45,11 @@ AXES = {
     "punctuation_interval": (7, 97, 10240),
 }
 CASES = [pytest.param(case, id="-".join(str(v) for v in case.values())) for case in pairwise(AXES)]
+ROOM_PRELUDE = (
+    "import sys; from txstream.state import layout; layout.FOREIGN_ROWS = {room}; "
+    "from txstream.cli.main import main; sys.exit(main(sys.argv[1:]))"
+)
+"""`txstream run` with less room on each node for other nodes' keys than it needs."""
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +84,10 @@ def cluster(local_cluster) -> str:
 
 
 def _run_on_nodes(
-    address: str, topology: str, events: pa.Table, init: dict, *options: str
+    address: str, topology: str, events: pa.Table, init: dict, *options: str, room: int = 0
 ) -> tuple[subprocess.CompletedProcess, pa.Table | None, dict, dict]:
-    """`txstream run` over the cluster; its process, outputs, final state and metrics."""
+    """`txstream run` over the cluster; its process, outputs, final state and metrics.
+    ``room``: if given, the rows a node keeps for other nodes' keys of a table."""
     with tempfile.TemporaryDirectory() as folder:
         data, out = Path(folder) / "data", Path(folder) / "out"
         write_workload(data, events, init)
@@ -95,6 +103,8 @@ def _run_on_nodes(
             "--no-progress",
             *options,
         )
+        if room:
+            command[1:3] = ["-c", ROOM_PRELUDE.format(room=room)]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
             return proc, None, {}, {}
@@ -149,9 +159,43 @@ def test_cross_node_share(cluster, share):
     assert metrics["nodes"]["cross"] == sum(crossing)
 
 
-def _sl_schema() -> pa.Schema:
-    from txstream import topologies
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_a_node_with_little_room_for_other_nodes_keys_runs_units_in_smaller_steps(cluster, nodes):
+    """With room for 2 other nodes' keys per table, a unit whose steps need more is cut
+    into smaller units until they fit; the run still equals serial."""
+    events, init = generate("sl", WorkloadSpec(events=600, keys=40, seed=3))
+    want = run_local("sl", events, init)
+    proc, got, state, metrics = _run_on_nodes(
+        cluster, "sl", events, init, "--nodes", str(nodes), room=2
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert_same_run(got, state, want.events, want.state)
+    assert metrics["nodes"]["units"] > 1  # all 600 events were pushed as one unit
 
+
+def test_a_node_holds_its_own_keys_and_room_for_others():
+    """Key k of a table on node k % N, in row k // N; then rows for other nodes' keys,
+    which hold only the keys given for the step."""
+    share = NodeShare(1, 3, {"accounts": 10, "assets": 1_000_000})
+    tables = topologies.get("sl").tables
+    layout = Layout.of(tables, share.sizes, share)
+    assert layout.stored == {"accounts": 3 + 7, "assets": 333_333 + FOREIGN_ROWS}
+    assert layout.keys("accounts").tolist() == [1, 4, 7]
+    base = layout.bases[("accounts", "balance")]
+    assert (layout.cells_of("accounts", "balance", np.array([7, 1])) - base).tolist() == [2, 0]
+    with pytest.raises(RuntimeFailure, match="neither its own nor held"):
+        layout.cells_of("accounts", "balance", np.array([2]))
+    share.hold("accounts", np.array([2, 9]))
+    assert (layout.cells_of("accounts", "balance", np.array([9, 4, 2])) - base).tolist() == [
+        4,
+        1,
+        3,
+    ]
+    with pytest.raises(RuntimeFailure, match="room for 7"):
+        share.hold("accounts", np.arange(8))
+
+
+def _sl_schema() -> pa.Schema:
     return topologies.get("sl").event_schema
 
 

@@ -369,7 +369,7 @@ class Transactions:
         self._statements.append(
             _Statement(
                 txn=txn,
-                cell=keys + self.layout.base(column),
+                cell=self.layout.cells_of(column.table.name, column.name, keys),
                 kind=kind,
                 fun=topo.function_id(fun),
                 cond=0 if cond is None else topo.condition_id(cond),
@@ -412,7 +412,7 @@ class Transactions:
                 cells = np.asarray(key)[txn]
             self._check_keys(column.table, cells)
             counts.append(lengths)
-            parts.append((lengths, cells + self.layout.base(column)))
+            parts.append((lengths, self.layout.cells_of(column.table.name, column.name, cells)))
         total = np.sum(counts, axis=0)
         ptr = np.zeros(n_ops + 1, np.int64)
         np.cumsum(total, out=ptr[1:])
