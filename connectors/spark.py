@@ -405,19 +405,26 @@ class SparkSource:
             raise RuntimeFailure(f"Spark returned {emitted} events, expected {self.num_rows}")
 
     def _partitions_in_order(self) -> Iterator[pa.Table]:
-        """The partitions in index order, each as soon as Spark has converted it, at most
-        `prefetch` of them fetched ahead."""
+        """The partitions in index order, each as soon as Spark has converted it."""
+        last_position = -1
+        for ipc in self.partitions():
+            table, first, last = partition_table(self._get(ipc), self.schema)
+            last_position = follow(last_position, first, last)
+            yield table
+
+    def partitions(self) -> Iterator[ray.ObjectRef]:
+        """References to the partitions' Arrow IPC streams in index order, each once Spark
+        has converted it, at most `prefetch` asked for ahead: to read one where it lies
+        (`partition_table`), the reader checking their order (`follow`)."""
         count = self.num_partitions
         pending: deque[ray.ObjectRef] = deque()
-        requested, last_position = 0, -1
+        requested = 0
         for _ in range(count):
             while requested < count and len(pending) <= self.prefetch:
                 pending.append(self._fetcher.fetch.remote(self._rdd_id, requested))
                 requested += 1
             [ipc] = self._get(pending.popleft())
-            table = pa.ipc.open_stream(self._get(ipc)).read_all()
-            table, last_position = _in_position_order(table, last_position)
-            yield table if table.schema.equals(self.schema) else table.cast(self.schema)
+            yield ipc
 
     def _get(self, ref: ray.ObjectRef) -> object:
         """ray.get within the fetch timeout; the fetcher's own errors keep their type."""
@@ -614,12 +621,28 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
-def _in_position_order(table: pa.Table, last_position: int) -> tuple[pa.Table, int]:
-    """Sort a partition by position if needed and check it follows the previous one.
+def partition_table(ipc: bytes, schema: pa.Schema) -> tuple[pa.Table, int, int]:
+    """A converted partition (its Arrow IPC stream) as a table of ``schema`` in input
+    order, with the first and last input positions of its rows (-1 if it has none)."""
+    table, first, last = _in_position_order(pa.ipc.open_stream(ipc).read_all())
+    return (table if table.schema.equals(schema) else table.cast(schema)), first, last
 
-    Rows inside a partition can be put back in order here; a partition that starts before
-    the previous one ended cannot (its predecessors are already out), so that is an error.
-    """
+
+def follow(last_position: int, first: int, last: int) -> int:
+    """Check that a partition whose rows span input positions ``first..last`` comes after
+    the previous ones, which ended at ``last_position``; the new last position.
+
+    Rows inside a partition can be put back in order (`partition_table`); a partition that
+    starts before the previous one ended cannot (its predecessors are already out)."""
+    if first < 0:
+        return last_position
+    if first <= last_position:
+        raise RuntimeFailure("Spark returned partitions out of input order")
+    return last
+
+
+def _in_position_order(table: pa.Table) -> tuple[pa.Table, int, int]:
+    """A partition sorted by position if needed, without it; its first and last."""
     column = table.column(POSITION)
     if column.null_count:
         raise RuntimeFailure("Spark lost the input position of some rows")
@@ -629,7 +652,6 @@ def _in_position_order(table: pa.Table, last_position: int) -> tuple[pa.Table, i
         table, positions = table.take(order), positions[order]
         if np.any(positions[1:] == positions[:-1]):
             raise RuntimeFailure("Spark returned an input position twice")
-    if len(positions) and positions[0] <= last_position:
-        raise RuntimeFailure("Spark returned partitions out of input order")
-    last = int(positions[-1]) if len(positions) else last_position
-    return table.drop_columns([POSITION]), last
+    if not len(positions):
+        return table.drop_columns([POSITION]), -1, -1
+    return table.drop_columns([POSITION]), int(positions[0]), int(positions[-1])

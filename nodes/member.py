@@ -93,6 +93,7 @@ class NodeTeam:
         self,
         seq: int,
         events: pa.Table | None,
+        take: np.ndarray | None,
         global_ts: np.ndarray,
         home: np.ndarray,
         receive: np.ndarray,
@@ -100,9 +101,10 @@ class NodeTeam:
         *values: np.ndarray,
     ) -> Any:
         """Step ``seq``: install ``values`` (from other nodes) into the cells ``receive``,
-        run ``events`` (at ``global_ts`` in the input; ``home``: whether their outputs count
-        here) to the end, then read the cells of ``send`` (one array per node to send to).
-        Returns the values read: one array per entry of ``send``, or None."""
+        run ``events`` (its rows ``take``, if given; at ``global_ts`` in the input; ``home``:
+        whether their outputs count here) to the end, then read the cells of ``send`` (one
+        array per node to send to). Returns the values read: one array per entry of
+        ``send``, or None."""
         begin = time.perf_counter()
         if seq != self.next_step:
             raise RuntimeFailure(
@@ -111,6 +113,8 @@ class NodeTeam:
         session = self.session
         if len(receive):
             session.set_cells(self._install(receive), np.concatenate(values))
+        if take is not None:
+            events = events.take(take)
         if events is not None and events.num_rows:
             session.push(events)
             self.global_ts.append(global_ts)
@@ -165,8 +169,9 @@ class NodeTeam:
     def results(self) -> tuple[pa.Table, dict[str, pa.Table], dict]:
         """Once every step ran: the outputs of the events whose home is this node (their ts
         that of the whole input), its own keys of every table, and figures of its steps
-        and state (``rows``: rows of every table it holds, its own and room for others'). Nothing is committed or closed: if a node is lost before the driver has
-        merged every node's results, all go back to their checkpoints."""
+        and state (``rows``: rows of every table it holds, its own and room for others').
+        Nothing is committed or closed: if a node is lost before the driver has merged
+        every node's results, all go back to their checkpoints."""
         session = self.session
         session.flush()
         batches = list(session.outputs())

@@ -13,9 +13,8 @@ than the highest level of an earlier transaction on any of its cells; a local on
 highest level. So on every cell, the transactions before a cross one are in earlier levels
 and none of its level precedes it: the values it needs are those at the end of the previous
 step, which their owners send right after it (one exchange per level, not per transaction).
-Transactions without a cell (rejected events) run on node ``position % N`` (their position
-in the unit), where their outputs
-come from. Everything here is per unit and vectorised; the level assignment is one pass of a
+Transactions without a cell (rejected events) run on node 0, where their outputs come
+from. Everything here is per unit and vectorised; the level assignment is one pass of a
 kernel over the unit's (transaction, cell) pairs.
 """
 
@@ -79,6 +78,41 @@ class Partition:
             self.table_of_row[self.row[base : base + size]] = tables.index(table)
 
 
+def touched_cells(
+    topology: Topology, layout: Layout, events: pa.Table
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(txn, cell)``: the cells of the transactions of ``events`` (conformed to the
+    topology's schema; cells of ``layout``, of every key), grouped by transaction."""
+    if not events.num_rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    batch = events.combine_chunks().to_batches()
+    share = EventShare(batch[0], topology, layout.sizes)
+    topology.pre_process(share)
+    transactions = Transactions(share, layout)
+    topology.state_access(share, transactions)
+    return transactions.touched()
+
+
+def participants(
+    layout: Layout, nodes: int, n: int, txn: np.ndarray, cells: np.ndarray
+) -> np.ndarray:
+    """A bit per node that takes part in each of ``n`` transactions (`touched_cells`):
+    the owners of its cells, node 0 for a transaction without any."""
+    mask = np.zeros(n, np.int64)
+    if len(txn):
+        _, _, keys = layout.locate(cells)
+        first = np.flatnonzero(np.diff(txn, prepend=-1))
+        mask[txn[first]] = np.bitwise_or.reduceat(np.left_shift(1, keys % nodes), first)
+    mask[mask == 0] = 1
+    return mask
+
+
+def cut(txn: np.ndarray, cells: np.ndarray, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+    """The `touched_cells` of events ``first..end-1`` of those ``txn`` numbers."""
+    lo, hi = np.searchsorted(txn, [first, end])
+    return txn[lo:hi] - first, cells[lo:hi]
+
+
 class Sequencer:
     """Plans units of input for a run over ``partition.nodes`` nodes (module docstring)."""
 
@@ -88,17 +122,12 @@ class Sequencer:
         self.partition = partition
         self._last = np.zeros(layout.cells, np.int64)
 
-    def plan(self, events: pa.Table) -> UnitPlan | None:
-        """The steps of ``events`` (conformed to the topology's schema), which come right
-        after the previous unit's; None if a step would touch more of other nodes' keys
-        than the node has room for (`Partition.room`): the unit must be cut smaller."""
-        batch = events.combine_chunks().to_batches()
-        share = EventShare(batch[0], self.topology, self.layout.sizes)
-        self.topology.pre_process(share)
-        transactions = Transactions(share, self.layout)
-        self.topology.state_access(share, transactions)
-        txn, cells = transactions.touched()
-        n, nodes, owner = share.n, self.partition.nodes, self.partition.owner
+    def plan(self, n: int, txn: np.ndarray, cells: np.ndarray) -> UnitPlan | None:
+        """The steps of a unit of ``n`` events given the cells of its transactions
+        (`touched_cells`), which comes right after the previous unit's; None if a step
+        would touch more of other nodes' keys than the node has room for
+        (`Partition.room`): the unit must be cut smaller."""
+        nodes, owner = self.partition.nodes, self.partition.owner
         ptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(txn, minlength=n), out=ptr[1:])
         level, mask, home = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
@@ -177,9 +206,7 @@ def _levels(ptr, cells, owner, nodes, last, level, mask, home):  # pragma: no co
     for t in range(len(ptr) - 1):
         first, end = ptr[t], ptr[t + 1]
         if first == end:
-            home[t] = t % nodes
-            mask[t] = 1 << home[t]
-            level[t] = 0
+            home[t], mask[t], level[t] = 0, 1, 0
             continue
         bits, top = 0, 0
         for i in range(first, end):

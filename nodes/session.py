@@ -18,7 +18,7 @@ import json
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +33,15 @@ from txstream.cluster.nodes import pick_nodes
 from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor, stop_actors
 from txstream.connectors.outputs import part_name
 from txstream.connectors.sources import Source
+from txstream.connectors.spark import SparkSource, follow
 from txstream.engine.plan import Plan
 from txstream.engine.recovery import MAX_RECOVERIES
 from txstream.errors import ActorDied, RuntimeFailure, TopologyError, UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.metrics import LatencyHistogram
+from txstream.nodes.intake import Prepared, prepare_partition
 from txstream.nodes.member import NodeTeam
-from txstream.nodes.sequencer import Partition, Sequencer
+from txstream.nodes.sequencer import Partition, Sequencer, cut, touched_cells
 from txstream.result import Result
 from txstream.state.checkpoints import CheckpointStore
 from txstream.state.operations import STATUS_NAMES
@@ -49,6 +51,8 @@ UNIT_EVENTS = 65536
 """Events per unit of input: the sequencer's grain (levels restart with every unit)."""
 UNITS_IN_FLIGHT = 2
 """Units submitted and not finished yet: one running, one ready."""
+PREPARED_AHEAD = 1
+"""Spark partitions being prepared beyond the one whose units are being submitted."""
 RESTART_PAUSE_S = 2.0
 """Before placing the nodes again when a team died as it started: Ray may not know yet
 that a node it was placed on is gone."""
@@ -56,6 +60,42 @@ NODES_META = "nodes.json"
 """In the checkpoint folder: the last checkpoint every node took, and what it belongs to."""
 NEVER = 1 << 40
 """A node's own checkpoint interval: nodes checkpoint only when the driver says."""
+
+
+@dataclass
+class _Unit:
+    """A unit of input: ``n`` events, their cells (`touched_cells`), and where each node
+    takes its events from: ``events`` (read by the driver), or a prepared Spark partition
+    (`txstream.nodes.intake`): per node, a reference to the table of the events it takes
+    part in (``parts``) and each event's row in it (``rank``)."""
+
+    n: int
+    txn: np.ndarray
+    cells: np.ndarray
+    events: pa.Table | None = None
+    parts: list | None = None
+    rank: list[np.ndarray] | None = None
+
+    def rows(self, node: int, positions: np.ndarray) -> tuple[Any, np.ndarray | None]:
+        """What a step of ``node`` gets for the events at ``positions``: their rows, or a
+        table of the node's and which of its rows."""
+        if self.events is not None:
+            return self.events.take(positions), None
+        return self.parts[node], self.rank[node][positions]
+
+    def halves(self) -> tuple[_Unit, _Unit]:
+        """The unit's first and second halves."""
+        h = self.n // 2
+        return tuple(
+            _Unit(
+                end - first,
+                *cut(self.txn, self.cells, first, end),
+                None if self.events is None else self.events.slice(first, end - first),
+                self.parts,
+                None if self.rank is None else [r[first:end] for r in self.rank],
+            )
+            for first, end in ((0, h), (h, self.n))
+        )
 
 
 @dataclass(frozen=True)
@@ -90,7 +130,14 @@ class NodesSession:
         self.teams: list[Any] = []
         self.steps = [0] * nodes
         self.latency = LatencyHistogram()
-        self.figures = {"units": 0, "levels": 0, "steps": 0, "cross": 0, "exchanged_values": 0}
+        self.figures = {
+            "units": 0,
+            "levels": 0,
+            "steps": 0,
+            "cross": 0,
+            "exchanged_values": 0,
+            "partitions_prepared": 0,
+        }
         self.in_flight: deque[tuple[float, int, list]] = deque()
         self.ts = 0
         """Events submitted so far."""
@@ -100,7 +147,7 @@ class NodesSession:
         self.folder = Path(folder).resolve() if folder else None
         self.every = (self.config.checkpoint_every or 0) * self.config.punctuation_interval
         self.saved = _Saved(0, [0] * nodes)
-        self.since: list[pa.Table] = []
+        self.since: list[_Unit] = []
         """The units after the last checkpoint, run again after the loss of a node."""
         self.recoveries: list[dict[str, Any]] = []
         self.checkpoints = 0
@@ -187,12 +234,54 @@ class NodesSession:
         are submitted, at most `UNITS_IN_FLIGHT` units ahead of the nodes."""
         if isinstance(events, pa.Table):
             events.validate()
-        unit = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
-        for batch in (
-            events.to_batches(unit) if isinstance(events, pa.Table) else events.iter_batches(unit)
-        ):
-            self._advance(conform_events(batch, self.plan.topology.event_schema))
+        size = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
+        if isinstance(events, SparkSource):
+            units = self._spark_units(events, size)
+        else:
+            batches = (
+                events.to_batches(size)
+                if isinstance(events, pa.Table)
+                else events.iter_batches(size)
+            )
+            units = (self._read_unit(batch) for batch in batches)
+        for unit in units:
+            self._advance(unit)
             self._bar.update(self.done)
+
+    def _read_unit(self, batch: pa.RecordBatch) -> _Unit:
+        """A unit of events the driver has read."""
+        plan = self.plan
+        events = conform_events(batch, plan.topology.event_schema)
+        return _Unit(events.num_rows, *touched_cells(plan.topology, plan.layout, events), events)
+
+    def _spark_units(self, source: SparkSource, size: int) -> Iterator[_Unit]:
+        """The units of a Spark source's partitions, each prepared by a Ray task by its
+        bytes (`txstream.nodes.intake`), `PREPARED_AHEAD` partitions ahead."""
+        import ray
+
+        plan, nodes = self.plan, self.config.nodes
+        prepare = ray.remote(prepare_partition).options(num_cpus=0, num_returns=nodes + 1)
+        pending: deque[list] = deque()
+        last_position = -1
+        partitions = source.partitions()
+        while True:
+            for ipc in partitions:
+                pending.append(
+                    prepare.remote(plan.topology.name, plan.layout.sizes, nodes, source.schema, ipc)
+                )
+                if len(pending) > PREPARED_AHEAD:
+                    break
+            if not pending:
+                return
+            refs = pending.popleft()
+            got: Prepared = self._get(refs[0])
+            last_position = follow(last_position, got.first, got.last)
+            rank = [np.cumsum((got.mask >> node) & 1) - 1 for node in range(nodes)]
+            self.figures["partitions_prepared"] += 1
+            for first in range(0, got.rows, size):
+                end = min(got.rows, first + size)
+                txn, cells = cut(got.txn, got.cells, first, end)
+                yield _Unit(end - first, txn, cells, None, refs[1:], [r[first:end] for r in rank])
 
     def flush(self) -> int:
         """Wait until every pushed event is done on every node; the watermark."""
@@ -317,20 +406,20 @@ class NodesSession:
                     continue
                 time.sleep(0.05)
 
-    def _advance(self, events: pa.Table) -> None:
+    def _advance(self, unit: _Unit) -> None:
         """Submit a unit; wait while too many are in flight; checkpoint when one is due."""
         if self.folder is not None:
-            self.since.append(events)
-        self._submit_unit(events)
+            self.since.append(unit)
+        self._submit_unit(unit)
         while len(self.in_flight) > UNITS_IN_FLIGHT:
             self._wait_oldest()
         if self.folder is not None and self.ts - self.saved.ts >= self.every:
             self._checkpoint()
 
-    def _submit_unit(self, events: pa.Table) -> None:
-        refs = self._submit(events, self.ts)
-        self.in_flight.append((time.perf_counter(), events.num_rows, refs))
-        self.ts += events.num_rows
+    def _submit_unit(self, unit: _Unit) -> None:
+        refs = self._submit(unit, self.ts)
+        self.in_flight.append((time.perf_counter(), unit.n, refs))
+        self.ts += unit.n
 
     def _wait_oldest(self) -> None:
         """Wait for the oldest unit in flight; recover if a node was lost."""
@@ -391,24 +480,22 @@ class NodesSession:
                 if attempt == MAX_RECOVERIES - 1:
                     raise
                 time.sleep(RESTART_PAUSE_S)
-        for events in self.since:
-            self._submit_unit(events)
+        for unit in self.since:
+            self._submit_unit(unit)
         self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
 
-    def _submit(self, events: pa.Table, ts0: int) -> list:
+    def _submit(self, whole: _Unit, ts0: int) -> list:
         """Sequence a unit that starts at ``ts0`` and submit every node's steps; the
         references of the steps, to wait for."""
-        unit = self.sequencer.plan(events)
+        unit = self.sequencer.plan(whole.n, whole.txn, whole.cells)
         if unit is None:  # a step would need more rows for other nodes' keys: halve it
-            half = events.num_rows // 2
-            if half == 0:
+            if whole.n < 2:
                 raise TopologyError(
                     f"{self.plan.topology.name}: an event touches more keys of other nodes "
                     "than a node has room for; run on fewer nodes"
                 )
-            return self._submit(events.slice(0, half), ts0) + self._submit(
-                events.slice(half), ts0 + half
-            )
+            first, second = whole.halves()
+            return self._submit(first, ts0) + self._submit(second, ts0 + first.n)
         f = self.figures
         f["units"] += 1
         f["levels"] += len(unit.steps)
@@ -423,13 +510,14 @@ class NodesSession:
                     continue
                 cells = [c for _, c in step.receive]
                 values = [received.pop((source, node)) for source, _ in step.receive]
-                rows = events.take(step.events) if len(step.events) else None
+                rows, take = whole.rows(node, step.events) if len(step.events) else (None, None)
                 out = (
                     self.teams[node]
                     .step.options(num_returns=max(1, len(step.send)))
                     .remote(
                         self.steps[node],
                         rows,
+                        take,
                         ts0 + step.events,
                         unit.home[step.events] == node,
                         np.concatenate(cells) if cells else np.zeros(0, np.int64),

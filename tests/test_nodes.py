@@ -59,9 +59,8 @@ def local_cluster():
     from ray.cluster_utils import Cluster
 
     folder = tempfile.mkdtemp(prefix="txs-ray-nodes-")
-    cluster = Cluster(
-        initialize_head=True, head_node_args={**_node(folder), "resources": {"txstream_node_0": 1}}
-    )
+    head = {**_node(folder), "num_cpus": 2, "resources": {"txstream_node_0": 1}}  # for Spark
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         for i in range(1, NODES):
             cluster.add_node(**_node(folder), resources={f"txstream_node_{i}": 1})
@@ -171,6 +170,32 @@ def test_a_node_with_little_room_for_other_nodes_keys_runs_units_in_smaller_step
     assert proc.returncode == 0, proc.stderr
     assert_same_run(got, state, want.events, want.state)
     assert metrics["nodes"]["units"] > 1  # all 600 events were pushed as one unit
+
+
+def test_spark_input_reaches_the_nodes_by_partition(cluster, tmp_path):
+    """Each Spark partition is prepared where it lies and each node takes its events
+    from there, not from the driver; the run equals serial."""
+    events, init = generate("sl", WorkloadSpec(events=3000, keys=50, seed=5))
+    write_workload(tmp_path / "data", events, init)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for i, first in enumerate(range(0, events.num_rows, 1000)):  # a partition per file
+        pq.write_table(events.slice(first, 1000), parts / f"part-{i}.parquet")
+    command = run_command(
+        "sl",
+        str(parts),
+        str(tmp_path / "data" / "init"),
+        str(tmp_path / "out"),
+        *("--address", cluster, "--source", "spark", "--no-progress", "--nodes", "2"),
+    )
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
+    want = run_local("sl", events, init)
+    assert_same_run(pq.read_table(out / "events.parquet"), state, want.events, want.state)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["nodes"]["partitions_prepared"] >= 3
 
 
 def test_a_node_holds_its_own_keys_and_room_for_others():

@@ -11,6 +11,7 @@ from txstream.connectors.spark import (
     POSITION,
     SparkSource,
     _in_position_order,
+    follow,
     java_available,
 )
 from txstream.errors import RuntimeFailure, SchemaError
@@ -194,10 +195,12 @@ def test_files_with_different_columns_are_a_schema_error(spark, tmp_path):
 
 def test_consumer_restores_order_inside_a_partition_and_rejects_overlap():
     shuffled = pa.table({"v": [30, 10, 20], POSITION: [3, 1, 2]})
-    table, last = _in_position_order(shuffled, 0)
+    table, first, last = _in_position_order(shuffled)
     assert table.column_names == ["v"] and table.column("v").to_pylist() == [10, 20, 30]
-    assert last == 3
+    assert (first, last) == (1, 3)
+    assert follow(0, first, last) == 3
+    assert follow(3, -1, -1) == 3  # an empty partition
     with pytest.raises(RuntimeFailure):
-        _in_position_order(pa.table({"v": [1], POSITION: [3]}), last)
+        follow(3, 3, 4)
     with pytest.raises(RuntimeFailure):
-        _in_position_order(pa.table({"v": [1, 2], POSITION: [5, 5]}), last)
+        _in_position_order(pa.table({"v": [1, 2], POSITION: [5, 5]}))
