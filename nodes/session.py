@@ -579,7 +579,7 @@ class NodesSession:
             "phases_s": dict(self.console.phases),
             "nodes": {
                 **self.figures,
-                "per_node": [nodes],
+                "per_node": nodes,
             },
             "recoveries": self.recoveries,
             "checkpoints": {"written": self.checkpoints} if self.folder is not None else None,

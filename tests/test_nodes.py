@@ -170,6 +170,9 @@ def test_a_node_with_little_room_for_other_nodes_keys_runs_units_in_smaller_step
     assert proc.returncode == 0, proc.stderr
     assert_same_run(got, state, want.events, want.state)
     assert metrics["nodes"]["units"] > 1  # all 600 events were pushed as one unit
+    # each node holds its own keys of both tables and 2 rows each for other nodes' keys
+    held = [2 * (len(range(node, 40, nodes)) + 2) for node in range(nodes)]
+    assert [n["rows"] for n in metrics["nodes"]["per_node"]] == held
 
 
 def test_spark_input_reaches_the_nodes_by_partition(cluster, tmp_path):
