@@ -121,7 +121,7 @@ class NodeTeam:
             self.home.append(home)
             session.drain()
         self.next_step += 1
-        out = [session.read_cells(self._local(cells)) for cells in send]
+        out = [session.read_cells(self._local(*self.whole.locate(cells))) for cells in send]
         self.step_seconds += time.perf_counter() - begin
         if not out:
             return None
@@ -132,18 +132,23 @@ class NodeTeam:
         cells of this node's state that hold them."""
         columns, where, keys = self.whole.locate(cells)
         names = list(self.whole.stored)
+        span = max(self.whole.sizes.values()) + 1
         table = np.array([names.index(t) for t, _ in columns])[where]
+        held = np.sort(table * span + keys)  # (table, key) as one number
+        held = held[np.diff(held, prepend=-1) != 0]
+        bounds = np.searchsorted(held, np.arange(len(names) + 1) * span)
         for number, name in enumerate(names):
-            self.layout.share.hold(name, np.unique(keys[table == number]))
-        return self._local(cells)
+            self.layout.share.hold(name, held[bounds[number] : bounds[number + 1]] - number * span)
+        return self._local(columns, where, keys)
 
-    def _local(self, cells: np.ndarray) -> np.ndarray:
-        """The cells of this node's state that hold ``cells`` of `whole`."""
-        columns, where, keys = self.whole.locate(cells)
-        local = np.empty_like(cells)
-        for j in np.unique(where):
+    def _local(self, columns: list[tuple[str, str]], where: np.ndarray, keys: np.ndarray):
+        """The cells of this node's state that hold the cells of `whole` that
+        `Layout.locate` gave as ``columns``, ``where`` and ``keys``."""
+        local = np.empty_like(keys)
+        for j, (table, column) in enumerate(columns):
             at = where == j
-            local[at] = self.layout.cells_of(*columns[j], keys[at])
+            if at.any():
+                local[at] = self.layout.cells_of(table, column, keys[at])
         return local
 
     def checkpoint(self) -> int:
