@@ -253,9 +253,9 @@ def test_what_several_nodes_do_not_take_is_refused():
         Job("gs", nodes=2, scheduler="nolock")
 
 
-def _checkpointed_run(tmp_path: Path, address: str, nodes: int, seed: int):
+def _checkpointed_run(tmp_path: Path, address: str, nodes: int, seed: int, source: str = "arrow"):
     """40,000 SL events on disk, the `txstream run` command over ``nodes`` nodes with a
-    checkpoint every 2,000 events, and the reference result."""
+    checkpoint every 2,000 events, reading with ``source``, and the reference result."""
     events, init = generate("sl", WorkloadSpec(events=40_000, keys=20_000, seed=seed))
     write_workload(tmp_path / "data", events, init)
     command = run_command(
@@ -263,20 +263,23 @@ def _checkpointed_run(tmp_path: Path, address: str, nodes: int, seed: int):
         str(tmp_path / "data" / "events.parquet"),
         str(tmp_path / "data" / "init"),
         str(tmp_path / "out"),
-        *("--address", address, "--source", "arrow", "--no-progress", "--nodes", str(nodes)),
+        *("--address", address, "--source", source, "--no-progress", "--nodes", str(nodes)),
         *("--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "1"),
         *("--punctuation-interval", "2000"),
     )
     return command, run_local("sl", events, init)
 
 
+@pytest.mark.parametrize("source", ["arrow", "spark"])
 @pytest.mark.parametrize("lose", ["process", "ray node"])
-def test_a_lost_node_is_recovered_from_the_checkpoints(local_cluster, lose, tmp_path):
+def test_a_lost_node_is_recovered_from_the_checkpoints(local_cluster, lose, source, tmp_path):
     """One node's process killed mid-run with checkpoints on, or its whole Ray node (raylet,
     object store and all): every node goes back to the last checkpoint they all took, on the
-    nodes still alive, and the run ends well and equals serial."""
+    nodes still alive, and the run ends well and equals serial. Read by Spark, the units
+    run again take their events from the partitions prepared on the nodes (made again by
+    Ray where a lost node held them)."""
     cluster = local_cluster.address
-    command, want = _checkpointed_run(tmp_path, cluster, 3, seed=5)
+    command, want = _checkpointed_run(tmp_path, cluster, 3, seed=5, source=source)
     out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
