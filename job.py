@@ -127,8 +127,8 @@ class Job:
             return
         if not (cfg.address or os.environ.get("RAY_ADDRESS")):
             raise UsageError(f"--nodes {cfg.nodes} runs on a Ray cluster: give its --address")
-        if follow or name:
-            raise UsageError("--nodes N > 1 takes no --follow or --name (yet)")
+        if follow:
+            raise UsageError("--nodes N > 1 takes no --follow (yet)")
 
     def _plan(self, init_state: InitState, output: str | Path | None, **options: Any):
         """Everything checked before anything starts (`txstream.engine.plan`); too many

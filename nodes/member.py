@@ -167,9 +167,15 @@ class NodeTeam:
         return session.checkpoint()
 
     def query(self, table: str, keys: list[int]) -> pa.Table:
-        """Rows of ``table`` as of every step so far (the caller asks only for its keys)."""
-        self.session.drain()
-        return self.session.query(table, keys)[1]
+        """Rows of ``table`` as of every step so far (the caller asks only for its keys):
+        read from the state itself once the team is idle, with no snapshot to wait for
+        (before the first step there is none)."""
+        session, wanted = self.session, np.asarray(keys, np.int64)
+        session.drain()
+        rows = {"key": pa.array(wanted)}
+        for column in session.plan.tables[table]:
+            rows[column] = pa.array(session.read_cells(self.layout.cells_of(table, column, wanted)))
+        return pa.table(rows)
 
     def results(self) -> tuple[pa.Table, dict[str, pa.Table], dict]:
         """Once every step ran: the outputs of the events whose home is this node (their ts

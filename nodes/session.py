@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -34,11 +35,13 @@ from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor
 from txstream.connectors.outputs import part_name
 from txstream.connectors.sources import Source
 from txstream.connectors.spark import SparkSource, follow
+from txstream.engine.engine import NAMESPACE
 from txstream.engine.plan import Plan
 from txstream.engine.recovery import MAX_RECOVERIES
-from txstream.errors import ActorDied, RuntimeFailure, TopologyError, UsageError
+from txstream.errors import ActorDied, RuntimeFailure, TopologyError, TxstreamError, UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.metrics import LatencyHistogram
+from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
 from txstream.nodes.intake import Prepared, prepare_partition
 from txstream.nodes.member import NodeTeam
 from txstream.nodes.sequencer import Partition, Sequencer, cut, touched_cells
@@ -53,6 +56,8 @@ UNITS_IN_FLIGHT = 2
 """Units submitted and not finished yet: one running, one ready."""
 PREPARED_AHEAD = 1
 """Spark partitions being prepared beyond the one whose units are being submitted."""
+ANSWER_POLL_S = 0.5
+"""How long the answering thread waits for a question before looking whether to stop."""
 RESTART_PAUSE_S = 2.0
 """Before placing the nodes again when a team died as it started: Ray may not know yet
 that a node it was placed on is gone."""
@@ -155,6 +160,12 @@ class NodesSession:
         self.extra_metrics: dict[str, Any] = {}
         """Metrics the caller adds (e.g. Spark's start-up), written with the session's."""
         self._result: Result | None = None
+        self._lock = threading.RLock()
+        """Held while calls are made to the nodes (steps, questions) or the nodes are
+        started again: the door's questions come from another thread. Waiting for the
+        calls' results is done without it."""
+        self._begin = 0.0
+        self._door: Any = None
         self._stack = ExitStack()
         begin = time.perf_counter()
         try:
@@ -166,6 +177,8 @@ class NodesSession:
                 self._resume_or_clear()
             with console.phase(f"starting {nodes} nodes"):
                 self._start(pick_nodes(nodes))
+            if plan.name:
+                self._open_door(plan.name)
         except BaseException:
             self._teardown(failed=True)
             raise
@@ -174,6 +187,63 @@ class NodesSession:
         self._bar = self._stack.enter_context(
             console.progress(plan.expected_events or 0, "running", self._begin, 0)
         )
+
+    def _open_door(self, name: str) -> None:
+        """Outside readers reach the session by ``name`` (`txstream.nodes.front`): a door
+        named so, whose questions a thread of this process answers between units."""
+        import ray
+
+        try:
+            self._door = start_actor(
+                NodesFrontDoor,
+                self.config.timeout_s,
+                label="front door",
+                name=name,
+                namespace=NAMESPACE,
+                concurrency_groups=CONCURRENCY,
+            )
+            ray.get(self._door.status.remote(), timeout=self.config.timeout_s)
+        except ValueError as exc:
+            raise UsageError(f"a session named {name!r} already runs on this cluster") from exc
+        self._stack.callback(stop_actors, [self._door])
+        closing = threading.Event()
+        answering = threading.Thread(target=self._answer, args=(closing,), daemon=True)
+        answering.start()
+        self._stack.callback(answering.join)
+        self._stack.callback(closing.set)
+
+    def _answer(self, closing: threading.Event) -> None:
+        """Answer the door's questions until ``closing``."""
+        import ray
+
+        door = self._door
+        while not closing.is_set():
+            try:
+                asked = ray.get(door.next_question.remote(ANSWER_POLL_S))
+                if asked is None:
+                    continue
+                number, (_, table, keys) = asked
+                try:
+                    value, failure = self.query(table, keys, recover=False), None
+                except TxstreamError as exc:
+                    value, failure = None, exc
+                door.answer.remote(number, value, failure)
+            except ray.exceptions.RayError:  # the door or Ray is gone: the session ends
+                return
+
+    def _status(self) -> dict[str, Any]:
+        """What `txstream status` shows of a run over nodes."""
+        seconds = time.perf_counter() - self._begin if self._begin else 0.0
+        return {
+            "watermark": self.done,
+            "received": self.ts,
+            "pending": self.ts - self.done,
+            "uptime_s": round(seconds, 3),
+            "throughput_eps": round((self.done - self.resumed_from) / seconds, 1)
+            if seconds > 0
+            else None,
+            "nodes": self.config.nodes,
+        }
 
     @property
     def resumed_from(self) -> int:
@@ -247,6 +317,8 @@ class NodesSession:
         for unit in units:
             self._advance(unit)
             self._bar.update(self.done)
+            if self._door is not None:
+                self._door.report.remote(self._status())
 
     def _read_unit(self, batch: pa.RecordBatch) -> _Unit:
         """A unit of events the driver has read."""
@@ -298,11 +370,15 @@ class NodesSession:
         """Events pushed so far."""
         return self.ts
 
-    def query(self, table: str, keys: list[int] | None = None) -> tuple[int, pa.Table]:
+    def query(
+        self, table: str, keys: list[int] | None = None, recover: bool = True
+    ) -> tuple[int, pa.Table]:
         """``(w, rows)``: the rows of ``table`` (``key`` + value columns; the given keys in
         that order, or every key) after exactly the first ``w`` transactions, ``w`` being
         every event pushed so far: each owner answers once it has run every step submitted
-        before the question (the same cut on every node), without draining the others."""
+        before the question (the same cut on every node), without draining the others.
+        Without ``recover``, the loss of a node is an error (the door's thread leaves
+        recovering to the thread that pushes)."""
         size = self.plan.layout.sizes.get(table)
         if size is None:
             raise UsageError(f"no table {table!r}; tables: {', '.join(self.plan.layout.sizes)}")
@@ -311,11 +387,14 @@ class NodesSession:
             raise UsageError(f"a key of {table!r} is outside 0..{size - 1}")
         owner = wanted % self.config.nodes
         asked = [n for n in range(self.config.nodes) if (owner == n).any()]
-        answers = self._ask(
-            lambda: [self.teams[n].query.remote(table, wanted[owner == n].tolist()) for n in asked],
-            drain=False,
-        )
-        w = self.ts  # after a recovery too: the same events are submitted again
+        cut: list[int] = []
+
+        def calls() -> list:
+            cut[:] = [self.ts]  # after a recovery too: the same events are submitted again
+            return [self.teams[n].query.remote(table, wanted[owner == n].tolist()) for n in asked]
+
+        answers = self._ask(calls, drain=False, recover=recover)
+        w = cut[0]
         if not answers:
             return w, self._empty_rows(table)
         position = np.concatenate([np.flatnonzero(owner == n) for n in asked])
@@ -417,9 +496,10 @@ class NodesSession:
             self._checkpoint()
 
     def _submit_unit(self, unit: _Unit) -> None:
-        refs = self._submit(unit, self.ts)
-        self.in_flight.append((time.perf_counter(), unit.n, refs))
-        self.ts += unit.n
+        with self._lock:
+            refs = self._submit(unit, self.ts)
+            self.in_flight.append((time.perf_counter(), unit.n, refs))
+            self.ts += unit.n
 
     def _wait_oldest(self) -> None:
         """Wait for the oldest unit in flight; recover if a node was lost."""
@@ -434,15 +514,20 @@ class NodesSession:
         while self.in_flight:
             self._wait_oldest()
 
-    def _ask(self, calls: Callable[[], list], drain: bool = True) -> list:
+    def _ask(self, calls: Callable[[], list], drain: bool = True, recover: bool = True) -> list:
         """The results of ``calls()``, calls to the nodes made (with ``drain``) once every
-        submitted unit is done; after the loss of a node, made again once all are back."""
+        submitted unit is done; after the loss of a node, made again once all are back (if
+        ``recover``; else `ActorDied`)."""
         while True:
             if drain:
                 self._drain()
+            with self._lock:
+                refs = calls()
             try:
-                return self._get(calls())
+                return self._get(refs)
             except ActorDied as lost:
+                if not recover:
+                    raise
                 self._recover(lost)
 
     def _checkpoint(self) -> None:
@@ -458,7 +543,11 @@ class NodesSession:
 
     def _recover(self, lost: ActorDied) -> None:
         """Every node back to the last checkpoint, on the nodes alive; the units since it
-        submitted again (see the class docstring)."""
+        submitted again (see the class docstring). Only the thread that pushes recovers."""
+        with self._lock:
+            self._recover_locked(lost)
+
+    def _recover_locked(self, lost: ActorDied) -> None:
         if self.folder is None:
             raise lost
         stuck = [r for r in self.recoveries if r["from_ts"] == self.saved.ts]

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -243,8 +244,8 @@ def test_what_several_nodes_do_not_take_is_refused():
     init = {"records": pa.table({"key": pa.array([0], pa.int64()), "value": [1]})}
     with pytest.raises(UsageError, match="give its --address"):
         Job("gs", nodes=2, source="arrow").run(pa.table({}), init)
-    with pytest.raises(UsageError, match="no --follow or --name"):
-        Job("gs", nodes=2, address="127.0.0.1:1").start(init, name="shared")
+    with pytest.raises(UsageError, match="no --follow"):
+        Job("gs", nodes=2, address="127.0.0.1:1").follow("x", init, "out", threading.Event())
     with pytest.raises(UsageError, match="between 1 and"):
         Job("gs", nodes=0)
     with pytest.raises(UsageError, match="no --transport ray"):
@@ -342,6 +343,52 @@ def test_a_session_over_nodes_answers_queries_at_a_cut_of_every_node(cluster, tm
     assert got["w"] == half and got["events"] == events.num_rows
     want = run_local("sl", events.slice(0, half), init).state["accounts"].to_pylist()
     assert got["rows"] == [want[k] for k in (7, 0, 5, 3)]
+
+
+def _txstream(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "txstream", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_named_run_over_nodes_answers_outside_readers(cluster, tmp_path):
+    """`txstream query` and `txstream status` from other processes reach a named run over
+    two nodes while it runs: the rows are those after exactly the watermark's events (each
+    answer comes once the nodes have run what was submitted before it)."""
+    events, init = generate("sl", WorkloadSpec(events=400_000, keys=1_000, seed=4))
+    write_workload(tmp_path / "data", events, init)
+    command = run_command(
+        "sl",
+        str(tmp_path / "data" / "events.parquet"),
+        str(tmp_path / "data" / "init"),
+        str(tmp_path / "out"),
+        *("--address", cluster, "--source", "arrow", "--no-progress", "--nodes", "2"),
+        *("--name", "ledger-nodes"),
+    )
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    answers, refused = [], []
+    try:
+        deadline = time.monotonic() + 120
+        while run.poll() is None and time.monotonic() < deadline and len(answers) < 2:
+            query = _txstream(
+                "query", "accounts", "--address", cluster, "--name", "ledger-nodes", "--keys", "3,0"
+            )
+            refused.append(query.stderr)
+            if query.returncode == 0:
+                answers.append(query.stdout.splitlines())
+                status = _txstream("status", "--address", cluster, "--name", "ledger-nodes")
+                assert status.returncode == 0, status.stderr
+                assert "nodes: 2" in status.stdout.splitlines()
+            time.sleep(0.2)
+        _, stderr = run.communicate(timeout=600)
+    finally:
+        run.kill()
+    assert run.returncode == 0, stderr
+    assert answers, f"no outside reader got an answer while the run lasted: {refused[-3:]}"
+    for lines in answers:
+        w = int(lines[0].removeprefix("watermark "))
+        want = run_local("sl", events.slice(0, w), init).state["accounts"].to_pylist()
+        assert lines[1:] == ["key,balance"] + [f"{k},{want[k]['balance']}" for k in (3, 0)]
 
 
 def test_a_killed_driver_resumes_from_the_checkpoints_every_node_took(cluster, tmp_path):
