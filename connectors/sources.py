@@ -99,5 +99,6 @@ class ArrowSource:
         if self._table is not None:
             yield from self._table.to_batches(max_chunksize=max_rows)
             return
-        for f in self.files:
-            yield from pq.ParquetFile(f).iter_batches(batch_size=max_rows)
+        strings = [f.name for f in self.schema if pa.types.is_string(f.type)]
+        for f in self.files:  # strings as they are stored: see topologies.api.DICTIONARY_STRING
+            yield from pq.ParquetFile(f, read_dictionary=strings).iter_batches(batch_size=max_rows)
