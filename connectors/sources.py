@@ -101,4 +101,7 @@ class ArrowSource:
             return
         strings = [f.name for f in self.schema if pa.types.is_string(f.type)]
         for f in self.files:  # strings as they are stored: see topologies.api.DICTIONARY_STRING
-            yield from pq.ParquetFile(f, read_dictionary=strings).iter_batches(batch_size=max_rows)
+            # decoded on the reading thread, not on Arrow's pool: its threads ran on the
+            # executors' cores (4M SL, serial, 4 runs each: median 7.05 -> 7.58 M events/s)
+            parquet = pq.ParquetFile(f, read_dictionary=strings)
+            yield from parquet.iter_batches(batch_size=max_rows, use_threads=False)
