@@ -17,6 +17,7 @@ readers, when the session is named).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -150,9 +151,12 @@ class ProgressController:
 
     # ---------------------------------------------------------------- the dispatch loop
     @ray.method(concurrency_group="run")
-    def run(self) -> dict:
+    def run(self, cpus: set[int] | None = None) -> dict:
         """Dispatch every pushed event until `close`; returns what each executor reports.
-        Raises the root cause if an executor fails."""
+        Raises the root cause if an executor fails. With ``cpus``, the dispatch loop and
+        its reaper run there (as threads: the calling thread is pinned)."""
+        if cpus:
+            os.sched_setaffinity(0, cpus)
         cpu_start = time.process_time()
         reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         reaper.start()

@@ -11,29 +11,21 @@ open for ``PART_SECONDS``, so that committed outputs follow the stream closely.
 from __future__ import annotations
 
 import bisect
+import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from txstream.connectors.outputs import OutputDir, events_writer
 from txstream.monitor.metrics import LatencyHistogram, Timeline
 from txstream.state.operations import STATUS_NAMES
 from txstream.state.shared import ArrayHandle
 from txstream.state.watermark import Watermark
 
-DICTIONARY_COLUMNS = ["status", "reason"]
-"""Few distinct values: dictionary-encoded (they arrive as Arrow dictionaries, see
-`txstream.actors.executor.rows_schema`), without min/max statistics (string compares;
-with the dictionaries and per-run latency bins, the Sink went from 60 to 32 ns per event,
-bench/stages.py). Dictionary attempts on unique int64 columns (ts, event_id) only to
-fall back cost 60% of the sink's time (measured)."""
 PART_SECONDS = 1.0
 """In a session, a part is committed at the first write after it was open this long."""
-
-if TYPE_CHECKING:
-    from txstream.connectors.outputs import OutputDir
 
 
 class Sink:
@@ -59,6 +51,10 @@ class Sink:
         self.counts = dict.fromkeys(STATUS_NAMES, 0)
         self._cpu_s = 0.0
         self._publish()
+
+    def pin(self, cpus: set[int]) -> None:
+        """Run this Sink's calls on ``cpus`` (as threads: its calls' thread is pinned)."""
+        os.sched_setaffinity(0, cpus)
 
     def write(self, rows: pa.RecordBatch, ts0: int, arrival: np.ndarray) -> None:
         """Accept a share that starts at ``ts0``; write every share that is now in order."""
@@ -109,13 +105,7 @@ class Sink:
     def _open(self) -> None:
         self._part_start = self._next_ts
         self._part_opened = time.monotonic()
-        self._writer = pq.ParquetWriter(
-            str(self._in_progress()),
-            self.schema,
-            use_dictionary=DICTIONARY_COLUMNS,
-            write_statistics=[n for n in self.schema.names if n not in DICTIONARY_COLUMNS],
-            store_schema=False,  # read back, the dictionary columns are plain strings
-        )
+        self._writer = events_writer(self._in_progress(), self.schema)
 
     def _commit(self) -> None:
         """Close the open part and commit it (nothing to do if no row went into it)."""

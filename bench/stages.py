@@ -8,10 +8,10 @@ dispatch (an executor's share as one record batch), pre-processing (EventShare +
 the chunk segment, state access (the serial kernel), post-processing to output rows,
 and the Sink (Parquet writing, latency, counts). Each stage is timed over the whole
 input after one untimed pass (numba caches loaded, pages touched); the figure is the
-median of --repeat passes. Results go to bench/results/stages.json (``--label`` names
-the entry, so that a before and an after sit side by side).
+median of --repeat passes. Results go to bench/results/stages.json (``--name`` another
+file; ``--label`` names the entry, so that a before and an after sit side by side).
 
-    python bench/stages.py [--events 4000000] [--repeat 3] [--label after]
+    python bench/stages.py [--events 4000000] [--repeat 3] [--label after] [--name stages]
 """
 
 from __future__ import annotations
@@ -140,7 +140,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=4_000_000)
     parser.add_argument("--repeat", type=int, default=3, help="timed passes (median)")
     parser.add_argument("--chunk", type=int, default=CHUNK_EVENTS, help="events per chunk")
-    parser.add_argument("--label", default="now", help="name of this entry in stages.json")
+    parser.add_argument("--label", default="now", help="name of this entry in the results")
+    parser.add_argument("--name", default="stages", help="results file name")
     args = parser.parse_args()
     keep_freed_memory()  # as every process of a team does (its transport's first step)
     config = RunConfig(topology="sl", source="arrow", progress=False)
@@ -164,7 +165,7 @@ def main() -> None:
     ns["total"] = round(sum(ns.values()), 1)
     for stage, value in ns.items():
         print(f"{stage:>13}: {value:7.1f} ns/event")
-    path = RESULTS / "stages.json"
+    path = RESULTS / f"{args.name}.json"
     entries = json.loads(path.read_text()).get("entries", {}) if path.exists() else {}
     entries[args.label] = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -174,7 +175,7 @@ def main() -> None:
         "load_average": os.environ.get("TXSTREAM_BENCH_LOAD", f"{os.getloadavg()[0]:.2f}"),
         "ns_per_event": ns,
     }
-    print("->", write_results("stages", {"entries": entries}))
+    print("->", write_results(args.name, {"entries": entries}))
 
 
 if __name__ == "__main__":

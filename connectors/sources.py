@@ -99,5 +99,9 @@ class ArrowSource:
         if self._table is not None:
             yield from self._table.to_batches(max_chunksize=max_rows)
             return
-        for f in self.files:
-            yield from pq.ParquetFile(f).iter_batches(batch_size=max_rows)
+        strings = [f.name for f in self.schema if pa.types.is_string(f.type)]
+        for f in self.files:  # strings as they are stored: see topologies.api.DICTIONARY_STRING
+            # decoded on the reading thread, not on Arrow's pool: its threads ran on the
+            # executors' cores (4M SL, serial, 4 runs each: median 7.05 -> 7.58 M events/s)
+            parquet = pq.ParquetFile(f, read_dictionary=strings)
+            yield from parquet.iter_batches(batch_size=max_rows, use_threads=False)

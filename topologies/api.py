@@ -31,6 +31,11 @@ from txstream.topologies._kernels import merge_statements
 
 # Event column types a topology can declare.
 INT, STRING, INT_LIST = "int64", "string", "list<int64>"
+DICTIONARY_STRING = pa.dictionary(pa.int32(), pa.string())
+"""How the engine holds a STRING column (`Topology.event_schema`): dictionary-encoded, as
+Parquet stores such columns. Read so (`ArrowSource`), SL's 4M events were read in 20 ns
+per event instead of 41, a chunk's pieces concatenated in 1.5 instead of 30 (the strings
+were copied), and its kinds matched once per distinct string."""
 
 
 # ---------------------------------------------------------------- tables
@@ -147,6 +152,10 @@ class EventShare:
             col = self.arrow.column(name)
             if pa.types.is_null(col.type):
                 values = np.zeros(self.n, np.int64)
+            elif col.null_count and col.type == pa.int64():
+                # the valid values times their validity bits: pyarrow's fill_null(0) took 5 ns
+                # per event and column (SL's deposits have no destination), this 0.5
+                values = _buffer(col, 1, np.int64) * _valid_bits(col)
             else:
                 col = col if col.null_count == 0 else col.fill_null(0)  # no copy when valid
                 values = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
@@ -204,18 +213,21 @@ class EventShare:
 
     def kind_codes(self) -> np.ndarray:
         """Per event, the index of its ``kind`` in the topology's kinds (-1: null or
-        unknown). The strings are matched once per batch, not once per kind (with the
-        fast paths for valid columns and empty rejections, SL's pre-processing went from
-        38 to 27 ns per event, bench/stages.py)."""
+        unknown). The column is dictionary-encoded (`Topology.event_schema`): its few
+        distinct strings are matched, and every event takes its dictionary entry's index
+        (pyarrow's ``index_in`` over every event's string cost SL 12 ns per event)."""
         key = "kind"
         if key not in self._cache:
             col = self.arrow.column("kind")
             if pa.types.is_null(col.type):
                 codes = np.full(self.n, -1, np.int32)
             else:
-                found = pc.index_in(col, value_set=pa.array(self.topology.kinds))
-                found = found if found.null_count == 0 else found.fill_null(-1)
-                codes = found.to_numpy(zero_copy_only=False)
+                col = col if pa.types.is_dictionary(col.type) else col.dictionary_encode()
+                found = pc.index_in(col.dictionary, value_set=pa.array(self.topology.kinds))
+                by_entry = np.append(found.fill_null(-1).to_numpy(zero_copy_only=False), -1)
+                indices = col.indices  # a null event points past the dictionary: -1
+                indices = indices if indices.null_count == 0 else indices.fill_null(len(found))
+                codes = by_entry.astype(np.int32)[indices.to_numpy(zero_copy_only=False)]
             self._cache[key] = codes
         return self._cache[key]
 
@@ -246,32 +258,27 @@ class EventShare:
     ) -> None:
         """Reject events in ``where`` whose field (every element, for a list) is outside
         ``low..high`` (``high=None``: no upper bound)."""
-        sel = self._where(where)
+        self.reject(self._where(where) & self._outside(name, low, high), f"{name} out of range")
+
+    def require_key(self, name: str, table: Table, where: np.ndarray | None = None) -> None:
+        """Reject events in ``where`` whose field is not a key of ``table``."""
+        outside = self._outside(name, 0, self.sizes[table.name] - 1)
+        self.reject(self._where(where) & outside, f"key out of range: {name}")
+
+    def _outside(self, name: str, low: int, high: int | None) -> np.ndarray:
+        """True where the field (any element, for a list) is outside ``low..high``."""
         if self.topology.event_columns[name] == INT_LIST:
             lst = self.list(name)
             ok_elem = lst.values >= low
             if high is not None:
                 ok_elem &= lst.values <= high
-            bad = (
-                np.bincount(np.repeat(np.arange(self.n), lst.lengths)[~ok_elem], minlength=self.n)
-                > 0
-            )
-        else:
-            values = self.int(name)
-            bad = values < low
-            if high is not None:
-                bad |= values > high
-        self.reject(sel & bad, f"{name} out of range")
-
-    def require_key(self, name: str, table: Table, where: np.ndarray | None = None) -> None:
-        """Reject events in ``where`` whose field is not a key of ``table``."""
-        size = self.sizes[table.name]
-        sel = self._where(where)
-        before = self.reason.copy()
-        self.require_between(name, 0, size - 1, where=sel)
-        self.reason[(before == 0) & (self.reason != 0)] = self.topology.reason_code(
-            f"key out of range: {name}"
-        )
+            row = np.repeat(np.arange(self.n), lst.lengths)
+            return np.bincount(row[~ok_elem], minlength=self.n) > 0
+        values = self.int(name)
+        bad = values < low
+        if high is not None:
+            bad |= values > high
+        return bad
 
     def require_kind(self) -> None:
         """Reject events whose ``kind`` is null or not one of the topology's kinds."""
@@ -453,12 +460,11 @@ class Transactions:
         ``first_txn``, its operations at ``first_op`` and its reads at ``first_read``
         (indices made chunk-global). Built in place: building private arrays and copying
         them in cost SL 24 ns per event more (fresh pages, the copy; bench/stages.py).
-        The first ``txn_ptr`` and ``dep_ptr`` entries are a neighbour's last: written
-        once, with the value both compute."""
+        The first ``txn_ptr`` and ``dep_ptr`` entries are a neighbour's last: both write
+        the same value there."""
         st = self._statements
         n_ops, _, width = self.sizes()
-        stmt_ptr = np.zeros(len(st) + 1, np.int64)
-        np.cumsum([len(s.txn) for s in st], out=stmt_ptr[1:])
+        stmt_ptr = np.cumsum([0, *(len(s.txn) for s in st)], dtype=np.int64)
         stmt_attrs = np.array(
             [(s.kind, s.fun, s.cond, s.reason, s.out) for s in st], np.int32
         ).reshape(len(st), 5)
@@ -466,8 +472,6 @@ class Transactions:
         for s, row in zip(st, stmt_ptr, strict=False):
             for j, col in enumerate(s.args):
                 args[row : row + len(s.txn), j] = col
-        txn_ptr = np.zeros(self.events.n + 1, np.int64)
-        dep_ptr = np.zeros(n_ops + 1, np.int64)
         merge_statements(
             stmt_ptr,
             stmt_attrs,
@@ -476,13 +480,23 @@ class Transactions:
             args,
             _concat([s.dep_count for s in st]),
             _concat([s.dep_cell for s in st]),
-            np.empty(self.events.n, np.int64),
-            np.empty(n_ops, np.int64),
-            out._replace(txn_ptr=txn_ptr, dep_ptr=dep_ptr),
-            first_txn,
+            np.empty((3, max(n_ops, self.events.n)), np.int64),
+            out,
+            (first_txn, first_op, first_read),
         )
-        np.add(txn_ptr, first_op, out=out.txn_ptr)
-        np.add(dep_ptr, first_read, out=out.dep_ptr)
+
+
+def _buffer(array: pa.Array, index: int, dtype: type) -> np.ndarray:
+    """The elements of buffer ``index`` of ``array`` (a fixed-width one) as numpy, no copy."""
+    values = np.frombuffer(array.buffers()[index], dtype)
+    return values[array.offset : array.offset + len(array)]
+
+
+def _valid_bits(array: pa.Array) -> np.ndarray:
+    """1 where ``array`` is valid, 0 where null (uint8), from its validity bitmap."""
+    bitmap = np.frombuffer(array.buffers()[0], np.uint8)
+    bits = np.unpackbits(bitmap, count=array.offset + len(array), bitorder="little")
+    return bits[array.offset :]
 
 
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
@@ -636,7 +650,7 @@ class Topology:
     @property
     def event_schema(self) -> pa.Schema:
         """The event columns with their canonical Arrow types (what the engine reads)."""
-        types = {INT: pa.int64(), STRING: pa.string(), INT_LIST: pa.list_(pa.int64())}
+        types = {INT: pa.int64(), STRING: DICTIONARY_STRING, INT_LIST: pa.list_(pa.int64())}
         return pa.schema([(name, types[typ]) for name, typ in self.event_columns.items()])
 
     def check_event_schema(self, schema: pa.Schema) -> None:
@@ -649,12 +663,17 @@ class Topology:
                 continue
             ok = {
                 INT: pa.types.is_integer(actual),
-                STRING: pa.types.is_string(actual) or pa.types.is_large_string(actual),
+                STRING: _is_string(actual)
+                or (pa.types.is_dictionary(actual) and _is_string(actual.value_type)),
                 INT_LIST: (pa.types.is_list(actual) or pa.types.is_large_list(actual))
                 and (pa.types.is_integer(actual.value_type) or pa.types.is_null(actual.value_type)),
             }[typ]
             if not ok:
                 raise SchemaError(f"events: column {name!r} has type {actual}, expected {typ}")
+
+
+def _is_string(arrow_type: pa.DataType) -> bool:
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
 
 
 def conform_events(events: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
