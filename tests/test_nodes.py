@@ -254,17 +254,26 @@ def test_what_several_nodes_do_not_take_is_refused():
         Job("gs", nodes=2, scheduler="nolock")
 
 
+def _sl_command(tmp_path: Path, events: pa.Table, init: dict, *options: str) -> list[str]:
+    """`txstream run sl` (no progress bar) over ``events`` and ``init``, written under
+    ``tmp_path``/data, into ``tmp_path``/out, with more ``options``."""
+    write_workload(tmp_path / "data", events, init)
+    data = tmp_path / "data"
+    out = str(tmp_path / "out")
+    return run_command(
+        "sl", str(data / "events.parquet"), str(data / "init"), out, "--no-progress", *options
+    )
+
+
 def _checkpointed_run(tmp_path: Path, address: str, nodes: int, seed: int, source: str = "arrow"):
     """40,000 SL events on disk, the `txstream run` command over ``nodes`` nodes with a
     checkpoint every 2,000 events, reading with ``source``, and the reference result."""
     events, init = generate("sl", WorkloadSpec(events=40_000, keys=20_000, seed=seed))
-    write_workload(tmp_path / "data", events, init)
-    command = run_command(
-        "sl",
-        str(tmp_path / "data" / "events.parquet"),
-        str(tmp_path / "data" / "init"),
-        str(tmp_path / "out"),
-        *("--address", address, "--source", source, "--no-progress", "--nodes", str(nodes)),
+    command = _sl_command(
+        tmp_path,
+        events,
+        init,
+        *("--address", address, "--source", source, "--nodes", str(nodes)),
         *("--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "1"),
         *("--punctuation-interval", "2000"),
     )
@@ -356,14 +365,11 @@ def test_a_named_run_over_nodes_answers_outside_readers(cluster, tmp_path):
     two nodes while it runs: the rows are those after exactly the watermark's events (each
     answer comes once the nodes have run what was submitted before it)."""
     events, init = generate("sl", WorkloadSpec(events=400_000, keys=1_000, seed=4))
-    write_workload(tmp_path / "data", events, init)
-    command = run_command(
-        "sl",
-        str(tmp_path / "data" / "events.parquet"),
-        str(tmp_path / "data" / "init"),
-        str(tmp_path / "out"),
-        *("--address", cluster, "--source", "arrow", "--no-progress", "--nodes", "2"),
-        *("--name", "ledger-nodes"),
+    command = _sl_command(
+        tmp_path,
+        events,
+        init,
+        *("--address", cluster, "--source", "arrow", "--nodes", "2", "--name", "ledger-nodes"),
     )
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     answers, refused = [], []
