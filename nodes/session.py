@@ -387,14 +387,14 @@ class NodesSession:
             raise UsageError(f"a key of {table!r} is outside 0..{size - 1}")
         owner = wanted % self.config.nodes
         asked = [n for n in range(self.config.nodes) if (owner == n).any()]
-        cut: list[int] = []
+        at: list[int] = []  # the cut: events submitted when the questions were
 
         def calls() -> list:
-            cut[:] = [self.ts]  # after a recovery too: the same events are submitted again
+            at[:] = [self.ts]  # after a recovery too: the same events are submitted again
             return [self.teams[n].query.remote(table, wanted[owner == n].tolist()) for n in asked]
 
         answers = self._ask(calls, drain=False, recover=recover)
-        w = cut[0]
+        w = at[0]
         if not answers:
             return w, self._empty_rows(table)
         position = np.concatenate([np.flatnonzero(owner == n) for n in asked])
@@ -545,33 +545,30 @@ class NodesSession:
         """Every node back to the last checkpoint, on the nodes alive; the units since it
         submitted again (see the class docstring). Only the thread that pushes recovers."""
         with self._lock:
-            self._recover_locked(lost)
-
-    def _recover_locked(self, lost: ActorDied) -> None:
-        if self.folder is None:
-            raise lost
-        stuck = [r for r in self.recoveries if r["from_ts"] == self.saved.ts]
-        if len(stuck) >= MAX_RECOVERIES:
-            raise lost
-        begin = time.perf_counter()
-        self.console.warn(f"recovering from the checkpoint at event {self.saved.ts:,}: {lost}")
-        self.recoveries.append({"cause": str(lost)[:300], "from_ts": self.saved.ts})
-        self._stop_and_wait()
-        self.in_flight.clear()
-        self.steps = [0] * self.config.nodes
-        self.ts = self.done = self.saved.ts
-        for attempt in range(MAX_RECOVERIES):
-            try:
-                self._start(pick_nodes(self.config.nodes, share=True))
-                break
-            except ActorDied:  # placed on a node the cluster did not know dead yet
-                self._stop_and_wait()
-                if attempt == MAX_RECOVERIES - 1:
-                    raise
-                time.sleep(RESTART_PAUSE_S)
-        for unit in self.since:
-            self._submit_unit(unit)
-        self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
+            if self.folder is None:
+                raise lost
+            stuck = [r for r in self.recoveries if r["from_ts"] == self.saved.ts]
+            if len(stuck) >= MAX_RECOVERIES:
+                raise lost
+            begin = time.perf_counter()
+            self.console.warn(f"recovering from the checkpoint at event {self.saved.ts:,}: {lost}")
+            self.recoveries.append({"cause": str(lost)[:300], "from_ts": self.saved.ts})
+            self._stop_and_wait()
+            self.in_flight.clear()
+            self.steps = [0] * self.config.nodes
+            self.ts = self.done = self.saved.ts
+            for attempt in range(MAX_RECOVERIES):
+                try:
+                    self._start(pick_nodes(self.config.nodes, share=True))
+                    break
+                except ActorDied:  # placed on a node the cluster did not know dead yet
+                    self._stop_and_wait()
+                    if attempt == MAX_RECOVERIES - 1:
+                        raise
+                    time.sleep(RESTART_PAUSE_S)
+            for unit in self.since:
+                self._submit_unit(unit)
+            self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
 
     def _submit(self, whole: _Unit, ts0: int) -> list:
         """Sequence a unit that starts at ``ts0`` and submit every node's steps; the
