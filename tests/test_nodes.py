@@ -59,17 +59,26 @@ def local_cluster():
     test do, from their own processes)."""
     from ray.cluster_utils import Cluster
 
+    # Ray notes the cluster's address in its default folder whatever temp_dir says, and
+    # fails if that folder does not exist (a fresh machine's /tmp has no ray/)
+    ray_default = Path(tempfile.gettempdir()) / "ray"
+    made = not ray_default.exists()
+    ray_default.mkdir(exist_ok=True)
     folder = tempfile.mkdtemp(prefix="txs-ray-nodes-")
     head = {**_node(folder), "num_cpus": 2, "resources": {"txstream_node_0": 1}}  # for Spark
-    cluster = Cluster(initialize_head=True, head_node_args=head)
+    cluster = None
     try:
+        cluster = Cluster(initialize_head=True, head_node_args=head)
         for i in range(1, NODES):
             cluster.add_node(**_node(folder), resources={f"txstream_node_{i}": 1})
         cluster.wait_for_nodes()
         yield cluster
     finally:
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
+        if made:
+            shutil.rmtree(ray_default, ignore_errors=True)
 
 
 def _node(folder: str) -> dict:
