@@ -5,6 +5,7 @@ member shares this process, so the kernels' compiled signatures are visible here
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -60,3 +61,39 @@ def test_no_kernel_is_loaded_after_warm_up(monkeypatch, scheduler, options):
     assert metrics["redone_operations"] > 0  # the repair path ran
     late = {k: n for k, n in _signatures().items() if n > warmed.get(k, 0)}
     assert late == {}
+
+
+_COMPILED_IN_A_FIRST_RUN = """
+import subprocess
+import sys
+from pathlib import Path
+from numba.core.registry import CPUDispatcher
+from txstream import Job
+from txstream.topologies.generators import WorkloadSpec, generate, write_workload
+
+data = Path(sys.argv[1])
+write_workload(data, *generate("sl", WorkloadSpec(events=50_000, keys=1_000, seed=3)))
+Job("sl", source="arrow", progress=False).run(data / "events.parquet", data / "init", data / "out")
+compiled = sorted({
+    f"{kernel.py_func.__module__}.{kernel.__name__}"
+    for module in list(sys.modules.values())
+    if getattr(module, "__name__", "").startswith("txstream.")
+    for kernel in vars(module).values()
+    if isinstance(kernel, CPUDispatcher) and kernel.stats.cache_misses
+})
+print(",".join(compiled))
+"""
+
+
+def test_after_precompile_a_first_default_run_compiles_nothing(tmp_path):
+    """`./setup` runs `txstream.cli.precompile`: the user's first run (another process, more
+    events, other keys) then loads every kernel it calls from numba's cache."""
+    subprocess.run([sys.executable, "-m", "txstream.cli.precompile"], check=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILED_IN_A_FIRST_RUN, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    assert run.stdout.strip() == ""
