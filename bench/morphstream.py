@@ -111,6 +111,7 @@ class Runner:
             "decisions",
             "decision_batches",
             "redone_operations",
+            "settled_failures",
             "latency_ms",
             "cpu_s",
             "seconds",

@@ -1,9 +1,11 @@
 """MorphStream's explorations of a TPG (SIGMOD'23 §4.1), over fine or coarse units.
 
-- BFS: the strata in order; each executor runs the operations of its units of a
-  stratum (`_tpg.work_strata`: its pool's units, shared by hash among the pool's
-  executors; alone in its pool, the operations it linked), then the team meets at a
-  barrier. No dependency is checked: every one is in an earlier stratum.
+- BFS: the strata in order; each executor runs the operations it listed for a stratum
+  (`_tpg.work_strata`: its pool's units, shared by hash among the pool's executors;
+  alone in its pool, the operations it linked), then those the executors of its socket
+  listed and have not started yet, then the team meets at a barrier. An operation
+  waits for its predecessors in the stratum (a coarse unit's earlier operations, when
+  another executor took them); every other dependency is in an earlier stratum.
 - DFS: the same operations, no barrier: before one, its executor waits until the
   operations it depends on in other units are done (their `done` words).
 - NS: any executor of a pool takes any ready unit of the pool from a shared queue;
@@ -27,7 +29,15 @@ import numpy as np
 from txstream.schedulers._tpg import pool_of, unit_next, unit_start
 from txstream.schedulers.team._versions import FAILED, explore_op, wrote
 from txstream.state._kernels import SET_FULL
-from txstream.state._numba import fetch_add, inline, jit, load_acquire, monotonic_ns, store_release
+from txstream.state._numba import (
+    compare_exchange,
+    fetch_add,
+    inline,
+    jit,
+    load_acquire,
+    monotonic_ns,
+    store_release,
+)
 from txstream.state.sync import (
     INTERRUPTED,
     OK,
@@ -81,6 +91,7 @@ class Tpg(NamedTuple):
 class PoolSeat(NamedTuple):
     """This executor in its pool, and the team's words."""
 
+    rank: int
     pool: int
     index: int
     """Its rank among the pool's executors."""
@@ -93,6 +104,14 @@ class PoolSeat(NamedTuple):
     ready: np.ndarray
     """Per pool, a region of ``capacity`` entries holding queued units + 1."""
     capacity: int
+    listed: np.ndarray
+    """Per executor, a region of ``capacity`` entries: the operations it listed for the
+    batch's strata (`Strata.listed` is this executor's)."""
+    claims: np.ndarray
+    """Per executor (stride `STRIDE`): how many entries of its region were taken, and
+    where its current stratum's entries end (`claim_word`, `stop_word`)."""
+    neighbours: np.ndarray
+    """Ranks on this executor's socket, itself first (`Seat.socket_ranks`)."""
     sync: np.ndarray
     timeout_ns: int
 
@@ -134,20 +153,80 @@ def run_unit(u, b, g, state, udf, s, seat):
     return OK
 
 
+def claim_words(parties: int) -> int:
+    """How many words `PoolSeat.claims` takes."""
+    return 2 * STRIDE * parties
+
+
+@inline
+def claim_word(e):
+    """Index of the word counting the entries of executor ``e``'s region taken."""
+    return 2 * STRIDE * e
+
+
+@inline
+def stop_word(e):
+    """Index of the word where executor ``e``'s current stratum's entries end."""
+    return 2 * STRIDE * e + STRIDE
+
+
+@inline
+def _take(e, seat):
+    """Take the next entry of executor ``e``'s current stratum: its index, or -1 when
+    none is left. Entries are taken in order, each by one executor; the count never
+    passes the stratum's end, so it starts the next stratum at its first entry."""
+    stop = load_acquire(seat.claims, stop_word(e))
+    while True:
+        i = load_acquire(seat.claims, claim_word(e))
+        if i >= stop:
+            return -1
+        if compare_exchange(seat.claims, claim_word(e), i, i + 1) == i:
+            return i
+
+
+@inline
+def _wait_predecessors(o, b, g, seat, deadline, s):
+    """BFS: wait until the operations before ``o`` on its cell and those it reads in the
+    batch are done (not interruptible: every executor finishes its stratum)."""
+    p = g.links.chain_prev[o]
+    if p >= b.first:
+        why = wait_at_least(g.versions.done, p, 1, seat.sync, deadline, s.waited, False)
+        if why != OK:
+            return why
+    for k in range(g.ops.dep_ptr[o], g.ops.dep_ptr[o + 1]):
+        q = g.links.dep_prev[k]
+        if q >= b.first:
+            why = wait_at_least(g.versions.done, q, 1, seat.sync, deadline, s.waited, False)
+            if why != OK:
+                return why
+    return OK
+
+
 @jit
 def explore_bfs(b, g, state, udf, s, seat, strata, cursor):
-    """BFS from stratum ``cursor[0]`` over this executor's operations by stratum (ts
-    order within); eager: REPAIR after a stratum in which a failure asked for one
-    (``cursor[4 + parity]``: such failures of that parity seen)."""
+    """BFS from stratum ``cursor[0]``: this executor takes the entries it listed for the
+    stratum (ts order), then those of its neighbours not taken yet (an executor's list
+    ends unevenly: its rows' share of the stratum, and the cores' other work, vary),
+    each after its predecessors (`_wait_predecessors`); then the barrier. Eager: REPAIR
+    after a stratum in which a failure asked for one (``cursor[4 + parity]``: such
+    failures of that parity seen)."""
+    deadline = monotonic_ns() + seat.timeout_ns
     for level in range(cursor[0], strata.count):
         parity = STRIDE * (BY_STRATUM + level % 2)
-        for i in range(strata.level_ptr[level], strata.level_ptr[level + 1]):
-            o = strata.listed[i]
-            status = explore_op(o, g.ops, g.links, g.versions, g.fates, state, udf, s)
-            if status == SET_FULL:
-                return SET_FULL
-            if _ran(o, status, b, g, seat):
-                fetch_add(seat.words, parity, 1)
+        store_release(seat.claims, stop_word(seat.rank), strata.level_ptr[level + 1])
+        for e in seat.neighbours:
+            i = _take(e, seat)
+            while i >= 0:
+                o = seat.listed[e * seat.capacity + i]
+                why = _wait_predecessors(o, b, g, seat, deadline, s)
+                if why != OK:
+                    return why
+                status = explore_op(o, g.ops, g.links, g.versions, g.fates, state, udf, s)
+                if status == SET_FULL:
+                    return SET_FULL
+                if _ran(o, status, b, g, seat):
+                    fetch_add(seat.words, parity, 1)
+                i = _take(e, seat)
         start = monotonic_ns()
         why = barrier_wait(seat.sync, seat.parties, seat.timeout_ns)
         s.waited[0] += monotonic_ns() - start

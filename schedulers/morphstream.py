@@ -95,20 +95,24 @@ class MorphStreamScheduler(SpeculativeScheduler):
 
     @classmethod
     def chunk_arrays(cls, config: RunConfig, dims: ChunkDims) -> list[ArraySpec]:
-        """Links, versions, fates; units; a ready queue per pool."""
+        """Links, versions, fates; units; a ready queue per pool; the operations each
+        executor lists by stratum."""
         n = dims.operations
         return [
             *super().chunk_arrays(config, dims),
             *[ArraySpec(name, "int64", (n + (name == "merged_ptr"),)) for name in UNIT_ARRAYS],
             ArraySpec("ready", "int64", (dims.pools * n,)),
+            ArraySpec("listed", "int64", (dims.parties * n,)),
         ]
 
     @classmethod
     def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
-        """Position words (redo, strata), exploration words, statistics per executor."""
+        """Position words (redo, strata), exploration words, the words of the lists
+        executors take entries from, statistics per executor."""
         return [
             *super().run_arrays(config, dims),
             ArraySpec("words", "int64", (ex.word_count(dims.pools),)),
+            ArraySpec("claims", "int64", (ex.claim_words(dims.parties),)),
             ArraySpec("stats", "int64", (dims.parties, STATS)),
         ]
 
@@ -120,7 +124,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         self._explore_ns = 0
         self._last: BatchStats | None = None
         self._level_ptr = np.zeros(2, np.int64)
-        self._listed = np.zeros(1, np.int64)
+        self._neighbours = np.array(team.seat.socket_ranks, np.int64)
         self._cycles = cycle_scratch(0, 0)
         self._own = np.zeros(0, np.int64)
         """The operations this executor linked in the current batch, in ts order."""
@@ -142,7 +146,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
             choice.abort,
         )
         batch = ex.Exploration(first, stop, choice.granularity == "fine", choice.abort == EAGER)
-        seat = self._seat(chunk.ready, chunk.dims.operations)
+        seat = self._seat(chunk)
         strata = self._units(tpg, batch, choice.explore, seat, stats, breakdown)
         s = scratch(ops.max_reads, ops.max_txn_ops)
         self._explore_ns = self._explore(
@@ -152,9 +156,10 @@ class MorphStreamScheduler(SpeculativeScheduler):
         if self.team.rank == 0 and end > begin:  # (the warm-up runs an empty batch)
             self._log.add(stats)
 
-    def _seat(self, ready: np.ndarray, capacity: int) -> ex.PoolSeat:
+    def _seat(self, chunk: ChunkArrays) -> ex.PoolSeat:
         seat, team = self.team.seat, self.team
         return ex.PoolSeat(
+            team.rank,
             seat.pool,
             seat.pool_ranks.index(team.rank),
             len(seat.pool_ranks),
@@ -162,11 +167,19 @@ class MorphStreamScheduler(SpeculativeScheduler):
             self._row_pool,
             self._row_of_cell,
             self.run["words"],
-            ready,
-            capacity,
+            chunk.ready,
+            chunk.dims.operations,
+            chunk.arrays["listed"],
+            self.run["claims"],
+            self._neighbours,
             team.sync,
             team.timeout_ns,
         )
+
+    @staticmethod
+    def _listed(seat: ex.PoolSeat) -> np.ndarray:
+        """This executor's region of the listed operations."""
+        return seat.listed[seat.rank * seat.capacity : (seat.rank + 1) * seat.capacity]
 
     def _construct(
         self, spec: Speculation, units: Units, begin: int, end: int, breakdown: Breakdown
@@ -197,6 +210,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
             self.run["redo_position"][STRIDE * rank] = first
             if rank == 0:
                 self.run["words"][:] = 0
+                self.run["claims"][:] = 0
         team.barrier(breakdown)
         totals = table.sum(axis=0)
         if self._last is not None and self._last.transactions:  # the previous batch, measured
@@ -284,8 +298,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         with breakdown.timing("explore"):
             if len(self._level_ptr) < strata + 1:
                 self._level_ptr = np.zeros(2 * strata + 1, np.int64)
-            if len(self._listed) < batch.end - batch.first:
-                self._listed = np.zeros(2 * (batch.end - batch.first), np.int64)
+            listed = self._listed(seat)
             n_merged = int(table[0, CYCLIC]) if not batch.fine and stats.cross else 0
             work_strata(
                 batch.first,
@@ -300,9 +313,9 @@ class MorphStreamScheduler(SpeculativeScheduler):
                 units,
                 n_merged,
                 self._level_ptr,
-                self._listed,
+                listed,
             )
-        return ex.Strata(strata, self._level_ptr, self._listed)
+        return ex.Strata(strata, self._level_ptr, listed)
 
     def _grow_cycles(self, operations: int, reads: int) -> None:
         if len(self._cycles.node) < operations or len(self._cycles.edges) < reads:
@@ -377,9 +390,9 @@ class MorphStreamScheduler(SpeculativeScheduler):
         tpg = ex.Tpg(ops, links, spec.versions, spec.fates, units)
         share = chunk.operations()
         s = scratch(share.max_reads, share.max_txn_ops)
-        seat = self._seat(chunk.ready, chunk.dims.operations)
+        seat = self._seat(chunk)
         batch = ex.Exploration(0, 0, True, True)
-        strata = ex.Strata(1, self._level_ptr, self._listed)
+        strata = ex.Strata(1, self._level_ptr, self._listed(seat))
         cursor = np.zeros(6, np.int64)
         for explore in (ex.explore_bfs, ex.explore_dfs):
             compile_for(explore, batch, tpg, state, udf, s, seat, strata, cursor)
@@ -399,7 +412,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         compile_for(
             work_strata,
             *(0, 0, True, self._own, team.seat.alone, seat, 1, ops, links, units, 0),
-            *(self._level_ptr, self._listed),
+            *(self._level_ptr, self._listed(seat)),
         )
         compile_for(add_to, seat.words, 0, 0)
 

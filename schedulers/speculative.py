@@ -14,13 +14,12 @@ from txstream.schedulers.base import Scheduler
 from txstream.schedulers.team._links import forget_chunk, with_room
 from txstream.schedulers.team._links import partition as link_partition
 from txstream.schedulers.team._versions import scratch, undo_aborted_tails
-from txstream.schedulers.team.aborts import Repairs, Speculation, chunk_versions
+from txstream.schedulers.team.aborts import Repairs, Speculation, chunk_versions, repair_arrays
 from txstream.schedulers.team.member import Member
 from txstream.schedulers.team.placement import row_pools
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
 from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
-from txstream.state.sync import STRIDE
 from txstream.state.tables import SharedState
 from txstream.topologies.api import Topology
 
@@ -38,8 +37,8 @@ class SpeculativeScheduler(Scheduler):
 
     @classmethod
     def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
-        """A redo-position word per executor (a redo publishes how far it is there)."""
-        return [ArraySpec("redo_position", "int64", (STRIDE * dims.parties,))]
+        """The words repairs publish in, per executor (`repair_arrays`)."""
+        return repair_arrays(dims.parties)
 
     def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
         super().__init__(config, topology, state, team)
@@ -50,9 +49,11 @@ class SpeculativeScheduler(Scheduler):
         self._repairs: Repairs | None = None
 
     def map_run(self, arrays: dict[str, np.ndarray]) -> None:
-        """Receive the run arrays; repairs publish their redo position there."""
+        """Receive the run arrays; repairs publish there."""
         super().map_run(arrays)
-        self._repairs = Repairs(self.team, self.state.arrays, self.udf, arrays["redo_position"])
+        self._repairs = Repairs(
+            self.team, self.state.arrays, self.udf, arrays["redo_position"], arrays["settled"]
+        )
 
     def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """Room to list the operations this executor links in the chunk."""
@@ -80,5 +81,10 @@ class SpeculativeScheduler(Scheduler):
         self._repairs.warm_up(Speculation.of(chunk), scratch(ops.max_reads, ops.max_txn_ops))
 
     def report(self) -> dict:
-        """Operations redone after failures."""
-        return {"redone_operations": self._repairs.redone if self._repairs else 0}
+        """Operations redone after failures; failures the team settled without the
+        Coordinator (they changed nothing)."""
+        repairs = self._repairs
+        return {
+            "redone_operations": repairs.redone if repairs else 0,
+            "settled_failures": repairs.settled_failures if repairs else 0,
+        }

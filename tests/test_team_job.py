@@ -47,9 +47,11 @@ def test_two_executors_equal_serial(hot_gs, scheduler, placement):
     assert_same_run(run.events, run.state, serial.events, serial.state)
     assert run.events.equals(serial.events)  # reasons too, not only their presence
     assert len(run.metrics["breakdown_per_executor_s"]) == 2
-    coordinator = run.metrics["coordinator"]  # it resolved the batches that had aborts
-    assert coordinator["failed"] > 0 and run.metrics["aborted"] > 0
-    assert 0 < sum(coordinator["requests"].values())
+    # the batches that had aborts were resolved: by the Coordinator, or by the team for
+    # failures that changed nothing (`Repairs`: GS's statements are one per transaction)
+    coordinator = run.metrics["coordinator"]
+    assert coordinator["failed"] + run.metrics["settled_failures"] > 0
+    assert run.metrics["aborted"] > 0
     assert serial.metrics["coordinator"] is None  # serial aborts on its own
     assert not txstream_segments()
     if scheduler == "morphstream":

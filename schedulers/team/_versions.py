@@ -342,6 +342,38 @@ def _cell_changed(o, t, ops, links, v):
     return False
 
 
+@inline
+def _left_changed(o, t, ops, links, v):
+    """Whether executed statement ``o`` of transaction ``t`` left its cell changed for
+    the operations after it (the version others read of it)."""
+    return v.done[o] and _last_on_cell(o, t, ops, links) and _cell_changed(o, t, ops, links, v)
+
+
+@jit
+def settle_unchanged(begin, end, ops, links, v, fates):
+    """The team's pass before the Coordinator's, over transactions begin..end-1 (each
+    executor its share): a fresh failure of a transaction that left no cell changed made
+    nothing wrong (what `find_affected` would conclude), so it is no longer fresh.
+    Returns (fresh failures left for `find_affected`, failures settled)."""
+    left = 0
+    settled = 0
+    for t in range(begin, end):
+        if not fates.fresh[t]:
+            continue
+        changed = False
+        if fates.failed[t]:
+            for o in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
+                if _left_changed(o, t, ops, links, v):
+                    changed = True
+                    break
+        if changed:
+            left += 1
+        else:
+            fates.fresh[t] = 0
+            settled += 1
+    return left, settled
+
+
 @jit
 def find_affected(begin, end, ops, links, v, fates, stack):
     """The Coordinator's pass over transactions begin..end-1 of a batch, considering the
@@ -361,11 +393,7 @@ def find_affected(begin, end, ops, links, v, fates, stack):
                 for o in range(ops.txn_ptr[t], ops.txn_ptr[t + 1]):
                     # what others read of a cell is the version the transaction's last
                     # statement on it left: wrong if any of its statements there changed it
-                    if (
-                        v.done[o]
-                        and _last_on_cell(o, t, ops, links)
-                        and _cell_changed(o, t, ops, links, v)
-                    ):
+                    if _left_changed(o, t, ops, links, v):
                         n = _push_successors(o, t, first, stop, ops, links, v, stack, n)
     marked = 0
     while n > 0:

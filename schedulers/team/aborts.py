@@ -31,6 +31,7 @@ from txstream.schedulers.team._versions import (
     find_affected,
     redo,
     roll_back_marked,
+    settle_unchanged,
 )
 from txstream.schedulers.team.member import Member
 from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, Udf, compile_for
@@ -100,19 +101,31 @@ def resolve(chunk: ChunkArrays, begin: int, end: int, stack: np.ndarray) -> int:
 
 
 class Repairs:
-    """The team's part, for one executor: pause, have the Coordinator mark, roll back
-    and redo the marked operations of a batch, resume.
+    """The team's part, for one executor: pause, settle the failures that changed
+    nothing, have the Coordinator mark what the others made wrong, roll back and redo
+    the marked operations of a batch, resume.
 
     ``redo_position`` is a word per executor (stride `STRIDE`) where the redo publishes
-    how far it is, declared by the scheduler."""
+    how far it is, ``settled`` two words per executor where it publishes what its share
+    of the failures needs (`settle_unchanged`), both declared by the scheduler
+    (`repair_arrays`)."""
 
-    def __init__(self, team: Member, state: StateArrays, udf: Udf, redo_position: np.ndarray):
+    def __init__(
+        self,
+        team: Member,
+        state: StateArrays,
+        udf: Udf,
+        redo_position: np.ndarray,
+        settled: np.ndarray,
+    ):
         self.team = team
         self.state = state
         self.udf = udf
         self.redo_position = redo_position
-        self.requests = {policy: 0 for policy in POLICIES}
+        self.settled = settled
         self.redone = 0
+        self.settled_failures = 0
+        """Fresh failures the team settled without the Coordinator (they changed nothing)."""
 
     def warm_up(self, spec: Speculation, s: Scratch) -> None:
         """Compile (or load) the kernels of a repair for a chunk's arrays
@@ -125,6 +138,7 @@ class Repairs:
             *(self.redo_position, team.sync, team.timeout_ns, s),
         )
         compile_for(clear_marks, team.rank, 0, ops, links, v, fates)
+        compile_for(settle_unchanged, 0, 0, ops, links, v, fates)
 
     def run(
         self,
@@ -137,8 +151,10 @@ class Repairs:
         on_pause: Callable[[], None] | None = None,
     ) -> int:
         """With the whole team (every executor calls it): resolve the fresh failures of
-        transactions begin..end-1; ``on_pause`` runs once the whole team is paused.
-        Returns how many operations were redone."""
+        transactions begin..end-1; ``on_pause`` runs once the whole team is paused. The
+        Coordinator is asked only if a failed transaction left a cell changed (a round
+        trip per batch otherwise: GS's failures change nothing). Returns how many
+        operations were redone."""
         team = self.team
         ops, links, v, fates = spec.ops, spec.links, spec.versions, spec.fates
         first_op, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
@@ -146,7 +162,16 @@ class Repairs:
         team.barrier(breakdown)
         if on_pause is not None:
             on_pause()
-        self.requests[policy] += 1
+        with breakdown.timing("abort"):
+            t0 = begin + (end - begin) * team.rank // team.parties
+            t1 = begin + (end - begin) * (team.rank + 1) // team.parties
+            mine = STRIDE * team.rank
+            self.settled[mine : mine + 2] = settle_unchanged(t0, t1, ops, links, v, fates)
+        team.barrier(breakdown)
+        left, settled = self.settled.reshape(team.parties, STRIDE)[:, :2].sum(axis=0)
+        self.settled_failures += int(settled)
+        if not left:
+            return 0
         request = [POLICIES.index(policy), *spec.dims.words(), begin, end]
         marked = team.ask_coordinator(RESOLVE, request, breakdown, "abort")
         if marked:
@@ -179,3 +204,12 @@ class Repairs:
         if marked:
             clear_marks(team.rank, marked, ops, links, v, fates)
         return marked
+
+
+def repair_arrays(parties: int) -> list[ArraySpec]:
+    """The run arrays `Repairs` publishes in: a redo position and what a share of the
+    failures needs, per executor."""
+    return [
+        ArraySpec("redo_position", "int64", (STRIDE * parties,)),
+        ArraySpec("settled", "int64", (STRIDE * parties,)),
+    ]

@@ -26,6 +26,9 @@ class Seat:
     pools: int
     pool_ranks: tuple[int, ...]
     """Ranks sharing this executor's pool (lowest first)."""
+    socket_ranks: tuple[int, ...]
+    """Ranks on this executor's socket, this one first, then the next ones in rank order:
+    they take each other's work left at the end of a stratum (`_explore.explore_bfs`)."""
 
     @property
     def alone(self) -> bool:
@@ -46,7 +49,14 @@ def seats(placement: str | None, sockets: list[int]) -> list[Seat]:
         pool_of = list(range(n))
     pools = max(pool_of) + 1
     return [
-        Seat(r, n, pool_of[r], pools, tuple(i for i in range(n) if pool_of[i] == pool_of[r]))
+        Seat(
+            r,
+            n,
+            pool_of[r],
+            pools,
+            tuple(i for i in range(n) if pool_of[i] == pool_of[r]),
+            tuple(i % n for i in range(r, r + n) if sockets[i % n] == sockets[r]),
+        )
         for r in range(n)
     ]
 
