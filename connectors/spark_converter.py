@@ -63,8 +63,8 @@ def _compile_command(out: Path) -> list[str]:
     ]
 
 
-def build() -> Path:
-    """Compile `SOURCE` into `CONVERTER_JAR` (replacing it)."""
+def build(target: Path = CONVERTER_JAR) -> Path:
+    """Compile `SOURCE` into the jar ``target`` (replacing it)."""
     with tempfile.TemporaryDirectory(prefix="txs-converter-") as tmp:
         out = Path(tmp) / "classes"
         out.mkdir()
@@ -73,16 +73,16 @@ def build() -> Path:
         classes = sorted(out.rglob("*.class"))
         if done.returncode or not classes:
             raise RuntimeError(f"{Path(command[0]).name} failed: {done.stderr.strip()[-500:]}")
-        CONVERTER_JAR.parent.mkdir(parents=True, exist_ok=True)
-        partial = CONVERTER_JAR.with_name(f".{CONVERTER_JAR.name}.{os.getpid()}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
         try:
             with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
                 for found in classes:
                     jar.write(found, found.relative_to(out).as_posix())
-            partial.replace(CONVERTER_JAR)
+            partial.replace(target)
         finally:
             partial.unlink(missing_ok=True)
-    return CONVERTER_JAR
+    return target
 
 
 def main() -> int:

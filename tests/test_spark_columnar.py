@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import datetime
 import logging
+import zipfile
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from txstream.connectors import spark as spark_module
+from txstream.connectors import spark_converter
 from txstream.connectors.spark import SparkSource
-from txstream.connectors.spark_converter import CONVERTER_JAR
-
-pytestmark = pytest.mark.usefixtures("ray_cluster")
+from txstream.connectors.spark_converter import CONVERTER_CLASS, CONVERTER_JAR
 
 FILE_ROWS = (25_000, 0, 14_000, 1)
 """Several files, one of them empty: splits and batches that do not line up."""
@@ -135,3 +135,15 @@ def test_without_the_jar_the_row_path_says_so(spark, files, tmp_path, caplog, mo
     assert taken == [False]
     assert table.column("event_id").to_pylist() == list(range(sum(FILE_ROWS)))
     assert "missing.jar (./setup compiles it)" in caplog.text
+
+
+def test_janino_compiles_the_converter_without_javac(tmp_path, monkeypatch):
+    """A machine with only a Java runtime: Janino, from pyspark's jars, compiles it."""
+    which = spark_converter.shutil.which
+    monkeypatch.setattr(
+        spark_converter.shutil, "which", lambda name: None if name == "javac" else which(name)
+    )
+    assert "CompilerDemo" in " ".join(spark_converter._compile_command(tmp_path))
+    jar = spark_converter.build(tmp_path / "converter.jar")
+    names = zipfile.ZipFile(jar).namelist()
+    assert CONVERTER_CLASS.replace(".", "/") + ".class" in names
