@@ -36,6 +36,7 @@ from txstream.cluster.ray_runtime import ray_session
 from txstream.cluster.scratch import JavaDriverLibraries, scratch
 from txstream.cluster.topology import usable_cores
 from txstream.connectors.sources import ArrowSource
+from txstream.connectors.spark_converter import CONVERTER_CLASS, CONVERTER_JAR
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.logs import level_number
@@ -368,6 +369,7 @@ class SparkSource:
 
         if partition_rows < 1 or prefetch < 0:
             raise UsageError("partition_rows must be >= 1 and prefetch >= 0")
+        files: list[DataFrame] = []
         if isinstance(data, DataFrame):
             self._spark = data.sparkSession
             frame, self.num_rows = _positioned_frame(data)
@@ -379,15 +381,17 @@ class SparkSource:
                     "no Spark session: open one with txstream.connectors.spark.spark_session()"
                 )
             parquet = data if isinstance(data, ArrowSource) else ArrowSource(data)
-            frame, self.num_rows = _positioned_files(self._spark, parquet), parquet.num_rows
+            files = _positioned_files(self._spark, parquet)
+            frame, self.num_rows = reduce(lambda a, b: a.union(b), files), parquet.num_rows
             file_bytes = sum(f.stat().st_size for f in parquet.files)
             split_bytes = max(1, partition_rows * file_bytes // max(1, self.num_rows))
         self.schema: pa.Schema = _arrow_schema(frame)
         self.prefetch = prefetch
         self.fetch_timeout_s = fetch_timeout_s
-        self._rdd = _arrow_rdd(frame, split_bytes)
+        schema_json = _arrow_schema_json(frame)
+        self._rdd = _arrow_rdd(frame, split_bytes, schema_json, files)
         self._fetcher = _fetcher(self._spark)
-        staging = _staging(frame, self._rdd)
+        staging = _staging(frame, self._rdd, schema_json)
         ray.get(self._fetcher.add.remote(staging))
         self.num_partitions, self._rdd_id = staging.num_partitions, staging.rdd_id
         self._job_group = f"txstream-{uuid.uuid4().hex}"
@@ -484,8 +488,9 @@ _CONSUMER_FIELDS = (
 )
 
 
-def _positioned_files(spark: SparkSession, parquet: ArrowSource) -> DataFrame:
-    """Union of one read per file, each row tagged `file index << 40 | row index in file`.
+def _positioned_files(spark: SparkSession, parquet: ArrowSource) -> list[DataFrame]:
+    """One read per file, each row tagged `file index << 40 | row index in file`: the
+    input is their union, in file order.
 
     The row index comes from Spark's `_metadata.row_index` (exact even when a file is split
     across partitions). One read per file, because `_metadata.file_name` is URL-encoded and
@@ -510,7 +515,7 @@ def _positioned_files(spark: SparkSession, parquet: ArrowSource) -> DataFrame:
             "_metadata.row_index"
         )
         reads.append(frame.withColumn(POSITION, position))
-    return reduce(lambda a, b: a.union(b), reads)
+    return reads
 
 
 def _positioned_frame(frame: DataFrame) -> tuple[DataFrame, int]:
@@ -541,13 +546,17 @@ def _arrow_schema(frame: DataFrame) -> pa.Schema:
     return schema.remove(schema.get_field_index(POSITION))
 
 
-def _arrow_rdd(frame: DataFrame, split_bytes: int | None) -> JavaObject:
+def _arrow_rdd(
+    frame: DataFrame, split_bytes: int | None, schema_json: str, files: Sequence[DataFrame]
+) -> JavaObject:
     """`frame` as Spark's RDD of Arrow batches, kept on the executors' disk once computed.
 
     This is RayDP's staging (`ObjectStoreWriter.prepareRecoverableRDD`) minus running it, so
     the partitions can be fetched while the job runs. DISK_ONLY keeps the executor heap out
     of it: inputs larger than memory only need disk. With `split_bytes`, file splits are at
     most that large (the session's own limit if smaller), set only while Spark plans `frame`.
+    A union of Parquet `files` is converted column by column if it can be (`_columnar_rdd`),
+    else, like a DataFrame, by Spark's `toArrowBatchRdd`, row by row.
     """
     from pyspark import StorageLevel
 
@@ -556,12 +565,79 @@ def _arrow_rdd(frame: DataFrame, split_bytes: int | None) -> JavaObject:
     if split_bytes is not None:
         conf.set(key, str(min(split_bytes, _bytes(frame.sparkSession, before))))
     try:
-        rdd = frame._jdf.toArrowBatchRdd()
+        rdd = _columnar_rdd(frame, schema_json, files) if files else None
+        if rdd is None:
+            rdd = frame._jdf.toArrowBatchRdd()
         rdd.getNumPartitions()  # plans the file splits now
     finally:
         conf.set(key, before)
     context = frame.sparkSession.sparkContext
     return rdd.persist(context._getJavaStorageLevel(StorageLevel.DISK_ONLY))
+
+
+_COLUMNAR_TYPES = frozenset(
+    "boolean byte short integer long float double string binary date".split()
+) | {"timestamp", "timestamp_ntz"}
+"""Spark types `ArrowColumns` copies (`DataType.typeName()`)."""
+_ROW_INDEX = "_tmp_metadata_row_index"
+"""The column in which Spark's Parquet scan reads `_metadata.row_index`."""
+
+
+def _columnar_rdd(
+    frame: DataFrame, schema_json: str, files: Sequence[DataFrame]
+) -> JavaObject | None:
+    """The files' Parquet scans' columnar batches copied into Arrow column by column
+    (`ArrowColumns`, compiled by ``./setup``: `txstream.connectors.spark_converter`): the
+    batches `toArrowBatchRdd` makes from their union `frame` (schema ``schema_json``, at
+    most `spark.sql.execution.arrow.maxRecordsPerBatch` rows), without its whole-stage row
+    loop and row-by-row `ArrowWriter`. Each position is the file's index ``<< 40`` plus the
+    row index that the scan reads as a column. None (said at debug level) when a column has
+    a type it does not copy, a scan is not columnar, or the converter is not compiled."""
+    unsupported = [f.name for f in frame.schema if f.dataType.typeName() not in _COLUMNAR_TYPES]
+    if unsupported:
+        return _row_path(f"no columnar copy of columns {unsupported}")
+    if not CONVERTER_JAR.is_file():
+        return _row_path(f"no {CONVERTER_JAR} (./setup compiles it)")
+    names = [name for name in frame.columns if name != POSITION] + [_ROW_INDEX]
+    scans, ordinals = [], None
+    for read in files:
+        scan = read._jdf.queryExecution().executedPlan().collectLeaves().apply(0)
+        if scan.getClass().getSimpleName() != "FileSourceScanExec" or not scan.supportsColumnar():
+            return _row_path(f"the plan's scan is not columnar: {scan.nodeName()}")
+        output = [scan.output().apply(i).name() for i in range(scan.output().size())]
+        found = [output.index(name) for name in names] if set(names) <= set(output) else None
+        if found is None or ordinals not in (None, found):
+            return _row_path(f"the scans read {output}, not {names}")
+        ordinals = found
+        scans.append(scan.executeColumnar())
+    spark = frame.sparkSession
+    gateway, jvm = spark.sparkContext._gateway, spark._jvm
+    columns = gateway.new_array(jvm.int, len(names) - 1)
+    for index, ordinal in enumerate(ordinals[:-1]):
+        columns[index] = ordinal
+    scan_list = jvm.java.util.ArrayList()
+    for scan in scans:
+        scan_list.add(scan)
+    rows = spark._jconf.arrowMaxRecordsPerBatch()
+    rows = rows if rows > 0 else 2**31 - 1
+    logging.getLogger(__name__).debug("Spark converts the input column by column")
+    return _converter(spark).files(scan_list, schema_json, columns, ordinals[-1], _FILE_SHIFT, rows)
+
+
+def _row_path(reason: str) -> None:
+    logging.getLogger(__name__).debug("Spark converts the input row by row: %s", reason)
+
+
+def _converter(spark: SparkSession) -> JavaObject:
+    """The driver's `ArrowColumns`, its jar added to the Spark application (``ADD JAR``: the
+    executors load it from there, the driver from the session's class loader)."""
+    added = spark.sparkContext._jsc.sc().listJars().mkString("\n").splitlines()
+    if not any(url.rsplit("/", 1)[-1] == CONVERTER_JAR.name for url in added):
+        spark.sql(f"ADD JAR '{CONVERTER_JAR}'")
+    loader = spark._jsparkSession.sharedState().jarClassLoader()
+    no_classes = spark.sparkContext._gateway.new_array(spark._jvm.java.lang.Class, 0)
+    no_args = spark.sparkContext._gateway.new_array(spark._jvm.java.lang.Object, 0)
+    return loader.loadClass(CONVERTER_CLASS).getDeclaredConstructor(no_classes).newInstance(no_args)
 
 
 def _bytes(spark: SparkSession, size: str) -> int:
@@ -571,7 +647,13 @@ def _bytes(spark: SparkSession, size: str) -> int:
     )
 
 
-def _staging(frame: DataFrame, rdd: JavaObject) -> Staging:
+def _arrow_schema_json(frame: DataFrame) -> str:
+    """The Arrow schema of `frame`'s converted batches, as RayDP's staging gives it."""
+    writer = frame.sparkSession.sparkContext._jvm.org.apache.spark.sql.raydp.ObjectStoreWriter
+    return writer.toArrowSchema(frame._jdf).toJson()
+
+
+def _staging(frame: DataFrame, rdd: JavaObject, schema_json: str) -> Staging:
     jvm = frame.sparkSession.sparkContext._jvm
     writer = jvm.org.apache.spark.sql.raydp.ObjectStoreWriter
     _wait_for_an_executor(frame.sparkSession)
@@ -579,7 +661,7 @@ def _staging(frame: DataFrame, rdd: JavaObject) -> Staging:
     return Staging(
         rdd.id(),
         rdd.getNumPartitions(),
-        writer.toArrowSchema(frame._jdf).toJson(),
+        schema_json,
         writer.driverAgentUrl(),
         executors.head(),
     )

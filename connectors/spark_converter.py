@@ -1,0 +1,101 @@
+"""Spark's columnar Arrow converter: compiled once per installation (``./setup`` runs this).
+
+`txstream.connectors.spark` converts a Parquet input with `ArrowColumns` (``java/``): the
+scans' columnar batches copied into Arrow vectors column by column, instead of Spark's
+row-by-row ``toArrowBatchRdd``. The class is compiled here into a jar in this
+installation's prefix, with ``javac`` if there is one, else with Janino (in pyspark's jars:
+a Java runtime has no compiler), and reaches Spark's JVMs at run time (``ADD JAR``), so
+their class path, and with it the class archive (`txstream.connectors.spark_classes`),
+stays the same. Without the jar, Spark converts row by row.
+
+    python -m txstream.connectors.spark_converter
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+CONVERTER_JAR = Path(sys.prefix) / "share" / "txstream" / "txstream-spark.jar"
+"""The compiled converter, in this installation's prefix (the virtualenv)."""
+CONVERTER_CLASS = "txstream.spark.ArrowColumns"
+SOURCE = Path(__file__).parent / "java" / "ArrowColumns.java"
+_COMPILE_TIMEOUT_S = 300
+
+
+def _spark_jars() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def _compile_command(out: Path) -> list[str]:
+    """javac when this machine has a working one, else Janino's command line on ``java``."""
+    jars = _spark_jars()
+    class_path = os.pathsep.join(str(jar) for jar in sorted(jars.glob("*.jar")))
+    javac = shutil.which("javac")
+    if javac and subprocess.run([javac, "-version"], capture_output=True).returncode == 0:
+        return [javac, "-nowarn", "-encoding", "UTF-8", "-cp", class_path, "-d", str(out)]
+    java = shutil.which("java")
+    if java is None:
+        raise RuntimeError("no java on PATH")
+    janino = os.pathsep.join(
+        str(jars / f"{name}-3.1.9.jar") for name in ("janino", "commons-compiler")
+    )
+    demo = "org.codehaus.commons.compiler.samples.CompilerDemo"  # Janino's javac
+    return [
+        java,
+        "-cp",
+        janino,
+        demo,
+        "-encoding",
+        "UTF-8",
+        "-classpath",
+        class_path,
+        "-d",
+        str(out),
+    ]
+
+
+def build(target: Path = CONVERTER_JAR) -> Path:
+    """Compile `SOURCE` into the jar ``target`` (replacing it)."""
+    with tempfile.TemporaryDirectory(prefix="txs-converter-") as tmp:
+        out = Path(tmp) / "classes"
+        out.mkdir()
+        command = [*_compile_command(out), str(SOURCE)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S)
+        classes = sorted(out.rglob("*.class"))
+        if done.returncode or not classes:
+            raise RuntimeError(f"{Path(command[0]).name} failed: {done.stderr.strip()[-500:]}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        try:
+            with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
+                for found in classes:
+                    jar.write(found, found.relative_to(out).as_posix())
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+    return target
+
+
+def main() -> int:
+    """Compile the converter; 1 if it could not be (Spark then converts row by row)."""
+    begin = time.perf_counter()
+    try:
+        path = build()
+    except Exception as exc:  # optional: Spark works without it, only converts slower
+        print(f"no columnar converter for Spark: {exc}", file=sys.stderr)
+        return 1
+    print(f"Spark's columnar converter: {path} ({time.perf_counter() - begin:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
