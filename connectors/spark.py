@@ -576,8 +576,8 @@ def _arrow_rdd(
 
 
 _COLUMNAR_TYPES = frozenset(
-    "boolean byte short integer long float double string binary date".split()
-) | {"timestamp", "timestamp_ntz"}
+    "boolean byte short integer long float double string binary date timestamp timestamp_ntz".split()
+)
 """Spark types `ArrowColumns` copies (`DataType.typeName()`)."""
 _ROW_INDEX = "_tmp_metadata_row_index"
 """The column in which Spark's Parquet scan reads `_metadata.row_index`."""

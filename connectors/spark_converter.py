@@ -45,8 +45,8 @@ def _compile_command(out: Path) -> list[str]:
     java = shutil.which("java")
     if java is None:
         raise RuntimeError("no java on PATH")
-    janino = os.pathsep.join(
-        str(jars / f"{name}-3.1.9.jar") for name in ("janino", "commons-compiler")
+    janino = os.pathsep.join(  # whichever version this pyspark ships
+        str(jar) for name in ("janino", "commons-compiler") for jar in jars.glob(f"{name}-*.jar")
     )
     demo = "org.codehaus.commons.compiler.samples.CompilerDemo"  # Janino's javac
     return [
