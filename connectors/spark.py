@@ -576,7 +576,8 @@ def _arrow_rdd(
 
 
 _COLUMNAR_TYPES = frozenset(
-    "boolean byte short integer long float double string binary date timestamp timestamp_ntz".split()
+    ("boolean", "byte", "short", "integer", "long", "float", "double")
+    + ("string", "binary", "date", "timestamp", "timestamp_ntz")
 )
 """Spark types `ArrowColumns` copies (`DataType.typeName()`)."""
 _ROW_INDEX = "_tmp_metadata_row_index"
