@@ -327,12 +327,16 @@ class NodesSession:
         return _Unit(events.num_rows, *touched_cells(plan.topology, plan.layout, events), events)
 
     def _spark_units(self, source: SparkSource, size: int) -> Iterator[_Unit]:
-        """The units of a Spark source's partitions, each prepared by a Ray task by its
-        bytes (`txstream.nodes.intake`), `PREPARED_AHEAD` partitions ahead."""
+        """The units of a Spark source's partitions, each prepared by a Ray task on the
+        driver's node (`txstream.nodes.intake`), `PREPARED_AHEAD` partitions ahead."""
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         plan, nodes = self.plan, self.config.nodes
-        prepare = ray.remote(prepare_partition).options(num_cpus=0, num_returns=nodes + 1)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        prepare = ray.remote(prepare_partition).options(
+            num_cpus=0, num_returns=nodes + 1, scheduling_strategy=here
+        )
         pending: deque[list] = deque()
         last_position = -1
         partitions = source.partitions()

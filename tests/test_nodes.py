@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -295,10 +296,51 @@ def test_a_lost_node_is_recovered_from_the_checkpoints(local_cluster, lose, sour
     """One node's process killed mid-run with checkpoints on, or its whole Ray node (raylet,
     object store and all): every node goes back to the last checkpoint they all took, on the
     nodes still alive, and the run ends well and equals serial. Read by Spark, the units
-    run again take their events from the partitions prepared on the nodes (made again by
-    Ray where a lost node held them)."""
-    cluster = local_cluster.address
-    command, want = _checkpointed_run(tmp_path, cluster, 3, seed=5, source=source)
+    run again take their events from the partitions prepared on the driver's node."""
+
+    def lose_one(teams: list[int]) -> None:
+        if lose == "process":
+            os.kill(max(teams), signal.SIGKILL)
+        else:
+            local_cluster.remove_node(next(iter(local_cluster.worker_nodes)), allow_graceful=False)
+
+    try:
+        _lose_a_node_mid_run(local_cluster.address, lose_one, source, tmp_path)
+    finally:
+        if len(local_cluster.worker_nodes) < NODES - 1:  # the next tests get three nodes
+            local_cluster.add_node(**_node(local_cluster.head_node._ray_params.temp_dir))
+            local_cluster.wait_for_nodes()
+
+
+def test_a_lost_node_with_sparks_executor_is_recovered_from_the_checkpoints(tmp_path):
+    """The Ray node lost mid-run is the one Spark's executor runs on (the only node with
+    the 2 CPUs it asks for), so the partitions Spark converted there are lost too: the run
+    still recovers from the checkpoints and equals serial (before the partitions were
+    prepared on the driver's node, Ray could not rebuild them, or rebuilt them wrong)."""
+    from ray.cluster_utils import Cluster
+
+    folder = tempfile.mkdtemp(prefix="txs-ray-nodes-")
+    cluster = None
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args=_node(folder))
+        sparks = cluster.add_node(**{**_node(folder), "num_cpus": 2})
+        cluster.add_node(**_node(folder))
+        cluster.wait_for_nodes()
+
+        def lose_sparks_node(teams: list[int]) -> None:
+            cluster.remove_node(sparks, allow_graceful=False)
+
+        _lose_a_node_mid_run(cluster.address, lose_sparks_node, "spark", tmp_path)
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _lose_a_node_mid_run(address: str, lose: Callable[[list[int]], None], source: str, tmp_path):
+    """`_checkpointed_run` over 3 nodes, ``lose`` called with the nodes' pids once node 2
+    took two checkpoints; the run must end well, recovered, and equal serial."""
+    command, want = _checkpointed_run(tmp_path, address, 3, seed=5, source=source)
     out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -307,16 +349,10 @@ def test_a_lost_node_is_recovered_from_the_checkpoints(local_cluster, lose, sour
             time.sleep(0.05)
         teams = actor_processes("NodeTeam", wait_s=0)
         assert len(teams) == 3, "the run ended before a node could be lost"
-        if lose == "process":
-            os.kill(max(teams), signal.SIGKILL)
-        else:
-            local_cluster.remove_node(next(iter(local_cluster.worker_nodes)), allow_graceful=False)
+        lose(teams)
         _, stderr = proc.communicate(timeout=600)
     finally:
         proc.kill()
-        if len(local_cluster.worker_nodes) < NODES - 1:  # the next tests get three nodes
-            local_cluster.add_node(**_node(local_cluster.head_node._ray_params.temp_dir))
-            local_cluster.wait_for_nodes()
     assert proc.returncode == 0, stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert len(metrics["recoveries"]) >= 1 and metrics["recoveries"][0]["from_ts"] > 0
