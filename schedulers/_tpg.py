@@ -274,16 +274,14 @@ def _tarjan(n, g):
 
 
 @jit
-def fine_levels(me, first, end, ops, links, units, position, sync, timeout_ns, waited):
-    """Strata of this executor's operations among first..end-1 (fine units), in ts
-    order: one more than the TD and PD predecessors in the batch. A predecessor owned
-    by another executor is waited for (its position word). Returns (OK or a sync error
-    code, the highest stratum + 1)."""
+def fine_levels(me, first, end, own, ops, links, units, position, sync, timeout_ns, waited):
+    """Strata of this executor's operations among first..end-1 (fine units: ``own``, the
+    operations it linked, in ts order): one more than the TD and PD predecessors in the
+    batch. A predecessor owned by another executor is waited for (its position word).
+    Returns (OK or a sync error code, the highest stratum + 1)."""
     deadline = monotonic_ns() + timeout_ns
     strata = 1
-    for o in range(first, end):
-        if links.owner[o] != me:
-            continue
+    for o in own:
         store_release(position, STRIDE * me, o)
         level = 0
         p = links.chain_prev[o]

@@ -138,7 +138,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         tpg = ex.Tpg(spec.ops, spec.links, spec.versions, spec.fates, units)
         first, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
         redone = self._repairs.redone
-        stats = self._construct(spec, units, begin, end, breakdown)
+        stats = self._construct(spec, units, chunk.arrays["dealt"], begin, end, breakdown)
         choice = decide(stats, self._history, self._fixed, self.thresholds)
         stats.explore, stats.granularity, stats.abort = (
             choice.explore,
@@ -182,9 +182,16 @@ class MorphStreamScheduler(SpeculativeScheduler):
         return seat.listed[seat.rank * seat.capacity : (seat.rank + 1) * seat.capacity]
 
     def _construct(
-        self, spec: Speculation, units: Units, begin: int, end: int, breakdown: Breakdown
+        self,
+        spec: Speculation,
+        units: Units,
+        dealt: np.ndarray,
+        begin: int,
+        end: int,
+        breakdown: Breakdown,
     ) -> BatchStats:
-        """The whole team: link the batch, fate the transactions, count. Returns the
+        """The whole team: link the batch (what was dealt to this executor: `prepare`),
+        fate the transactions, count. Returns the
         batch's statistics (the same on every executor); folds the previous batch's
         measured exploration time into the history."""
         team, ops = self.team, spec.ops
@@ -200,7 +207,8 @@ class MorphStreamScheduler(SpeculativeScheduler):
             row[EXPLORE_NS] = self._explore_ns
             listed = int(self._part.counts[1])
             link_batch(
-                rank, first, stop, ops, self._part, spec.links, self.state.values, row[:LINK_STATS]
+                *(rank, first, stop, ops, self._part, spec.links, dealt),
+                *(self.state.values, row[:LINK_STATS]),
             )
             self._own = self._part.mine[listed : self._part.counts[1]]
             txn_fates(t0, t1, ops, spec.fates)
@@ -249,6 +257,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
                     rank,
                     batch.first,
                     batch.end,
+                    self._own,
                     ops,
                     links,
                     units,
@@ -401,7 +410,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         compile_for(merge_cycles, 0, 0, ops, links, units, self._cycles)
         compile_for(
             fine_levels,
-            *(team.rank, 0, 0, ops, links, units, self.run["redo_position"]),
+            *(team.rank, 0, 0, self._own, ops, links, units, self.run["redo_position"]),
             *(team.sync, team.timeout_ns, np.zeros(1, np.int64)),
         )
         compile_for(
