@@ -140,6 +140,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         self._view = self._chunk_view(chunk)
 
     def _chunk_view(self, chunk: ChunkArrays) -> ChunkView:
+        """The chunk's arrays, seat and scratch as `execute` and `warm_up` pass them."""
         spec = Speculation.of(chunk)
         units = Units(*(chunk.arrays[name] for name in UNIT_ARRAYS))
         share = chunk.operations()
