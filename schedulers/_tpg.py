@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from txstream.schedulers.team._links import link_batch, txn_fates
 from txstream.state._kernels import hash64
 from txstream.state._numba import inline, jit, monotonic_ns, store_release
 from txstream.state.sync import OK, STRIDE, wait_at_least
@@ -68,6 +69,28 @@ def reset_units(first, end, units):
         units.rep[o] = o
         units.merged[o] = -1
         units.level[o] = 0
+
+
+@jit
+def construct_batch(
+    me, first, end, t0, t1, ops, part, links, dealt, values, fates, done, units, stats
+):
+    """This executor's part of a batch's construction in one call (every kernel call
+    from Python types its arguments and takes the GIL, which the team's threads
+    share): link operations first..end-1 dealt to it (`link_batch`, statistics added
+    to ``stats``), fate its share t0..t1-1 of the transactions, and reset that share's
+    `done` words and units. Returns the share's operations after the first of their
+    transaction (LD)."""
+    link_batch(me, first, end, ops, part, links, dealt, values, stats)
+    txn_fates(t0, t1, ops, fates)
+    o0, o1 = ops.txn_ptr[t0], ops.txn_ptr[t1]
+    ld = o1 - o0
+    for t in range(t0, t1):
+        if ops.txn_ptr[t + 1] > ops.txn_ptr[t]:
+            ld -= 1
+    done[o0:o1] = 0
+    reset_units(o0, o1, units)
+    return ld
 
 
 class CycleScratch(NamedTuple):
@@ -274,16 +297,14 @@ def _tarjan(n, g):
 
 
 @jit
-def fine_levels(me, first, end, ops, links, units, position, sync, timeout_ns, waited):
-    """Strata of this executor's operations among first..end-1 (fine units), in ts
-    order: one more than the TD and PD predecessors in the batch. A predecessor owned
-    by another executor is waited for (its position word). Returns (OK or a sync error
-    code, the highest stratum + 1)."""
+def fine_levels(me, first, end, own, ops, links, units, position, sync, timeout_ns, waited):
+    """Strata of this executor's operations among first..end-1 (fine units: ``own``, the
+    operations it linked, in ts order): one more than the TD and PD predecessors in the
+    batch. A predecessor owned by another executor is waited for (its position word).
+    Returns (OK or a sync error code, the highest stratum + 1)."""
     deadline = monotonic_ns() + timeout_ns
     strata = 1
-    for o in range(first, end):
-        if links.owner[o] != me:
-            continue
+    for o in own:
         store_release(position, STRIDE * me, o)
         level = 0
         p = links.chain_prev[o]

@@ -20,7 +20,7 @@ The team's placement decides who may run a unit: its row's pool's executors.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from txstream.errors import RuntimeFailure
@@ -29,11 +29,11 @@ from txstream.schedulers import _explore as ex
 from txstream.schedulers._tpg import (
     UNIT_ARRAYS,
     Units,
+    construct_batch,
     count_pending,
     cycle_scratch,
     fine_levels,
     merge_cycles,
-    reset_units,
     work_strata,
 )
 from txstream.schedulers.decision import (
@@ -45,17 +45,8 @@ from txstream.schedulers.decision import (
     decide,
 )
 from txstream.schedulers.speculative import SpeculativeScheduler
-from txstream.schedulers.team._links import (
-    CROSS,
-    HEADS,
-    HOT,
-    LINK_STATS,
-    PD,
-    TD,
-    link_batch,
-    txn_fates,
-)
-from txstream.schedulers.team._versions import scratch
+from txstream.schedulers.team._links import CROSS, HEADS, HOT, LINK_STATS, PD, TD
+from txstream.schedulers.team._versions import Scratch, scratch
 from txstream.schedulers.team.aborts import EAGER, LAZY, Speculation
 from txstream.schedulers.team.member import Member
 from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, compile_for
@@ -74,6 +65,18 @@ LD, STRATA, MERGED, CYCLIC, EXPLORE_NS = range(LINK_STATS, LINK_STATS + 5)
 their transaction, strata, merged rows, cyclic groups, and the ns it spent exploring
 the previous batch."""
 STATS = EXPLORE_NS + 1
+
+
+class ChunkView(NamedTuple):
+    """What every batch of a chunk passes its kernels, built once per chunk (`prepare`):
+    the named tuples of the chunk segment's arrays, this executor's seat, its scratch."""
+
+    spec: Speculation
+    units: Units
+    tpg: ex.Tpg
+    seat: ex.PoolSeat
+    scratch: Scratch
+    dealt: np.ndarray
 
 
 class MorphStreamScheduler(SpeculativeScheduler):
@@ -128,17 +131,36 @@ class MorphStreamScheduler(SpeculativeScheduler):
         self._cycles = cycle_scratch(0, 0)
         self._own = np.zeros(0, np.int64)
         """The operations this executor linked in the current batch, in ts order."""
+        self._view: ChunkView | None = None
+
+    def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
+        """The chunk dealt to the executors that link it (`SpeculativeScheduler.prepare`);
+        what its batches pass their kernels."""
+        super().prepare(chunk, ops, breakdown)
+        self._view = self._chunk_view(chunk)
+
+    def _chunk_view(self, chunk: ChunkArrays) -> ChunkView:
+        """The chunk's arrays, seat and scratch as `execute` and `warm_up` pass them."""
+        spec = Speculation.of(chunk)
+        units = Units(*(chunk.arrays[name] for name in UNIT_ARRAYS))
+        share = chunk.operations()
+        return ChunkView(
+            spec,
+            units,
+            ex.Tpg(spec.ops, spec.links, spec.versions, spec.fates, units),
+            self._seat(chunk),
+            scratch(share.max_reads, share.max_txn_ops),
+            chunk.arrays["dealt"],
+        )
 
     def execute(
         self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """Construct, decide, explore and resolve the batch of transactions begin..end-1."""
-        spec = Speculation.of(chunk)
-        units = Units(*(chunk.arrays[name] for name in UNIT_ARRAYS))
-        tpg = ex.Tpg(spec.ops, spec.links, spec.versions, spec.fates, units)
+        view = self._view
         first, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
         redone = self._repairs.redone
-        stats = self._construct(spec, units, begin, end, breakdown)
+        stats = self._construct(view, begin, end, breakdown)
         choice = decide(stats, self._history, self._fixed, self.thresholds)
         stats.explore, stats.granularity, stats.abort = (
             choice.explore,
@@ -146,11 +168,10 @@ class MorphStreamScheduler(SpeculativeScheduler):
             choice.abort,
         )
         batch = ex.Exploration(first, stop, choice.granularity == "fine", choice.abort == EAGER)
-        seat = self._seat(chunk)
-        strata = self._units(tpg, batch, choice.explore, seat, stats, breakdown)
-        s = scratch(ops.max_reads, ops.max_txn_ops)
+        strata = self._units(view.tpg, batch, choice.explore, view.seat, stats, breakdown)
         self._explore_ns = self._explore(
-            choice, batch, tpg, seat, strata, spec, (begin, end), s, stats, breakdown
+            *(choice, batch, view.tpg, view.seat, strata, view.spec, (begin, end)),
+            *(view.scratch, stats, breakdown),
         )
         stats.redone = self._repairs.redone - redone
         if self.team.rank == 0 and end > begin:  # (the warm-up runs an empty batch)
@@ -181,32 +202,28 @@ class MorphStreamScheduler(SpeculativeScheduler):
         """This executor's region of the listed operations."""
         return seat.listed[seat.rank * seat.capacity : (seat.rank + 1) * seat.capacity]
 
-    def _construct(
-        self, spec: Speculation, units: Units, begin: int, end: int, breakdown: Breakdown
-    ) -> BatchStats:
-        """The whole team: link the batch, fate the transactions, count. Returns the
-        batch's statistics (the same on every executor); folds the previous batch's
-        measured exploration time into the history."""
-        team, ops = self.team, spec.ops
+    def _construct(self, view: ChunkView, begin: int, end: int, breakdown: Breakdown) -> BatchStats:
+        """The whole team: link the batch (what was dealt to this executor: `prepare`),
+        fate the transactions, count. Returns the batch's statistics (the same on every
+        executor); folds the previous batch's measured exploration time into the
+        history."""
+        team, ops, spec = self.team, view.spec.ops, view.spec
         rank = team.rank
         first, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
         t0 = begin + (end - begin) * rank // team.parties
         t1 = begin + (end - begin) * (rank + 1) // team.parties
-        o0, o1 = int(ops.txn_ptr[t0]), int(ops.txn_ptr[t1])
         table = self.run["stats"]
         row = table[rank]
         with breakdown.timing("construct"):
             row[:] = 0
             row[EXPLORE_NS] = self._explore_ns
             listed = int(self._part.counts[1])
-            link_batch(
-                rank, first, stop, ops, self._part, spec.links, self.state.values, row[:LINK_STATS]
+            row[LD] = construct_batch(
+                *(rank, first, stop, t0, t1, ops, self._part, spec.links, view.dealt),
+                *(self.state.values, spec.fates, spec.versions.done, view.units),
+                row[:LINK_STATS],
             )
             self._own = self._part.mine[listed : self._part.counts[1]]
-            txn_fates(t0, t1, ops, spec.fates)
-            row[LD] = (o1 - o0) - int(np.count_nonzero(np.diff(ops.txn_ptr[t0 : t1 + 1])))
-            spec.versions.done[o0:o1] = 0
-            reset_units(o0, o1, units)
             self.run["redo_position"][STRIDE * rank] = first
             if rank == 0:
                 self.run["words"][:] = 0
@@ -249,6 +266,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
                     rank,
                     batch.first,
                     batch.end,
+                    self._own,
                     ops,
                     links,
                     units,
@@ -384,13 +402,9 @@ class MorphStreamScheduler(SpeculativeScheduler):
         and the repair's (`Scheduler.warm_up`): `auto` may choose another one per batch.
         The arguments are built as `execute` builds them."""
         super().warm_up(chunk)
-        team, spec = self.team, Speculation.of(chunk)
-        ops, links, state, udf = spec.ops, spec.links, self.state.arrays, self.udf
-        units = Units(*(chunk.arrays[name] for name in UNIT_ARRAYS))
-        tpg = ex.Tpg(ops, links, spec.versions, spec.fates, units)
-        share = chunk.operations()
-        s = scratch(share.max_reads, share.max_txn_ops)
-        seat = self._seat(chunk)
+        team, view = self.team, self._chunk_view(chunk)
+        ops, links, state, udf = view.spec.ops, view.spec.links, self.state.arrays, self.udf
+        units, tpg, s, seat = view.units, view.tpg, view.scratch, view.seat
         batch = ex.Exploration(0, 0, True, True)
         strata = ex.Strata(1, self._level_ptr, self._listed(seat))
         cursor = np.zeros(6, np.int64)
@@ -401,7 +415,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         compile_for(merge_cycles, 0, 0, ops, links, units, self._cycles)
         compile_for(
             fine_levels,
-            *(team.rank, 0, 0, ops, links, units, self.run["redo_position"]),
+            *(team.rank, 0, 0, self._own, ops, links, units, self.run["redo_position"]),
             *(team.sync, team.timeout_ns, np.zeros(1, np.int64)),
         )
         compile_for(

@@ -11,7 +11,13 @@ import numpy as np
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._kernels import collect_results
 from txstream.schedulers.base import Scheduler
-from txstream.schedulers.team._links import forget_chunk, with_room
+from txstream.schedulers.team._links import (
+    deal_arrays,
+    deal_share,
+    forget_chunk,
+    take_dealt,
+    with_room,
+)
 from txstream.schedulers.team._links import partition as link_partition
 from txstream.schedulers.team._versions import scratch, undo_aborted_tails
 from txstream.schedulers.team.aborts import Repairs, Speculation, chunk_versions, repair_arrays
@@ -32,8 +38,9 @@ class SpeculativeScheduler(Scheduler):
 
     @classmethod
     def chunk_arrays(cls, config: RunConfig, dims: ChunkDims) -> list[ArraySpec]:
-        """The links, versions and fates of the chunk's operations."""
-        return chunk_versions(dims)
+        """The links, versions and fates of the chunk's operations; the shuffle that
+        deals them to the executors that link them."""
+        return [*chunk_versions(dims), *deal_arrays(dims)]
 
     @classmethod
     def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:
@@ -56,8 +63,28 @@ class SpeculativeScheduler(Scheduler):
         )
 
     def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
-        """Room to list the operations this executor links in the chunk."""
+        """Room to list the operations this executor links in the chunk; its share of
+        the chunk's operations and reads dealt to the executors that link them, so that
+        each links only its own (`deal_share`; the whole team, one barrier)."""
         self._part = with_room(self._part, len(ops))
+        team, ptr = self.team, chunk.arrays["dealt_ptr"]
+        shares = team.shares()
+        first_op = sum(c.operations for c in shares[: team.rank])
+        first_item = first_op + sum(c.reads for c in shares[: team.rank])
+        row = team.parties + 1
+        with breakdown.timing("construct"):
+            deal_share(
+                first_op,
+                first_op + shares[team.rank].operations,
+                first_item,
+                chunk.ops,
+                self._part,
+                Speculation.of(chunk).links,
+                chunk.arrays["dealt"],
+                ptr[team.rank * row : (team.rank + 1) * row],
+            )
+        team.barrier(breakdown)
+        take_dealt(team.rank, self._part, ptr)
 
     def finish(
         self, chunk: ChunkArrays, ops: OperationShare, first: int, end: int, breakdown: Breakdown

@@ -88,6 +88,7 @@ class TStreamScheduler(SpeculativeScheduler):
                 spec.ops,
                 self._part,
                 spec.links,
+                chunk.arrays["dealt"],
                 self.state.values,
                 self._stats,
             )

@@ -23,8 +23,10 @@ from txstream.schedulers.team._links import (
     LINK_STATS,
     Links,
     Partition,
+    deal_share,
     forget_chunk,
     link_batch,
+    take_dealt,
 )
 from txstream.schedulers.team._versions import Fates, Versions, find_affected
 from txstream.state.operations import Ops
@@ -68,9 +70,11 @@ def _ops(txns, cell, reads, cond) -> Ops:
     )
 
 
-def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None):
-    """Link every batch with ``parties`` executors (one after the other: each writes
-    only its rows). Returns the links and, per batch, the summed statistics."""
+def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None, share_cuts=None):
+    """Deal every executor's share of the chunk (``share_cuts``: where each executor's
+    operations begin, then the end; default: even), then link every batch with
+    ``parties`` executors (one after the other: each writes only its rows). Returns the
+    links and, per batch, the summed statistics."""
     n, r = len(ops.txn), len(ops.dep_cell)
     links = Links(
         *(
@@ -91,9 +95,24 @@ def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None):
             np.zeros(CELLS, np.int64),
             np.zeros(n, np.int64),
             np.zeros(2, np.int64),
+            np.zeros(parties, np.int64),
+            np.zeros(parties, np.int64),
         )
         for _ in range(parties)
     ]
+    if share_cuts is None:
+        share_cuts = [n * e // parties for e in range(parties + 1)]
+    dealt = np.full(n + r, -(10**9), np.int64)
+    ptr = np.full(parties * (parties + 1), -7, np.int64)
+    for me, (first, end) in enumerate(consecutive(share_cuts)):
+        row = parties + 1
+        first_item = first + int(ops.dep_ptr[first])
+        deal_share(
+            first, end, first_item, ops, parts[me], links, dealt, ptr[me * row : (me + 1) * row]
+        )
+    assert (dealt > -(10**9)).all()  # every operation and read dealt once
+    for me in range(parties):
+        take_dealt(me, parts[me], ptr)
     values = np.arange(100, 100 + CELLS, dtype=np.int64)
     stats = []
     for first, end in consecutive(op_cuts):
@@ -101,13 +120,14 @@ def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None):
         for me in range(parties):
             row = np.zeros(LINK_STATS, np.int64)
             listed = int(parts[me].counts[1])
-            link_batch(me, first, end, ops, parts[me], links, values, row)
+            link_batch(me, first, end, ops, parts[me], links, dealt, values, row)
             mine = parts[me].mine[listed : parts[me].counts[1]]
             assert mine.tolist() == [o for o in range(first, end) if part_of[ops.cell[o]] == me]
             total[:HOT] += row[:HOT]
             total[HOT] = max(total[HOT], row[HOT])
         stats.append(total)
     for part in parts:
+        assert (part.cursor == part.stop).all()  # every item linked
         forget_chunk(part)
         assert (part.last == -1).all() and (part.last_row == -1).all()
     return links, stats
@@ -196,12 +216,16 @@ def _successors(links: Links, o: int) -> list[int]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(batch=batches(), parties=st.integers(1, 3))
-def test_links_equal_their_definitions(batch, parties):
+@given(batch=batches(), parties=st.integers(1, 3), data=st.data())
+def test_links_equal_their_definitions(batch, parties, data):
     txns, cell, reads, cond, cuts = batch
     ops = _ops(txns, cell, reads, cond)
     op_cuts = [int(ops.txn_ptr[c]) for c in cuts]
-    links, stats = _link(ops, op_cuts, parties)
+    n = len(cell)
+    inner = sorted(
+        data.draw(st.lists(st.integers(0, n), min_size=parties - 1, max_size=parties - 1))
+    )
+    links, stats = _link(ops, op_cuts, parties, share_cuts=[0, *inner, n])
     want = _naive_links(txns, cell, reads, op_cuts)
     for name in ("chain_prev", "chain_next", "dep_prev", "head", "row_next", "read_op"):
         assert getattr(links, name).tolist() == want[name], name
@@ -310,8 +334,10 @@ def test_fine_strata_and_dependency_counts_equal_their_definitions(batch, partie
         results = [None] * parties
 
         def level(me, results=results, first=first, end=end):
+            own = np.flatnonzero(links.owner[first:end] == me).astype(np.int64) + first
             results[me] = fine_levels(
-                me, first, end, ops, links, units, progress, sync, 10**10, np.zeros(1, np.int64)
+                *(me, first, end, own, ops, links, units, progress, sync, 10**10),
+                np.zeros(1, np.int64),
             )
 
         threads = [threading.Thread(target=level, args=(me,)) for me in range(parties)]

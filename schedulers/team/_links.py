@@ -5,9 +5,12 @@ found through proxy reads, MorphStream §5.2, PD), and each operation to the fir
 operation of its row in the batch (the coarse scheduling unit).
 
 The team links in parallel: executor ``me`` links the cells of the rows it owns
-(`Partition`), scanning the operations in ts order, so it alone writes their links
-and no atomics are needed. Logical dependencies (LD) are the transaction itself
-(`txn_ptr`); `txn_fates` marks which transactions can abort.
+(`Partition`), in ts order, so it alone writes their links and no atomics are needed.
+It does not scan the whole chunk for them: once per chunk, each executor deals the
+operations and reads of its own share to their owners (`deal_share`: a shuffle, each
+executor's share bucketed by owner in ts order), and after a barrier each links only
+what was dealt to it (`link_batch`). Logical dependencies (LD) are the transaction
+itself (`txn_ptr`); `txn_fates` marks which transactions can abort.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from typing import NamedTuple
 
 import numpy as np
 from txstream.schedulers.team.placement import row_pools
-from txstream.state._numba import jit
+from txstream.state._numba import inline, jit
+from txstream.state.chunk import ChunkDims
+from txstream.state.segments import ArraySpec
 
 
 class Links(NamedTuple):
@@ -78,6 +83,20 @@ class Partition(NamedTuple):
     """The operations this executor linked in the chunk, in ts order."""
     counts: np.ndarray
     """[0] cells in `touched`, [1] operations in `mine`."""
+    cursor: np.ndarray
+    """Per executor that dealt items to this one: its next item to link (`deal_share`)."""
+    stop: np.ndarray
+    """Per executor that dealt items to this one: where they end."""
+
+
+def deal_arrays(dims: ChunkDims) -> list[ArraySpec]:
+    """The chunk arrays of the shuffle (`deal_share`): the items each executor dealt (an
+    operation ``o`` as ``o``, a read ``k`` as ``-1 - k``), and per executor where the
+    items it dealt to each executor begin (and where its last ones end)."""
+    return [
+        ArraySpec("dealt", "int64", (dims.operations + dims.reads,)),
+        ArraySpec("dealt_ptr", "int64", (dims.parties * (dims.parties + 1),)),
+    ]
 
 
 def partition(row_of_cell: np.ndarray, rows: int, parties: int) -> Partition:
@@ -92,6 +111,8 @@ def partition(row_of_cell: np.ndarray, rows: int, parties: int) -> Partition:
         touched=np.zeros(cells, np.int64),
         mine=np.zeros(0, np.int64),
         counts=np.zeros(2, np.int64),
+        cursor=np.zeros(parties, np.int64),
+        stop=np.zeros(parties, np.int64),
     )
 
 
@@ -110,64 +131,122 @@ LINK_STATS = 5
 
 
 @jit
-def link_batch(me, first, end, ops, part, links, values, stats):
+def deal_share(first, end, first_item, ops, part, links, dealt, ptr):
+    """Deal operations first..end-1 (this executor's share of the chunk) and their reads
+    to the executors that link them (the owners of the cells they write, of the cells
+    they read), so that none scans the whole chunk: the items for executor ``e`` go to
+    ``dealt[ptr[e]:ptr[e+1]]`` (from ``first_item`` on), in ts order, an operation's reads
+    before it. Writes `read_op` of the share's reads."""
+    parties = len(ptr) - 1
+    ptr[:] = 0
+    for o in range(first, end):
+        ptr[part.part[ops.cell[o]] + 1] += 1
+        for k in range(ops.dep_ptr[o], ops.dep_ptr[o + 1]):
+            ptr[part.part[ops.dep_cell[k]] + 1] += 1
+    ptr[0] = first_item
+    for e in range(parties):
+        ptr[e + 1] += ptr[e]
+        part.cursor[e] = ptr[e]
+    for o in range(first, end):
+        for k in range(ops.dep_ptr[o], ops.dep_ptr[o + 1]):
+            e = part.part[ops.dep_cell[k]]
+            links.read_op[k] = o
+            dealt[part.cursor[e]] = -1 - k
+            part.cursor[e] += 1
+        e = part.part[ops.cell[o]]
+        dealt[part.cursor[e]] = o
+        part.cursor[e] += 1
+
+
+def take_dealt(me: int, part: Partition, ptr: np.ndarray) -> None:
+    """After the barrier that follows `deal_share`: where the items every executor dealt
+    to ``me`` begin and end (``ptr``: `deal_arrays`' ``dealt_ptr``)."""
+    table = ptr.reshape(len(part.cursor), -1)
+    part.cursor[:] = table[:, me]
+    part.stop[:] = table[:, me + 1]
+
+
+@jit
+def link_batch(me, first, end, ops, part, links, dealt, values, stats):
     """Link operations first..end-1 (one batch, after every earlier batch of the chunk)
-    whose cells executor ``me`` owns, and list them (`Partition.mine`); add their
-    statistics to ``stats`` (`TD` ...)."""
+    whose cells executor ``me`` owns, from the items dealt to it (`deal_share`), and list
+    them (`Partition.mine`); add their statistics to ``stats`` (`TD` ...)."""
     n_touched = part.counts[0]
     n_mine = part.counts[1]
-    for o in range(first, end):
-        c = ops.cell[o]
-        mine = part.part[c] == me
-        r = part.row[c]
-        for k in range(ops.dep_ptr[o], ops.dep_ptr[o + 1]):
-            d = ops.dep_cell[k]
-            if part.part[d] != me:
-                continue
-            q = part.last[d]
-            links.dep_prev[k] = q
-            links.read_op[k] = o
-            links.pd_next[k] = -1
-            if q < 0:
-                links.dep_initial[k] = values[d]
-            elif q >= first:
-                links.pd_next[k] = links.pd_head[q]
-                links.pd_head[q] = k
-                stats[PD] += 1
-                if part.row[d] != r:
-                    stats[CROSS] += 1
-        if not mine:
-            continue
-        part.mine[n_mine] = o
-        n_mine += 1
-        p = part.last[c]
-        links.chain_prev[o] = p
-        links.chain_next[o] = -1
-        links.owner[o] = me
-        links.pd_head[o] = -1
-        links.row_next[o] = -1
-        if p < 0:
-            part.touched[n_touched] = c
-            n_touched += 1
-        else:
-            links.chain_next[p] = o
-        if p >= first:
-            stats[TD] += 1
-            part.batch_len[c] += 1
-        else:
-            part.batch_len[c] = 1
-        stats[HOT] = max(stats[HOT], part.batch_len[c])
-        part.last[c] = o
-        rp = part.last_row[r]
-        if rp >= first:
-            links.row_next[rp] = o
-            links.head[o] = links.head[rp]
-        else:
-            links.head[o] = o
-            stats[HEADS] += 1
-        part.last_row[r] = o
+    for e in range(len(part.cursor)):  # ranks deal in ts order
+        i = part.cursor[e]
+        while i < part.stop[e]:
+            x = dealt[i]
+            if x < 0:
+                k = -1 - x
+                o = links.read_op[k]
+                if o >= end:
+                    break
+                _link_read(k, o, first, ops, part, links, values, stats)
+            else:
+                if x >= end:
+                    break
+                n_touched, n_mine = _link_operation(
+                    me, x, first, ops, part, links, stats, n_touched, n_mine
+                )
+            i += 1
+        part.cursor[e] = i
     part.counts[0] = n_touched
     part.counts[1] = n_mine
+
+
+@inline
+def _link_read(k, o, first, ops, part, links, values, stats):
+    """Read ``k`` of operation ``o``: its writer in the chunk so far (PD, listed among the
+    writer's successors when in the batch), or the cell's value."""
+    d = ops.dep_cell[k]
+    q = part.last[d]
+    links.dep_prev[k] = q
+    links.pd_next[k] = -1
+    if q < 0:
+        links.dep_initial[k] = values[d]
+    elif q >= first:
+        links.pd_next[k] = links.pd_head[q]
+        links.pd_head[q] = k
+        stats[PD] += 1
+        if part.row[d] != part.row[ops.cell[o]]:
+            stats[CROSS] += 1
+
+
+@inline
+def _link_operation(me, o, first, ops, part, links, stats, n_touched, n_mine):
+    """Operation ``o``: its previous operation on the cell (TD) and its row's unit. The
+    counts of `Partition.touched` and `Partition.mine` after it."""
+    c = ops.cell[o]
+    r = part.row[c]
+    part.mine[n_mine] = o
+    p = part.last[c]
+    links.chain_prev[o] = p
+    links.chain_next[o] = -1
+    links.owner[o] = me
+    links.pd_head[o] = -1
+    links.row_next[o] = -1
+    if p < 0:
+        part.touched[n_touched] = c
+        n_touched += 1
+    else:
+        links.chain_next[p] = o
+    if p >= first:
+        stats[TD] += 1
+        part.batch_len[c] += 1
+    else:
+        part.batch_len[c] = 1
+    stats[HOT] = max(stats[HOT], part.batch_len[c])
+    part.last[c] = o
+    rp = part.last_row[r]
+    if rp >= first:
+        links.row_next[rp] = o
+        links.head[o] = links.head[rp]
+    else:
+        links.head[o] = o
+        stats[HEADS] += 1
+    part.last_row[r] = o
+    return n_touched, n_mine + 1
 
 
 @jit
