@@ -78,3 +78,17 @@ def merge_statements(
             out.dep_cell[r + k] = dep_cell[cursor[i] + k]
         r += dep_count[i]
     out.dep_ptr[n_ops] = first_read + r
+
+
+@jit
+def rows_outside(offsets, values, low, high, out):
+    """``out[i]``: some element of row i of a CSR list (``offsets``, ``values``) is outside
+    ``low..high``. One pass, no per-element row index (numpy's repeat and bincount took
+    most of GS's pre-processing)."""
+    for i in range(len(out)):
+        bad = False
+        for j in range(offsets[i], offsets[i + 1]):
+            v = values[j]
+            if v < low or v > high:
+                bad = True
+        out[i] = bad
