@@ -27,7 +27,7 @@ from txstream.errors import SchemaError, TopologyError
 from txstream.state._numba import USER_SIG
 from txstream.state.layout import Layout
 from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE, Ops
-from txstream.topologies._kernels import merge_statements
+from txstream.topologies._kernels import encode_strings, merge_statements, rows_outside
 
 # Event column types a topology can declare.
 INT, STRING, INT_LIST = "int64", "string", "list<int64>"
@@ -36,6 +36,9 @@ DICTIONARY_STRING = pa.dictionary(pa.int32(), pa.string())
 Parquet stores such columns. Read so (`ArrowSource`), SL's 4M events were read in 20 ns
 per event instead of 41, a chunk's pieces concatenated in 1.5 instead of 30 (the strings
 were copied), and its kinds matched once per distinct string."""
+LIST_INT64 = pa.list_(pa.int64())
+"""How the engine holds an INT_LIST column (`Topology.event_schema`)."""
+INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 # ---------------------------------------------------------------- tables
@@ -170,15 +173,7 @@ class EventShare:
             if pa.types.is_null(col.type):
                 lst = ListColumn(np.zeros(self.n + 1, np.int64), np.zeros(0, np.int64))
             else:
-                offsets = col.offsets.to_numpy().astype(np.int64)
-                lengths = np.where(
-                    col.is_null().to_numpy(zero_copy_only=False), 0, np.diff(offsets)
-                )
-                flat = col.flatten().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-                # flatten() drops the elements of null lists; rebuild offsets from lengths.
-                new_offsets = np.zeros(self.n + 1, np.int64)
-                np.cumsum(lengths, out=new_offsets[1:])
-                lst = ListColumn(new_offsets, flat)
+                lst = _plain_csr(col) or _csr(col)
             self._cache[key] = lst
         return self._cache[key]
 
@@ -187,10 +182,10 @@ class EventShare:
         col = self.arrow.column(name)
         if pa.types.is_null(col.type):
             return np.zeros(self.n, bool)
-        if col.null_count == 0 and not self._is_list(name):
+        if col.null_count == 0 and not (self._is_list(name) and col.values.null_count):
             return np.ones(self.n, bool)
         valid = col.is_valid().to_numpy(zero_copy_only=False)
-        if self.topology.event_columns[name] == INT_LIST:
+        if self._is_list(name) and col.values.null_count:
             lst = self.list(name)
             bad_elem = col.flatten().is_null().to_numpy(zero_copy_only=False)
             if bad_elem.any():
@@ -250,7 +245,8 @@ class EventShare:
         sel = self._where(where)
         for name in names:
             column = self.arrow.column(name)
-            if column.null_count or pa.types.is_null(column.type) or self._is_list(name):
+            elements = self._is_list(name) and column.values.null_count
+            if column.null_count or pa.types.is_null(column.type) or elements:
                 self.reject(sel & ~self.present(name), f"null field: {name}")
 
     def require_between(
@@ -269,11 +265,9 @@ class EventShare:
         """True where the field (any element, for a list) is outside ``low..high``."""
         if self.topology.event_columns[name] == INT_LIST:
             lst = self.list(name)
-            ok_elem = lst.values >= low
-            if high is not None:
-                ok_elem &= lst.values <= high
-            row = np.repeat(np.arange(self.n), lst.lengths)
-            return np.bincount(row[~ok_elem], minlength=self.n) > 0
+            outside = np.empty(self.n, bool)
+            rows_outside(lst.offsets, lst.values, low, INT64_MAX if high is None else high, outside)
+            return outside
         values = self.int(name)
         bad = values < low
         if high is not None:
@@ -499,6 +493,32 @@ def _valid_bits(array: pa.Array) -> np.ndarray:
     return bits[array.offset :]
 
 
+def _plain_csr(col: pa.ListArray) -> ListColumn | None:
+    """The CSR of a list<int64> column without null elements whose null lists hold no
+    elements (as Arrow builds them), with no copy of the elements; None otherwise.
+    Rebuilding it through ``flatten`` and ``fill_null`` was a third of GS's
+    pre-processing."""
+    if col.type != LIST_INT64 or col.values.null_count:
+        return None
+    offsets = np.frombuffer(col.buffers()[1], np.int32)[col.offset : col.offset + len(col) + 1]
+    if col.null_count and np.diff(offsets)[_valid_bits(col) == 0].any():
+        return None
+    start, end = int(offsets[0]), int(offsets[-1])
+    values = _buffer(col.values, 1, np.int64)[start:end]
+    return ListColumn(offsets.astype(np.int64) - start, values)
+
+
+def _csr(col: pa.ListArray) -> ListColumn:
+    """The CSR of any list column: null lists empty, null elements 0."""
+    offsets = col.offsets.to_numpy().astype(np.int64)
+    lengths = np.where(col.is_null().to_numpy(zero_copy_only=False), 0, np.diff(offsets))
+    flat = col.flatten().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    # flatten() drops the elements of null lists; rebuild offsets from lengths.
+    new_offsets = np.zeros(len(col) + 1, np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    return ListColumn(new_offsets, flat)
+
+
 def _concat(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
@@ -650,7 +670,7 @@ class Topology:
     @property
     def event_schema(self) -> pa.Schema:
         """The event columns with their canonical Arrow types (what the engine reads)."""
-        types = {INT: pa.int64(), STRING: DICTIONARY_STRING, INT_LIST: pa.list_(pa.int64())}
+        types = {INT: pa.int64(), STRING: DICTIONARY_STRING, INT_LIST: LIST_INT64}
         return pa.schema([(name, types[typ]) for name, typ in self.event_columns.items()])
 
     def check_event_schema(self, schema: pa.Schema) -> None:
@@ -682,4 +702,57 @@ def conform_events(events: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.T
     every push then concatenate into one chunk."""
     table = events if isinstance(events, pa.Table) else pa.Table.from_batches([events])
     table = table.select(schema.names)
+    if table.schema.equals(schema):
+        return table
+    columns = [
+        _encoded(column) if _is_string(column.type) and field.type == DICTIONARY_STRING else None
+        for column, field in zip(table.columns, schema, strict=True)
+    ]
+    columns = [c if c is not None else table.column(i) for i, c in enumerate(columns)]
+    table = pa.Table.from_arrays(columns, names=schema.names)
     return table if table.schema.equals(schema) else table.cast(schema)
+
+
+MAX_ENCODED = 64
+"""Distinct strings a column may have for `_encoded` (a kind column has a few)."""
+_NO_BYTES = np.zeros(0, np.uint8)
+"""An absent buffer (no nulls, no characters), typed as numpy views of Arrow's are."""
+
+
+def _encoded(column: pa.ChunkedArray) -> pa.ChunkedArray | None:
+    """A string column of at most `MAX_ENCODED` distinct values dictionary-encoded
+    (`encode_strings`), as ``cast(DICTIONARY_STRING)`` would; None if it has more (or is
+    a large_string), for the cast. Arrow's cast hashes every string: 18 ns per event of
+    the ProgressController's time, which two executors on two cores share."""
+    chunks = []
+    for chunk in column.chunks:
+        if chunk.type != pa.string():
+            return None
+        validity, offsets, data = chunk.buffers()
+        n = len(chunk)
+        offsets = np.frombuffer(offsets, np.int32)[chunk.offset : chunk.offset + n + 1]
+        valid = np.frombuffer(validity, np.uint8) if chunk.null_count else _NO_BYTES
+        indices = np.empty(n, np.int32)
+        entries = np.empty(MAX_ENCODED, np.int64)
+        found = encode_strings(
+            offsets,
+            _NO_BYTES if data is None else np.frombuffer(data, np.uint8),
+            valid,
+            chunk.offset,
+            indices,
+            entries,
+        )
+        if found < 0:
+            return None
+        mask = chunk.is_null().to_numpy(zero_copy_only=False) if chunk.null_count else None
+        chunks.append(
+            pa.DictionaryArray.from_arrays(
+                pa.array(indices, pa.int32(), mask=mask), chunk.take(entries[:found])
+            )
+        )
+    return pa.chunked_array(chunks, DICTIONARY_STRING)
+
+
+def warm_up_conform() -> None:
+    """Load `conform_events`'s kernel before a run (its first call would load it)."""
+    _encoded(pa.chunked_array([pa.array(["a", None])]))
