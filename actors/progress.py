@@ -33,7 +33,7 @@ from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.shared import ArrayHandle
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.state.watermark import Watermark
-from txstream.topologies.api import Layout, conform_events, warm_up_conform
+from txstream.topologies.api import Layout, conform_events
 
 if TYPE_CHECKING:
     from txstream.config import RunConfig
@@ -110,7 +110,6 @@ class ProgressController:
         self._seq = 0
         self._chunk_sizes: list[int] = []
         self._started = time.time()
-        warm_up_conform()  # before the run: its first chunk would load the kernel
 
     # ---------------------------------------------------------------- input (in order)
     @ray.method(concurrency_group="input")

@@ -27,7 +27,7 @@ from txstream.errors import SchemaError, TopologyError
 from txstream.state._numba import USER_SIG
 from txstream.state.layout import Layout
 from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE, Ops
-from txstream.topologies._kernels import encode_strings, merge_statements, rows_outside
+from txstream.topologies._kernels import merge_statements, rows_outside
 
 # Event column types a topology can declare.
 INT, STRING, INT_LIST = "int64", "string", "list<int64>"
@@ -702,57 +702,4 @@ def conform_events(events: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.T
     every push then concatenate into one chunk."""
     table = events if isinstance(events, pa.Table) else pa.Table.from_batches([events])
     table = table.select(schema.names)
-    if table.schema.equals(schema):
-        return table
-    columns = [
-        _encoded(column) if _is_string(column.type) and field.type == DICTIONARY_STRING else None
-        for column, field in zip(table.columns, schema, strict=True)
-    ]
-    columns = [c if c is not None else table.column(i) for i, c in enumerate(columns)]
-    table = pa.Table.from_arrays(columns, names=schema.names)
     return table if table.schema.equals(schema) else table.cast(schema)
-
-
-MAX_ENCODED = 64
-"""Distinct strings a column may have for `_encoded` (a kind column has a few)."""
-_NO_BYTES = np.zeros(0, np.uint8)
-"""An absent buffer (no nulls, no characters), typed as numpy views of Arrow's are."""
-
-
-def _encoded(column: pa.ChunkedArray) -> pa.ChunkedArray | None:
-    """A string column of at most `MAX_ENCODED` distinct values dictionary-encoded
-    (`encode_strings`), as ``cast(DICTIONARY_STRING)`` would; None if it has more (or is
-    a large_string), for the cast. Arrow's cast hashes every string: 18 ns per event of
-    the ProgressController's time, which two executors on two cores share."""
-    chunks = []
-    for chunk in column.chunks:
-        if chunk.type != pa.string():
-            return None
-        validity, offsets, data = chunk.buffers()
-        n = len(chunk)
-        offsets = np.frombuffer(offsets, np.int32)[chunk.offset : chunk.offset + n + 1]
-        valid = np.frombuffer(validity, np.uint8) if chunk.null_count else _NO_BYTES
-        indices = np.empty(n, np.int32)
-        entries = np.empty(MAX_ENCODED, np.int64)
-        found = encode_strings(
-            offsets,
-            _NO_BYTES if data is None else np.frombuffer(data, np.uint8),
-            valid,
-            chunk.offset,
-            indices,
-            entries,
-        )
-        if found < 0:
-            return None
-        mask = chunk.is_null().to_numpy(zero_copy_only=False) if chunk.null_count else None
-        chunks.append(
-            pa.DictionaryArray.from_arrays(
-                pa.array(indices, pa.int32(), mask=mask), chunk.take(entries[:found])
-            )
-        )
-    return pa.chunked_array(chunks, DICTIONARY_STRING)
-
-
-def warm_up_conform() -> None:
-    """Load `conform_events`'s kernel before a run (its first call would load it)."""
-    _encoded(pa.chunked_array([pa.array(["a", None])]))
