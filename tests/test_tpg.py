@@ -97,6 +97,7 @@ def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None, share_cuts=
             np.zeros(2, np.int64),
             np.zeros(parties, np.int64),
             np.zeros(parties, np.int64),
+            np.zeros(parties, np.int64),
         )
         for _ in range(parties)
     ]

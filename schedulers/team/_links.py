@@ -84,9 +84,11 @@ class Partition(NamedTuple):
     counts: np.ndarray
     """[0] cells in `touched`, [1] operations in `mine`."""
     cursor: np.ndarray
-    """Per executor that dealt items to this one: its next item to link (`deal_share`)."""
+    """Per executor that dealt items to this one: its next item to link (`take_dealt`)."""
     stop: np.ndarray
     """Per executor that dealt items to this one: where they end."""
+    dealing: np.ndarray
+    """Per executor, the next free slot of the items this one deals to it (`deal_share`)."""
 
 
 def deal_arrays(dims: ChunkDims) -> list[ArraySpec]:
@@ -113,6 +115,7 @@ def partition(row_of_cell: np.ndarray, rows: int, parties: int) -> Partition:
         counts=np.zeros(2, np.int64),
         cursor=np.zeros(parties, np.int64),
         stop=np.zeros(parties, np.int64),
+        dealing=np.zeros(parties, np.int64),
     )
 
 
@@ -144,18 +147,19 @@ def deal_share(first, end, first_item, ops, part, links, dealt, ptr):
         for k in range(ops.dep_ptr[o], ops.dep_ptr[o + 1]):
             ptr[part.part[ops.dep_cell[k]] + 1] += 1
     ptr[0] = first_item
+    at = part.dealing
     for e in range(parties):
         ptr[e + 1] += ptr[e]
-        part.cursor[e] = ptr[e]
+        at[e] = ptr[e]
     for o in range(first, end):
         for k in range(ops.dep_ptr[o], ops.dep_ptr[o + 1]):
             e = part.part[ops.dep_cell[k]]
             links.read_op[k] = o
-            dealt[part.cursor[e]] = -1 - k
-            part.cursor[e] += 1
+            dealt[at[e]] = -1 - k
+            at[e] += 1
         e = part.part[ops.cell[o]]
-        dealt[part.cursor[e]] = o
-        part.cursor[e] += 1
+        dealt[at[e]] = o
+        at[e] += 1
 
 
 def take_dealt(me: int, part: Partition, ptr: np.ndarray) -> None:
