@@ -1,5 +1,5 @@
 """``python -m txstream``: the command line."""
 
-from txstream.cli import main
+from txstream.cli import command
 
-raise SystemExit(main())
+command()

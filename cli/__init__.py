@@ -1,5 +1,5 @@
 """The command line: ``txstream run | query | status | generate`` over the public API."""
 
-from txstream.cli.main import main
+from txstream.cli.main import command, main
 
-__all__ = ["main"]
+__all__ = ["command", "main"]

@@ -189,6 +189,33 @@ def test_unreadable_input_and_bad_usage_exit_2(tmp_path):
     assert _cli("generate", "sl", "--out", str(tmp_path / "x"), "--keys", "0").returncode == 2
 
 
+def test_the_executable_runs_exit_handlers_and_flushes_before_it_ends(tmp_path):
+    """`command` skips the interpreter's teardown, not what the process registered to run
+    at exit (logging's flush, temporary folders) nor the output still buffered."""
+    script = (
+        "import atexit, sys; from txstream.cli import command; "
+        "atexit.register(lambda: print('exit handler ran', flush=True)); "
+        "sys.stdout.write('buffered'); command()"
+    )
+    out = tmp_path / "data"
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "generate", "sl", "--out", str(out), "--events", "100"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "buffered" in proc.stdout and proc.stdout.rstrip().endswith("exit handler ran")
+    assert (out / "events.parquet").exists()
+    bad = subprocess.run(
+        [sys.executable, "-c", script, "generate", "sl", "--out", str(out), "--keys", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "exit handler ran" in bad.stdout
+
+
 PHASES = [
     "starting Ray",
     "starting Spark",
