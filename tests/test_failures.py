@@ -4,6 +4,8 @@ usage error within seconds; executors against usable cores."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -83,6 +85,35 @@ def test_an_unreachable_address_is_a_usage_error_within_seconds():
     assert time.monotonic() - start < 2 * ray_runtime.CONNECT_TIMEOUT_S + 1
     with pytest.raises(UsageError, match="expected auto or HOST:PORT"):
         reachable_address("nowhere")
+
+
+_START_WITH_BROKEN_POLL = """
+import ray
+from ray._private import services, state
+from txstream.cluster.ray_runtime import ray_session
+
+def broken(self):
+    raise RuntimeError("no node table")
+
+state.GlobalState.node_table = broken
+get_node = services.get_node
+with ray_session(log_to_driver=False) as started:
+    assert started and ray.cluster_resources()["CPU"] >= 1
+assert services.get_node is get_node and not ray.is_initialized()
+print("started")
+"""
+
+
+def test_a_local_ray_starts_when_polling_its_registration_fails():
+    """The raylet's registration is polled only to see it sooner: if polling fails, Ray's
+    own wait still starts Ray, and Ray's function is back in place afterwards."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _START_WITH_BROKEN_POLL],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "started" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_auto_without_a_running_ray(monkeypatch):
