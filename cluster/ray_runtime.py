@@ -81,6 +81,7 @@ def ray_session(
                     num_cpus=usable_cores(),
                     object_store_memory=OBJECT_STORE_BYTES,
                     _temp_dir=str(folder),
+                    _system_config=QUICK_CONNECT,
                     **options,
                 )
             stack.enter_context(watch_cluster(_gcs_address(), "this run's local Ray"))
@@ -101,6 +102,15 @@ def _init(**options: object) -> None:
         if sigterm is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm)
 
+
+QUICK_CONNECT = {
+    "raylet_client_connect_timeout_milliseconds": 20,
+    "raylet_client_num_connect_attempts": 500,
+}
+"""A local Ray's processes retry connecting to a socket not yet listening every 20 ms (for
+10 s, as Ray's default 10 tries a second apart): the raylet connects to its own object
+store as the store's thread starts, and when it came first it waited a whole second (1 of
+5 starts: 3.0 s instead of 1.9-2.1)."""
 
 REGISTRATION_POLL_S = 0.02
 """How often a starting local Ray's GCS is asked whether its raylet has registered."""
