@@ -24,7 +24,7 @@ class Staging:
     rdd_id: int
     num_partitions: int
     schema_json: str
-    agent_url: str
+    agent_url: str  # RayDP's driver agent, which recomputes a lost block; "" if none
     executor: str  # any Spark executor: it tells where each partition is
 
 

@@ -230,7 +230,13 @@ def spark_session(
         try:
             with console.phase("starting Spark"), _driver_launched_early():
                 cores = _executor_cores()
-                session = raydp.init_spark(app_name, 1, cores, executor_memory, configs=configs)
+                # not fault-tolerant: the driver JVM does not join Ray as a Java driver, which
+                # RayDP's own staging (`ray.data.from_spark`) needs, and its agent that computes
+                # a lost block again (an executor restarted mid-read: the read fails instead),
+                # so it neither starts Ray nor stops it (Ray.shutdown: 0.26 s of Spark's stop)
+                session = raydp.init_spark(
+                    app_name, 1, cores, executor_memory, fault_tolerant_mode=False, configs=configs
+                )
                 session.sparkContext.setLogLevel(_LOG4J_LEVELS[log_level])  # pyspark's is WARN
                 app = session.sparkContext.applicationId
                 _FETCHERS[app] = fetcher
@@ -663,7 +669,7 @@ def _staging(frame: DataFrame, rdd: JavaObject, schema_json: str) -> Staging:
         rdd.id(),
         rdd.getNumPartitions(),
         schema_json,
-        writer.driverAgentUrl(),
+        writer.driverAgentUrl() or "",
         executors.head(),
     )
 
