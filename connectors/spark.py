@@ -147,14 +147,16 @@ status = error
 appender.console.type = Console
 appender.console.name = console
 appender.console.target = SYSTEM_ERR
+appender.console.follow = true
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
 rootLogger.level = LEVEL
 rootLogger.appenderRef.console.ref = console
 """
 """A log4j2 configuration for the Spark driver: RayDP otherwise names a file that does not
-exist, and log4j2 says so on stdout. (RayDP's agent then configures logging its own way:
-the run's level is set once Spark runs, with `setLogLevel`.)"""
+exist, and log4j2 says so on stdout. The console follows stderr: RayDP's agent points
+stderr at a file of its own while log4j2 first configures itself, then closes it (pyspark
+then sets the level to WARN: the run's level is set once Spark runs, with `setLogLevel`)."""
 
 
 @contextmanager
