@@ -34,7 +34,6 @@ class _Conversion:
 
     staging: Staging
     locations: list[str | None]
-    asked: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     failure: str | None = None
 
@@ -67,12 +66,7 @@ class PartitionFetcher:
         """Stop serving a source; release its waiters."""
         conversion = self._conversions.pop(rdd_id)
         conversion.failure = "the Spark source was closed"
-        conversion.asked.set()
         conversion.done.set()
-
-    def wait_for_consumer(self, rdd_id: int) -> None:
-        """Return once a consumer has asked for one of the source's partitions."""
-        self._conversions[rdd_id].asked.wait()
 
     def converted(self, rdd_id: int, failure: str | None) -> None:
         """The source's conversion job ended, with `failure` if it failed."""
@@ -85,7 +79,6 @@ class PartitionFetcher:
         conversion = self._conversions.get(rdd_id)
         if conversion is None:
             raise RuntimeFailure("the Spark source was closed")
-        conversion.asked.set()
         staging = conversion.staging
         executor = ray.get_actor(f"raydp-executor-{self._location(conversion, partition)}")
         ipc = executor.getRDDPartition.remote(

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -371,13 +370,14 @@ class SparkSource:
     consumer sorts a partition whose rows come out of order and fails the run if a partition
     starts before the previous one ended (or rows go missing), instead of reordering events.
 
-    Converting to Arrow is one Spark job, started (in a driver thread) once the consumer asks
-    for the first partition; partitions are kept on the Spark executor's disk as they are
-    converted, and `iter_batches` (in any process of the Ray job) fetches each as soon as
-    Spark has it, at most `prefetch` ahead of the consumer: the engine runs while Spark is
-    still converting. File splits are sized to about `partition_rows` rows (Parquet row
-    groups are not split); a DataFrame keeps its partitions. The source pickles without its
-    Spark side; `close()` (in the driver) stops the conversion and frees the partitions.
+    Converting to Arrow is one Spark job, submitted once the input is planned (its tasks
+    start as soon as Spark's executor registers, while the engine starts); partitions are
+    kept on the Spark executor's disk as they are converted, and `iter_batches` (in any
+    process of the Ray job) fetches each as soon as Spark has it, at most `prefetch` ahead
+    of the consumer: the engine runs while Spark is still converting. File splits are sized
+    to about `partition_rows` rows (Parquet row groups are not split); a DataFrame keeps its
+    partitions. The source pickles without its Spark side; `close()` (in the driver) stops
+    the conversion and frees the partitions.
     """
 
     def __init__(
@@ -414,12 +414,16 @@ class SparkSource:
         schema_json = _arrow_schema_json(frame)
         self._rdd = _arrow_rdd(frame, split_bytes, schema_json, files)
         self._fetcher = _fetcher(self._spark)
-        staging = _staging(frame, self._rdd, schema_json)
-        ray.get(self._fetcher.add.remote(staging))
+        self._conversion = self._rdd.countAsync()  # runs as soon as Spark has an executor
+        try:
+            staging = _staging(frame, self._rdd, schema_json)
+            ray.get(self._fetcher.add.remote(staging))
+        except BaseException:
+            self._conversion.cancel(False)
+            self._rdd.unpersist(False)
+            raise
         self.num_partitions, self._rdd_id = staging.num_partitions, staging.rdd_id
-        self._job_group = f"txstream-{uuid.uuid4().hex}"
-        self._closing = threading.Event()
-        self._converting = threading.Thread(target=self._convert, daemon=True)
+        self._converting = threading.Thread(target=self._converted, daemon=True)
         self._converting.start()
 
     def iter_batches(self, max_rows: int) -> Iterator[pa.RecordBatch]:
@@ -464,27 +468,23 @@ class SparkSource:
                 raise exc.cause from None
             raise
 
-    def _convert(self) -> None:
-        """Driver thread: run the conversion job once the consumer starts, report its end."""
+    def _converted(self) -> None:
+        """Driver thread: report the conversion job's end to the fetcher."""
         failure = None
         try:
-            ray.get(self._fetcher.wait_for_consumer.remote(self._rdd_id))
-            if not self._closing.is_set():
-                self._spark.sparkContext.setJobGroup(self._job_group, "txstream input", False)
-                self._rdd.count()
+            self._conversion.get()
         except Exception as exc:  # any failure goes to the consumer
             failure = f"Spark failed to convert the input: {_first_line(exc)}"
         self._fetcher.converted.remote(self._rdd_id, failure)
 
     def close(self) -> None:
         """Stop the conversion and free the converted partitions (driver only)."""
-        self._closing.set()
         try:
             ray.get(self._fetcher.remove.remote(self._rdd_id))
         except ray.exceptions.RayActorError:  # Spark, and its fetcher, already stopped
             pass
         if self._spark.sparkContext._jsc is not None:
-            self._spark.sparkContext.cancelJobGroup(self._job_group)
+            self._conversion.cancel(False)
         self._converting.join(timeout=60)
         if self._spark.sparkContext._jsc is not None:
             self._rdd.unpersist(False)
@@ -572,7 +572,8 @@ def _arrow_schema(frame: DataFrame) -> pa.Schema:
 def _arrow_rdd(
     frame: DataFrame, split_bytes: int | None, schema_json: str, files: Sequence[DataFrame]
 ) -> JavaObject:
-    """`frame` as Spark's RDD of Arrow batches, kept on the executors' disk once computed.
+    """`frame` as Spark's RDD of Arrow batches (its Java view, which counts asynchronously),
+    kept on the executors' disk once computed.
 
     This is RayDP's staging (`ObjectStoreWriter.prepareRecoverableRDD`) minus running it, so
     the partitions can be fetched while the job runs. DISK_ONLY keeps the executor heap out
@@ -589,8 +590,7 @@ def _arrow_rdd(
         conf.set(key, str(min(split_bytes, _bytes(frame.sparkSession, before))))
     try:
         rdd = _columnar_rdd(frame, schema_json, files) if files else None
-        if rdd is None:
-            rdd = frame._jdf.toArrowBatchRdd()
+        rdd = (frame._jdf.toArrowBatchRdd() if rdd is None else rdd).toJavaRDD()
         rdd.getNumPartitions()  # plans the file splits now
     finally:
         conf.set(key, before)
@@ -721,8 +721,12 @@ def _fetcher(spark: SparkSession) -> ray.actor.ActorHandle:
 
 
 def _first_line(exc: Exception) -> str:
-    """The gist of an error, the Java one for a failed Spark call."""
+    """The gist of an error, the Java one for a failed Spark call (its cause for a job's
+    future, which wraps a job's failure in an `ExecutionException`)."""
     java = getattr(exc, "java_exception", None)
+    if java is not None and java.getCause() is not None:
+        if java.getClass().getName() == "java.util.concurrent.ExecutionException":
+            java = java.getCause()
     text = str(java.toString() if java is not None else exc).strip()
     return text.splitlines()[0][:500] if text else type(exc).__name__
 
