@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -162,6 +164,18 @@ def test_dataframe_keeps_its_own_order_not_value_order(spark, consumer):
     assert table.column("event_id").to_pylist() == ids
     assert table.column("keys").to_pylist() == [None if i % 5 == 0 else [i, i + 1] for i in ids]
     assert table.schema.field("keys").type.value_type == pa.int64()
+
+
+def test_conversion_runs_before_a_consumer_asks(spark, event_files):
+    """The conversion job is submitted as the source is made (its tasks then start as soon
+    as Spark has an executor), not when a consumer first asks for a partition."""
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup())
+    with SparkSource(event_files[0]):
+        deadline = time.monotonic() + TIMEOUT_S
+        while set(tracker.getJobIdsForGroup()) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert set(tracker.getJobIdsForGroup()) != before
 
 
 def test_partitions_flow_before_conversion_ends_and_a_failure_reaches_the_consumer(spark, consumer):
