@@ -74,14 +74,13 @@ def ray_session(
         else:
             sweep_abandoned_rays()
             folder = stack.enter_context(scratch("ray"))
-            with phase("starting Ray"), _registration_polled():
+            with phase("starting Ray"), _registration_polled(), _environment(QUICK_CONNECT):
                 stack.callback(_shutdown, phase, "stopping Ray")
                 _init(
                     address="local",  # a Ray of its own, even if another one runs here
                     num_cpus=usable_cores(),
                     object_store_memory=OBJECT_STORE_BYTES,
                     _temp_dir=str(folder),
-                    _system_config=QUICK_CONNECT,
                     **options,
                 )
             stack.enter_context(watch_cluster(_gcs_address(), "this run's local Ray"))
@@ -104,13 +103,29 @@ def _init(**options: object) -> None:
 
 
 QUICK_CONNECT = {
-    "raylet_client_connect_timeout_milliseconds": 20,
-    "raylet_client_num_connect_attempts": 500,
+    "RAY_raylet_client_connect_timeout_milliseconds": "20",
+    "RAY_raylet_client_num_connect_attempts": "500",
 }
 """A local Ray's processes retry connecting to a socket not yet listening every 20 ms (for
 10 s, as Ray's default 10 tries a second apart): the raylet connects to its own object
 store as the store's thread starts, and when it came first it waited a whole second (1 of
-5 starts: 3.0 s instead of 1.9-2.1)."""
+5 starts: 3.0 s instead of 1.9-2.1). In the environment while Ray starts, not in its
+system config: every process of it, workers included, reads them as it starts, before its
+first connection (a worker gets the system config only once connected to the raylet)."""
+
+
+@contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    """``variables`` in this process's environment (those the user set stay as set), for
+    the processes started meanwhile; the environment as it was afterwards."""
+    added = {k: v for k, v in variables.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
 
 REGISTRATION_POLL_S = 0.02
 """How often a starting local Ray's GCS is asked whether its raylet has registered."""

@@ -3,6 +3,7 @@ usage error within seconds; executors against usable cores."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -114,6 +115,18 @@ def test_a_local_ray_starts_when_polling_its_registration_fails():
         timeout=120,
     )
     assert proc.returncode == 0 and "started" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_quick_connect_settings_last_as_long_as_a_local_rays_start(monkeypatch):
+    """They reach the processes a local Ray starts, not the rest of the user's program; a
+    setting the user made stays theirs."""
+    monkeypatch.delenv("RAY_raylet_client_connect_timeout_milliseconds", raising=False)
+    monkeypatch.setenv("RAY_raylet_client_num_connect_attempts", "7")
+    with ray_runtime._environment(ray_runtime.QUICK_CONNECT):
+        assert os.environ["RAY_raylet_client_connect_timeout_milliseconds"] == "20"
+        assert os.environ["RAY_raylet_client_num_connect_attempts"] == "7"
+    assert "RAY_raylet_client_connect_timeout_milliseconds" not in os.environ
+    assert os.environ["RAY_raylet_client_num_connect_attempts"] == "7"
 
 
 def test_auto_without_a_running_ray(monkeypatch):
