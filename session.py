@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,10 @@ class Session:
             self._engine = Engine(plan, self.console, transport, job_config)
             if plan.store is not None:
                 self._checkpoints = Checkpointing(plan, self._engine, self._inputs)
-            self._launch(self.resumed_from)
+            # the launch empties the checkpoint buffer in two steps: a writer between them
+            # wrote the buffer, never filled, as the resumed checkpoint (all zeros)
+            with self._checkpoints.writer.paused() if self._checkpoints else nullcontext():
+                self._launch(self.resumed_from)
             self.startup_s = time.perf_counter() - begin
             self._started = time.perf_counter()
         except BaseException:
