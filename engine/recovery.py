@@ -168,7 +168,8 @@ class CheckpointWriter:
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """No writing meanwhile (a recovery replaces the team and the buffer)."""
+        """No writing meanwhile: around every launch of a team (the first one and a
+        recovery's), which empties the buffer in two steps the writer must not see apart."""
         self._paused.set()
         with self._lock:
             try:
