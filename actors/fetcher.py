@@ -1,8 +1,11 @@
-"""The Spark partition fetcher: hands a Spark source's converted partitions to its reader.
+"""The Spark partition fetcher: takes a Spark source's converted chunks and hands them out in
+input order.
 
-Spark (through RayDP) converts a DataFrame's partitions to Arrow on its executors; this
-actor tells a reader where each partition is as soon as Spark has it, so reading overlaps
-the conversion job (`txstream.connectors.spark` starts it with the Spark application).
+Spark (through RayDP) converts a DataFrame's partitions to Arrow on its executors; each task
+calls this actor with every chunk of its partition as soon as it has converted it
+(`RayChunks`, ``connectors/java``), and a reader asks for the chunks in order, so reading
+overlaps the conversion job (`txstream.connectors.spark` starts the actor with the Spark
+application).
 """
 
 from __future__ import annotations
@@ -10,95 +13,103 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import ray
 from txstream.errors import RuntimeFailure
-
-POLL_S = 0.01
-"""How often a fetch asks Spark where a partition is while the conversion job runs."""
-
-
-@dataclass(frozen=True)
-class Staging:
-    """Where the converted Arrow partitions go: plain values, so the fetcher pickles."""
-
-    rdd_id: int
-    num_partitions: int
-    schema_json: str
-    agent_url: str  # RayDP's driver agent, which recomputes a lost block; "" if none
-    executor: str  # any Spark executor: it tells where each partition is
 
 
 @dataclass
 class _Conversion:
     """The fetcher's view of one source's conversion job."""
 
-    staging: Staging
-    locations: list[str | None]
-    done: threading.Event = field(default_factory=threading.Event)
-    failure: str | None = None
+    partitions: int
+    chunks: dict[tuple[int, int], ray.ObjectRef] = field(default_factory=dict)
+    counts: dict[int, int] = field(default_factory=dict)  # chunks of each ended partition
+    done: bool = False
+    failure: str | None = None  # the job's: what is converted can still be read
+    inconsistent: str | None = None  # nothing can be read
+
+    def chunk(self, index: int) -> list[ray.ObjectRef] | int:
+        """The ``index``-th chunk in input order (``[ref]``), ``[]`` past the last one, or
+        the partition to wait for."""
+        for partition in range(self.partitions):
+            count = self.counts.get(partition)
+            if count is not None and index >= count:
+                index -= count
+                continue
+            ref = self.chunks.get((partition, index))
+            return partition if ref is None else [ref]
+        return []
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)
 class PartitionFetcher:
-    """Hands out converted partitions as soon as Spark has them, many calls at a time.
-
-    One per Spark application, started with it, so no source waits for a Ray worker to
-    start. Cross-language calls need `load_code_from_local`, which stays set in the calling
-    process and changes how it loads any actor class Ray later starts there; an actor's
-    process dies with it instead of going back to Ray's worker pool. A partition's Arrow
-    bytes go from the Spark executor to the consumer through the object store, never
-    through this actor.
-    """
+    """Keeps every source's converted chunks in the object store (owning them, so they
+    outlive the Spark task that made them) and hands them out in input order, many calls at
+    a time. One per Spark application, started with it, under the name its Spark tasks look
+    it up by. A chunk's bytes go from the Spark executor to this actor as a call's argument
+    (through the object store), then into the object store once more as the chunk the
+    consumer reads without copying; the chunks of a source are freed when it is removed."""
 
     def __init__(self) -> None:
-        ray._private.worker.global_worker.set_load_code_from_local(True)
-        self._conversions: dict[int, _Conversion] = {}
+        self._conversions: dict[str, _Conversion] = {}
+        self._changed = threading.Condition()
 
     def ready(self) -> None:
         """Return once the actor runs."""
 
-    def add(self, staging: Staging) -> None:
-        """Serve a source's partitions."""
-        locations: list[str | None] = [None] * staging.num_partitions
-        self._conversions[staging.rdd_id] = _Conversion(staging, locations)
+    def add(self, source: str, partitions: int) -> None:
+        """Take the chunks of ``source``, made by a job of ``partitions`` tasks."""
+        with self._changed:
+            self._conversions[source] = _Conversion(partitions)
 
-    def remove(self, rdd_id: int) -> None:
-        """Stop serving a source; release its waiters."""
-        conversion = self._conversions.pop(rdd_id)
-        conversion.failure = "the Spark source was closed"
-        conversion.done.set()
+    def remove(self, source: str) -> None:
+        """Stop serving a source and free its chunks; release its waiters."""
+        with self._changed:
+            self._conversions.pop(source, None)
+            self._changed.notify_all()
 
-    def converted(self, rdd_id: int, failure: str | None) -> None:
+    def stored(self, source: str, partition: int, chunk: int, stream: bytes) -> None:
+        """A Spark task's ``chunk``-th Arrow IPC stream of ``partition`` (the first one kept
+        when a task runs again)."""
+        ref = ray.put(pa.py_buffer(stream))  # out of band: the reader maps it
+        with self._changed:
+            conversion = self._conversions.get(source)
+            if conversion is not None:
+                conversion.chunks.setdefault((partition, chunk), ref)
+                self._changed.notify_all()
+
+    def ended(self, source: str, partition: int, chunks: int) -> None:
+        """A Spark task stored all its ``chunks`` chunks of ``partition``."""
+        with self._changed:
+            conversion = self._conversions.get(source)
+            if conversion is None:
+                return
+            if conversion.counts.setdefault(partition, chunks) != chunks:
+                conversion.inconsistent = f"Spark made partition {partition} twice, differently"
+            self._changed.notify_all()
+
+    def converted(self, source: str, failure: str | None) -> None:
         """The source's conversion job ended, with `failure` if it failed."""
-        if rdd_id in self._conversions:
-            self._conversions[rdd_id].failure = failure
-            self._conversions[rdd_id].done.set()
+        with self._changed:
+            conversion = self._conversions.get(source)
+            if conversion is not None:
+                conversion.done = True
+                conversion.failure = failure
+                self._changed.notify_all()
 
-    def fetch(self, rdd_id: int, partition: int) -> list[ray.ObjectRef]:
-        """A reference to the partition's Arrow IPC stream, once Spark has converted it."""
-        conversion = self._conversions.get(rdd_id)
-        if conversion is None:
-            raise RuntimeFailure("the Spark source was closed")
-        staging = conversion.staging
-        executor = ray.get_actor(f"raydp-executor-{self._location(conversion, partition)}")
-        ipc = executor.getRDDPartition.remote(
-            staging.rdd_id, partition, staging.schema_json, staging.agent_url
-        )
-        return [ipc]
-
-    @staticmethod
-    def _location(conversion: _Conversion, partition: int) -> str:
-        """The executor holding `partition`, polled for until the conversion job ends."""
-        staging = conversion.staging
-        executor = ray.get_actor(f"raydp-executor-{staging.executor}")
-        while conversion.locations[partition] is None:
-            done = conversion.done.is_set()
-            conversion.locations = ray.get(
-                executor.getBlockLocations.remote(staging.rdd_id, staging.num_partitions)
-            )
-            if conversion.locations[partition] is None:
-                if done:
-                    message = conversion.failure or f"Spark lost partition {partition}"
-                    raise RuntimeFailure(message)
-                conversion.done.wait(POLL_S)
-        return conversion.locations[partition]
+    def fetch(self, source: str, index: int) -> list[ray.ObjectRef]:
+        """A reference to the ``index``-th chunk of ``source`` in input order (an Arrow IPC
+        stream) once Spark has converted it; ``[]`` past the last one."""
+        with self._changed:
+            while True:
+                conversion = self._conversions.get(source)
+                if conversion is None:
+                    raise RuntimeFailure("the Spark source was closed")
+                found = conversion.chunk(index)
+                if isinstance(found, list) and conversion.inconsistent is None:
+                    return found
+                failure = conversion.inconsistent or conversion.failure
+                if failure or conversion.done:
+                    raise RuntimeFailure(failure or f"Spark lost partition {found}")
+                self._changed.wait()

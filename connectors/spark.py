@@ -4,9 +4,9 @@
 DataFrame in Spark (MEMORY_AND_DISK), then starts one fetch task per partition at once, so
 every partition lands in the object store together, in Spark's partition order; and the fetch
 tasks leave their pooled Ray workers set to `load_code_from_local`. Instead, every row carries
-its input position, partitions are converted to Arrow on the Spark executor's disk while the
-consumer pulls them in order, a few at a time, each as soon as Spark has it, through a
-fetcher actor; the consumer checks the positions.
+its input position, and each Spark task hands its partition to a fetcher actor in chunks
+as it converts them (`RayChunks`), while the consumer pulls the chunks in order, a few at a
+time, each as soon as Spark has it; the consumer checks the positions.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
+import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -30,12 +30,13 @@ import numpy as np
 import pyarrow as pa
 import ray
 from ray.job_config import JobConfig
-from txstream.actors.fetcher import PartitionFetcher, Staging
+from txstream.actors.fetcher import PartitionFetcher
 from txstream.cluster.ray_runtime import ray_session
 from txstream.cluster.scratch import JavaDriverLibraries, scratch
 from txstream.cluster.topology import usable_cores
+from txstream.connectors import spark_converter
 from txstream.connectors.sources import ArrowSource
-from txstream.connectors.spark_converter import CONVERTER_CLASS, CONVERTER_JAR
+from txstream.connectors.spark_converter import CHUNKS_CLASS, CONVERTER_CLASS, CONVERTER_JAR
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.logs import level_number
@@ -226,7 +227,8 @@ def spark_session(
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
         }
-        fetcher = PartitionFetcher.remote()  # its process starts while Spark does
+        name = f"txstream-fetcher-{uuid.uuid4().hex}"  # Spark's tasks look it up by name
+        fetcher = PartitionFetcher.options(name=name).remote()  # starts while Spark does
         stack.callback(ray.kill, fetcher)
         try:
             with console.phase("starting Spark"), _driver_launched_early():
@@ -240,7 +242,7 @@ def spark_session(
                 )
                 session.sparkContext.setLogLevel(_LOG4J_LEVELS[log_level])  # pyspark's is WARN
                 app = session.sparkContext.applicationId
-                _FETCHERS[app] = fetcher
+                _FETCHERS[app] = name, fetcher
                 stack.callback(_FETCHERS.pop, app)
                 ray.get(fetcher.ready.remote())
             yield session
@@ -371,13 +373,16 @@ class SparkSource:
     starts before the previous one ended (or rows go missing), instead of reordering events.
 
     Converting to Arrow is one Spark job, submitted once the input is planned (its tasks
-    start as soon as Spark's executor registers, while the engine starts); partitions are
-    kept on the Spark executor's disk as they are converted, and `iter_batches` (in any
-    process of the Ray job) fetches each as soon as Spark has it, at most `prefetch` ahead
-    of the consumer: the engine runs while Spark is still converting. File splits are sized
-    to about `partition_rows` rows (Parquet row groups are not split); a DataFrame keeps its
-    partitions. The source pickles without its Spark side; `close()` (in the driver) stops
-    the conversion and frees the partitions.
+    start as soon as Spark's executor registers, while the engine starts). Each task hands
+    its partition to the application's fetcher actor in chunks of about `partition_rows`
+    rows as it converts them, and `iter_batches` (in any process of the Ray job) fetches the
+    chunks in input order, each as soon as Spark has it, at most `prefetch` ahead of the
+    consumer: the engine runs while Spark is still converting. The chunks stay in Ray's
+    object store until `close()`, which spills them to disk when it is full, so memory is
+    bounded whatever the input's size. File splits are sized to about `partition_rows` rows
+    (Parquet row groups are not split, their chunks are); a DataFrame keeps its partitions.
+    The source pickles without its Spark side; `close()` (in the driver) stops the
+    conversion and frees the chunks.
     """
 
     def __init__(
@@ -411,32 +416,31 @@ class SparkSource:
         self.schema: pa.Schema = _arrow_schema(frame)
         self.prefetch = prefetch
         self.fetch_timeout_s = fetch_timeout_s
+        self._key = uuid.uuid4().hex
+        name, self._fetcher = _fetcher(self._spark)
         schema_json = _arrow_schema_json(frame)
-        self._rdd = _arrow_rdd(frame, split_bytes, schema_json, files)
-        self._fetcher = _fetcher(self._spark)
-        self._conversion = self._rdd.countAsync()  # runs as soon as Spark has an executor
-        try:
-            staging = _staging(frame, self._rdd, schema_json)
-            ray.get(self._fetcher.add.remote(staging))
-        except BaseException:
-            self._conversion.cancel(False)
-            self._rdd.unpersist(False)
-            raise
-        self.num_partitions, self._rdd_id = staging.num_partitions, staging.rdd_id
+        batches = _arrow_batches(frame, split_bytes, schema_json, files)
+        rows_per_batch = _rows_per_batch(self._spark)
+        chunks = _spark_object(self._spark, CHUNKS_CLASS).deliver(
+            batches, name, self._key, schema_json, -(-partition_rows // rows_per_batch)
+        )
+        self.num_partitions = chunks.getNumPartitions()
+        ray.get(self._fetcher.add.remote(self._key, self.num_partitions))
+        self._conversion = chunks.countAsync()  # runs as soon as Spark has an executor
         self._converting = threading.Thread(target=self._converted, daemon=True)
         self._converting.start()
 
     def iter_batches(self, max_rows: int) -> Iterator[pa.RecordBatch]:
         """Yield the events in input order, in batches of at most `max_rows` rows."""
         emitted = 0
-        for table in self._partitions_in_order():
+        for table in self._chunks_in_order():
             emitted += table.num_rows
             yield from table.to_batches(max_chunksize=max_rows)
         if emitted != self.num_rows:
             raise RuntimeFailure(f"Spark returned {emitted} events, expected {self.num_rows}")
 
-    def _partitions_in_order(self) -> Iterator[pa.Table]:
-        """The partitions in index order, each as soon as Spark has converted it."""
+    def _chunks_in_order(self) -> Iterator[pa.Table]:
+        """The chunks in input order, each as soon as Spark has converted it."""
         last_position = -1
         for ipc in self.partitions():
             table, first, last = partition_table(self._get(ipc), self.schema)
@@ -444,18 +448,19 @@ class SparkSource:
             yield table
 
     def partitions(self) -> Iterator[ray.ObjectRef]:
-        """References to the partitions' Arrow IPC streams in index order, each once Spark
-        has converted it, at most `prefetch` asked for ahead: to read one where it lies
-        (`partition_table`), the reader checking their order (`follow`)."""
-        count = self.num_partitions
+        """References to the converted chunks (Arrow IPC streams) in input order, each once
+        Spark has converted it, at most `prefetch` asked for ahead: to read one where it
+        lies (`partition_table`), the reader checking their order (`follow`)."""
         pending: deque[ray.ObjectRef] = deque()
         requested = 0
-        for _ in range(count):
-            while requested < count and len(pending) <= self.prefetch:
-                pending.append(self._fetcher.fetch.remote(self._rdd_id, requested))
+        while True:
+            while len(pending) <= self.prefetch:
+                pending.append(self._fetcher.fetch.remote(self._key, requested))
                 requested += 1
-            [ipc] = self._get(pending.popleft())
-            yield ipc
+            found = self._get(pending.popleft())
+            if not found:
+                return
+            yield found[0]
 
     def _get(self, ref: ray.ObjectRef) -> object:
         """ray.get within the fetch timeout; the fetcher's own errors keep their type."""
@@ -475,19 +480,17 @@ class SparkSource:
             self._conversion.get()
         except Exception as exc:  # any failure goes to the consumer
             failure = f"Spark failed to convert the input: {_first_line(exc)}"
-        self._fetcher.converted.remote(self._rdd_id, failure)
+        self._fetcher.converted.remote(self._key, failure)
 
     def close(self) -> None:
-        """Stop the conversion and free the converted partitions (driver only)."""
+        """Stop the conversion and free the converted chunks (driver only)."""
         try:
-            ray.get(self._fetcher.remove.remote(self._rdd_id))
+            ray.get(self._fetcher.remove.remote(self._key))
         except ray.exceptions.RayActorError:  # Spark, and its fetcher, already stopped
             pass
         if self._spark.sparkContext._jsc is not None:
             self._conversion.cancel(False)
         self._converting.join(timeout=60)
-        if self._spark.sparkContext._jsc is not None:
-            self._rdd.unpersist(False)
 
     def __enter__(self) -> SparkSource:
         return self
@@ -507,7 +510,7 @@ _CONSUMER_FIELDS = (
     "prefetch",
     "fetch_timeout_s",
     "_fetcher",
-    "_rdd_id",
+    "_key",
 )
 
 
@@ -569,21 +572,14 @@ def _arrow_schema(frame: DataFrame) -> pa.Schema:
     return schema.remove(schema.get_field_index(POSITION))
 
 
-def _arrow_rdd(
+def _arrow_batches(
     frame: DataFrame, split_bytes: int | None, schema_json: str, files: Sequence[DataFrame]
 ) -> JavaObject:
-    """`frame` as Spark's RDD of Arrow batches (its Java view, which counts asynchronously),
-    kept on the executors' disk once computed.
-
-    This is RayDP's staging (`ObjectStoreWriter.prepareRecoverableRDD`) minus running it, so
-    the partitions can be fetched while the job runs. DISK_ONLY keeps the executor heap out
-    of it: inputs larger than memory only need disk. With `split_bytes`, file splits are at
-    most that large (the session's own limit if smaller), set only while Spark plans `frame`.
-    A union of Parquet `files` is converted column by column if it can be (`_columnar_rdd`),
-    else, like a DataFrame, by Spark's `toArrowBatchRdd`, row by row.
-    """
-    from pyspark import StorageLevel
-
+    """`frame` as Spark's RDD of serialized Arrow record batches (its Java view): a union of
+    Parquet `files` copied column by column if it can be (`_columnar_rdd`), else, like a
+    DataFrame, converted by Spark's `toArrowBatchRdd`, row by row. With `split_bytes`, file
+    splits are at most that large (the session's own limit if smaller), set only while
+    Spark plans `frame`."""
     conf, key = frame.sparkSession.conf, "spark.sql.files.maxPartitionBytes"
     before = conf.get(key)
     if split_bytes is not None:
@@ -594,8 +590,7 @@ def _arrow_rdd(
         rdd.getNumPartitions()  # plans the file splits now
     finally:
         conf.set(key, before)
-    context = frame.sparkSession.sparkContext
-    return rdd.persist(context._getJavaStorageLevel(StorageLevel.DISK_ONLY))
+    return rdd
 
 
 _COLUMNAR_TYPES = frozenset(
@@ -616,12 +611,10 @@ def _columnar_rdd(
     most `spark.sql.execution.arrow.maxRecordsPerBatch` rows), without its whole-stage row
     loop and row-by-row `ArrowWriter`. Each position is the file's index ``<< 40`` plus the
     row index that the scan reads as a column. None (said at debug level) when a column has
-    a type it does not copy, a scan is not columnar, or the converter is not compiled."""
+    a type it does not copy or a scan is not columnar."""
     unsupported = [f.name for f in frame.schema if f.dataType.typeName() not in _COLUMNAR_TYPES]
     if unsupported:
         return _row_path(f"no columnar copy of columns {unsupported}")
-    if not CONVERTER_JAR.is_file():
-        return _row_path(f"no {CONVERTER_JAR} (./setup compiles it)")
     names = [name for name in frame.columns if name != POSITION] + [_ROW_INDEX]
     scans, ordinals = [], None
     for read in files:
@@ -642,26 +635,39 @@ def _columnar_rdd(
     scan_list = jvm.java.util.ArrayList()
     for scan in scans:
         scan_list.add(scan)
-    rows = spark._jconf.arrowMaxRecordsPerBatch()
-    rows = rows if rows > 0 else 2**31 - 1
+    rows = _rows_per_batch(spark)
     logging.getLogger(__name__).debug("Spark converts the input column by column")
-    return _converter(spark).files(scan_list, schema_json, columns, ordinals[-1], _FILE_SHIFT, rows)
+    converter = _spark_object(spark, CONVERTER_CLASS)
+    return converter.files(scan_list, schema_json, columns, ordinals[-1], _FILE_SHIFT, rows)
 
 
 def _row_path(reason: str) -> None:
     logging.getLogger(__name__).debug("Spark converts the input row by row: %s", reason)
 
 
-def _converter(spark: SparkSession) -> JavaObject:
-    """The driver's `ArrowColumns`, its jar added to the Spark application (``ADD JAR``: the
-    executors load it from there, the driver from the session's class loader)."""
+def _rows_per_batch(spark: SparkSession) -> int:
+    """The rows of a converted Arrow batch (``spark.sql.execution.arrow.maxRecordsPerBatch``)."""
+    rows = spark._jconf.arrowMaxRecordsPerBatch()
+    return rows if rows > 0 else 2**31 - 1
+
+
+def _spark_object(spark: SparkSession, name: str) -> JavaObject:
+    """A new object of txstream's class ``name`` in the driver, its jar added to the Spark
+    application (``ADD JAR``: the executors load it from there, the driver from the
+    session's class loader); the jar is compiled first if it is missing."""
+    if not CONVERTER_JAR.is_file():
+        logging.getLogger(__name__).info("compiling txstream's Spark classes (./setup does)")
+        try:
+            spark_converter.build(CONVERTER_JAR)
+        except Exception as exc:
+            raise UsageError(f"cannot compile txstream's Spark classes: {exc}") from None
     added = spark.sparkContext._jsc.sc().listJars().mkString("\n").splitlines()
     if not any(url.rsplit("/", 1)[-1] == CONVERTER_JAR.name for url in added):
         spark.sql(f"ADD JAR '{CONVERTER_JAR}'")
     loader = spark._jsparkSession.sharedState().jarClassLoader()
     no_classes = spark.sparkContext._gateway.new_array(spark._jvm.java.lang.Class, 0)
     no_args = spark.sparkContext._gateway.new_array(spark._jvm.java.lang.Object, 0)
-    return loader.loadClass(CONVERTER_CLASS).getDeclaredConstructor(no_classes).newInstance(no_args)
+    return loader.loadClass(name).getDeclaredConstructor(no_classes).newInstance(no_args)
 
 
 def _bytes(spark: SparkSession, size: str) -> int:
@@ -677,46 +683,16 @@ def _arrow_schema_json(frame: DataFrame) -> str:
     return writer.toArrowSchema(frame._jdf).toJson()
 
 
-def _staging(frame: DataFrame, rdd: JavaObject, schema_json: str) -> Staging:
-    jvm = frame.sparkSession.sparkContext._jvm
-    writer = jvm.org.apache.spark.sql.raydp.ObjectStoreWriter
-    _wait_for_an_executor(frame.sparkSession)
-    executors = frame.sparkSession.sparkContext._jsc.sc().getExecutorIds()
-    return Staging(
-        rdd.id(),
-        rdd.getNumPartitions(),
-        schema_json,
-        writer.driverAgentUrl() or "",
-        executors.head(),
-    )
+_FETCHERS: dict[str, tuple[str, ray.actor.ActorHandle]] = {}
+"""Each Spark application's partition fetcher (its name and handle), by application id."""
 
 
-_POLL_S = 0.01
-
-EXECUTOR_TIMEOUT_S = 300.0
-"""How long Spark's executor may take to register once Spark has started."""
-
-
-def _wait_for_an_executor(session: SparkSession) -> None:
-    """Return once an executor has registered: RayDP starts it after the driver and
-    `init_spark` returns without waiting for it; a source plans its input meanwhile."""
-    context = session.sparkContext._jsc.sc()
-    deadline = time.monotonic() + EXECUTOR_TIMEOUT_S
-    while context.getExecutorIds().isEmpty():
-        if time.monotonic() > deadline:
-            raise RuntimeFailure(f"no executor within {EXECUTOR_TIMEOUT_S:.0f} s", "Spark")
-        time.sleep(5 * _POLL_S)  # a Py4J call each time
-
-
-_FETCHERS: dict[str, ray.actor.ActorHandle] = {}
-"""Each Spark application's partition fetcher, by application id."""
-
-
-def _fetcher(spark: SparkSession) -> ray.actor.ActorHandle:
+def _fetcher(spark: SparkSession) -> tuple[str, ray.actor.ActorHandle]:
     """The application's fetcher, started on first use (`spark_session` starts it)."""
     app = spark.sparkContext.applicationId
     if app not in _FETCHERS:
-        _FETCHERS[app] = PartitionFetcher.remote()
+        name = f"txstream-fetcher-{uuid.uuid4().hex}"
+        _FETCHERS[app] = name, PartitionFetcher.options(name=name).remote()
     return _FETCHERS[app]
 
 
@@ -731,8 +707,8 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
-def partition_table(ipc: bytes, schema: pa.Schema) -> tuple[pa.Table, int, int]:
-    """A converted partition (its Arrow IPC stream) as a table of ``schema`` in input
+def partition_table(ipc: pa.Buffer | bytes, schema: pa.Schema) -> tuple[pa.Table, int, int]:
+    """A converted chunk (its Arrow IPC stream) as a table of ``schema`` in input
     order, with the first and last input positions of its rows (-1 if it has none)."""
     table, first, last = _in_position_order(pa.ipc.open_stream(ipc).read_all())
     return (table if table.schema.equals(schema) else table.cast(schema)), first, last

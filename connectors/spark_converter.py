@@ -1,12 +1,13 @@
-"""Spark's columnar Arrow converter: compiled once per installation (``./setup`` runs this).
+"""txstream's classes in Spark's JVMs: compiled once per installation (``./setup`` runs this,
+and a Spark source does if the jar is missing).
 
 `txstream.connectors.spark` converts a Parquet input with `ArrowColumns` (``java/``): the
 scans' columnar batches copied into Arrow vectors column by column, instead of Spark's
-row-by-row ``toArrowBatchRdd``. The class is compiled here into a jar in this
-installation's prefix, with ``javac`` if there is one, else with Janino (in pyspark's jars:
-a Java runtime has no compiler), and reaches Spark's JVMs at run time (``ADD JAR``), so
-their class path, and with it the class archive (`txstream.connectors.spark_classes`),
-stays the same. Without the jar, Spark converts row by row.
+row-by-row ``toArrowBatchRdd``; `RayChunks` hands every source's batches to its Python
+consumer through Ray. The classes are compiled here into a jar in this installation's
+prefix, with ``javac`` if there is one, else with Janino (in pyspark's jars: a Java runtime
+has no compiler), and reach Spark's JVMs at run time (``ADD JAR``), so their class path,
+and with it the class archive (`txstream.connectors.spark_classes`), stays the same.
 
     python -m txstream.connectors.spark_converter
 """
@@ -25,7 +26,8 @@ from pathlib import Path
 CONVERTER_JAR = Path(sys.prefix) / "share" / "txstream" / "txstream-spark.jar"
 """The compiled converter, in this installation's prefix (the virtualenv)."""
 CONVERTER_CLASS = "txstream.spark.ArrowColumns"
-SOURCE = Path(__file__).parent / "java" / "ArrowColumns.java"
+CHUNKS_CLASS = "txstream.spark.RayChunks"
+SOURCES = sorted((Path(__file__).parent / "java").glob("*.java"))
 _COMPILE_TIMEOUT_S = 300
 
 
@@ -35,10 +37,17 @@ def _spark_jars() -> Path:
     return Path(pyspark.__file__).parent / "jars"
 
 
+def _ray_jar() -> Path:
+    """Ray's Java API, which Spark's executors (Ray actors under RayDP) run with."""
+    import ray
+
+    return Path(ray.__file__).parent / "jars" / "ray_dist.jar"
+
+
 def _compile_command(out: Path) -> list[str]:
     """javac when this machine has a working one, else Janino's command line on ``java``."""
     jars = _spark_jars()
-    class_path = os.pathsep.join(str(jar) for jar in sorted(jars.glob("*.jar")))
+    class_path = os.pathsep.join([*map(str, sorted(jars.glob("*.jar"))), str(_ray_jar())])
     javac = shutil.which("javac")
     if javac and subprocess.run([javac, "-version"], capture_output=True).returncode == 0:
         return [javac, "-nowarn", "-encoding", "UTF-8", "-cp", class_path, "-d", str(out)]
@@ -64,11 +73,11 @@ def _compile_command(out: Path) -> list[str]:
 
 
 def build(target: Path = CONVERTER_JAR) -> Path:
-    """Compile `SOURCE` into the jar ``target`` (replacing it)."""
+    """Compile `SOURCES` into the jar ``target`` (replacing it)."""
     with tempfile.TemporaryDirectory(prefix="txs-converter-") as tmp:
         out = Path(tmp) / "classes"
         out.mkdir()
-        command = [*_compile_command(out), str(SOURCE)]
+        command = [*_compile_command(out), *(str(source) for source in SOURCES)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S)
         classes = sorted(out.rglob("*.class"))
         if done.returncode or not classes:
@@ -86,14 +95,14 @@ def build(target: Path = CONVERTER_JAR) -> Path:
 
 
 def main() -> int:
-    """Compile the converter; 1 if it could not be (Spark then converts row by row)."""
+    """Compile the classes; 1 if they could not be (a Spark source then says why)."""
     begin = time.perf_counter()
     try:
         path = build()
-    except Exception as exc:  # optional: Spark works without it, only converts slower
-        print(f"no columnar converter for Spark: {exc}", file=sys.stderr)
+    except Exception as exc:  # ./setup goes on: only Spark sources need the jar
+        print(f"txstream's Spark classes not compiled: {exc}", file=sys.stderr)
         return 1
-    print(f"Spark's columnar converter: {path} ({time.perf_counter() - begin:.1f} s)")
+    print(f"txstream's Spark classes: {path} ({time.perf_counter() - begin:.1f} s)")
     return 0
 
 

@@ -13,7 +13,7 @@ import pytest
 from txstream.connectors import spark as spark_module
 from txstream.connectors import spark_converter
 from txstream.connectors.spark import SparkSource
-from txstream.connectors.spark_converter import CONVERTER_CLASS, CONVERTER_JAR
+from txstream.connectors.spark_converter import CHUNKS_CLASS, CONVERTER_CLASS, CONVERTER_JAR
 
 FILE_ROWS = (25_000, 0, 14_000, 1)
 """Several files, one of them empty: splits and batches that do not line up."""
@@ -126,15 +126,14 @@ def test_unsupported_columns_take_the_row_path(spark, tmp_path, caplog, monkeypa
     assert "row by row: no columnar copy of columns ['keys']" in caplog.text
 
 
-def test_without_the_jar_the_row_path_says_so(spark, files, tmp_path, caplog, monkeypatch):
+def test_a_missing_jar_is_compiled_at_first_use(spark, files, tmp_path, monkeypatch):
     assert CONVERTER_JAR.is_file(), "./setup compiles the converter"
     folder, expected = files
-    monkeypatch.setattr(spark_module, "CONVERTER_JAR", tmp_path / "missing.jar")
-    with caplog.at_level(logging.DEBUG, logger=spark_module.__name__):
-        table, taken, _ = _drain(folder, monkeypatch, columnar=True)
-    assert taken == [False]
+    jar = tmp_path / "compiled-at-first-use.jar"
+    monkeypatch.setattr(spark_module, "CONVERTER_JAR", jar)
+    table, taken, _ = _drain(folder, monkeypatch, columnar=True)
+    assert jar.is_file() and taken == [True]
     assert table.column("event_id").to_pylist() == list(range(sum(FILE_ROWS)))
-    assert "missing.jar (./setup compiles it)" in caplog.text
 
 
 def test_janino_compiles_the_converter_without_javac(tmp_path, monkeypatch):
@@ -147,3 +146,4 @@ def test_janino_compiles_the_converter_without_javac(tmp_path, monkeypatch):
     jar = spark_converter.build(tmp_path / "converter.jar")
     names = zipfile.ZipFile(jar).namelist()
     assert CONVERTER_CLASS.replace(".", "/") + ".class" in names
+    assert CHUNKS_CLASS.replace(".", "/") + ".class" in names

@@ -9,12 +9,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
+from txstream.actors.fetcher import _Conversion
 from txstream.connectors.spark import (
     POSITION,
     SparkSource,
     _in_position_order,
     follow,
     java_available,
+    partition_table,
 )
 from txstream.errors import RuntimeFailure, SchemaError
 
@@ -218,3 +220,29 @@ def test_consumer_restores_order_inside_a_partition_and_rejects_overlap():
         follow(3, 3, 4)
     with pytest.raises(RuntimeFailure):
         _in_position_order(pa.table({"v": [1, 2], POSITION: [5, 5]}))
+
+
+def test_chunks_come_in_partition_then_chunk_order_past_empty_partitions():
+    conversion = _Conversion(partitions=3)
+    assert conversion.chunk(0) == 0  # wait for partition 0
+    conversion.chunks[(1, 0)] = "p1c0"
+    conversion.counts[0] = 0  # partition 0 had no rows
+    assert conversion.chunk(0) == ["p1c0"]
+    assert conversion.chunk(1) == 1  # partition 1 may have more chunks
+    conversion.chunks[(1, 1)] = "p1c1"
+    conversion.counts[1] = 2
+    assert conversion.chunk(1) == ["p1c1"]
+    assert conversion.chunk(2) == 2
+    conversion.counts[2] = 0
+    assert conversion.chunk(2) == []  # past the last chunk
+
+
+def test_a_row_group_is_handed_over_in_chunks(spark, tmp_path):
+    """Spark does not split a Parquet row group; its task hands it over in chunks of about
+    `partition_rows` rows (whole Arrow batches), so reading starts before it is converted."""
+    rows = 40_000
+    pq.write_table(pa.table({"event_id": np.arange(rows)}), tmp_path / "one.parquet")
+    with SparkSource(tmp_path, partition_rows=10_000) as source:
+        chunks = [partition_table(ray.get(ref), source.schema)[0] for ref in source.partitions()]
+    assert [chunk.num_rows for chunk in chunks] == [10_000] * 4
+    assert pa.concat_tables(chunks).column("event_id").to_pylist() == list(range(rows))
