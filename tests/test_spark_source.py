@@ -239,10 +239,10 @@ def test_chunks_come_in_partition_then_chunk_order_past_empty_partitions():
 
 def test_a_row_group_is_handed_over_in_chunks(spark, tmp_path):
     """Spark does not split a Parquet row group; its task hands it over in chunks of about
-    `partition_rows` rows (whole Arrow batches), so reading starts before it is converted."""
+    `chunk_rows` rows (whole Arrow batches), so reading starts before it is converted."""
     rows = 40_000
     pq.write_table(pa.table({"event_id": np.arange(rows)}), tmp_path / "one.parquet")
-    with SparkSource(tmp_path, partition_rows=10_000) as source:
+    with SparkSource(tmp_path, chunk_rows=10_000) as source:
         chunks = [partition_table(ray.get(ref), source.schema)[0] for ref in source.partitions()]
     assert [chunk.num_rows for chunk in chunks] == [10_000] * 4
     assert pa.concat_tables(chunks).column("event_id").to_pylist() == list(range(rows))
