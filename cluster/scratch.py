@@ -8,7 +8,8 @@ Ray puts Unix sockets in its session folder, and their paths are limited to 107 
 One thing honours no setting: a JVM that joins Ray as a Java driver (Spark's driver, RayDP's
 app master) extracts Ray's native library (40 MB) into ``/tmp/ray/<milliseconds>/``. Those
 folders are found through the processes that map the library (this process's descendants)
-while they run, and removed once they have stopped.
+while they run, and removed once they have stopped; so are those made during the run that
+no process maps any more (of JVMs killed with a lost Ray node before they were seen).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ _MAX_BASE = 40
 """Longest temporary base folder used as it is (Ray's socket paths add ~70 bytes)."""
 _JAVA_DRIVER_ROOT = Path("/tmp/ray")
 _JAVA_DRIVER_LIBRARY = re.compile(r"(/tmp/ray/\d+)/libcore_worker_library_java\.so")
+_EXTRACTED_S = 2.0
+"""A library folder this old is mapped by its JVM, if that still runs (it loads the
+library right after extracting it)."""
 
 
 def _base() -> Path:
@@ -127,6 +131,7 @@ class JavaDriverLibraries:
 
     def __init__(self) -> None:
         self._root_existed = _JAVA_DRIVER_ROOT.exists()
+        self._since = time.time() - 1.0  # file times are coarser than the clock
         self.folders: set[Path] = set()
 
     def note(self) -> None:
@@ -134,11 +139,32 @@ class JavaDriverLibraries:
         self.folders |= java_driver_libraries()
 
     def remove(self) -> None:
-        """Remove every folder noted."""
-        for folder in self.folders:
+        """Remove every folder noted, and those abandoned since this object was made."""
+        for folder in self.folders | self._abandoned():
             remove_tree(folder)
         if not self._root_existed:
             try:
                 _JAVA_DRIVER_ROOT.rmdir()
             except OSError:  # not empty: others use it too
                 pass
+
+    def _abandoned(self) -> set[Path]:
+        """Library folders made since `__init__`, not noted, that no live process maps: a
+        killed JVM's (a lost Ray node's), whoever started it."""
+        now, made = time.time(), set()
+        for folder in _JAVA_DRIVER_ROOT.glob("[0-9]*"):
+            try:
+                extracted = folder.stat().st_mtime
+            except OSError:  # removed meanwhile
+                continue
+            if self._since <= extracted <= now - _EXTRACTED_S and folder not in self.folders:
+                made.add(folder)
+        if not made:
+            return made
+        mapped: set[str] = set()
+        for maps in Path("/proc").glob("[0-9]*/maps"):
+            try:
+                mapped.update(_JAVA_DRIVER_LIBRARY.findall(maps.read_text()))
+            except OSError:  # ended meanwhile, or another user's
+                continue
+        return {folder for folder in made if str(folder) not in mapped}
