@@ -5,7 +5,9 @@ Two processes pinned to CPUs 0 and 1 pass a counter back and forth through share
 (each waits for the other's increment); the round trip is timed, with the waiter
 spinning, calling ``sched_yield``, sleeping ``usleep(20)`` (default timer slack),
 sleeping ``usleep(10)`` at 1 us timer slack, or sleeping on a futex the poster wakes. Then
-again with a nice +10 busy process on each CPU (a feeder that wants the core).
+again with a nice +10 busy process on each CPU (a feeder that wants the core). Last, the
+CPU a waiter takes while it sleeps in steps of 10 us to 1 ms (what the growing steps of
+`pause` were chosen from).
 
     python bench/waits.py [--rounds 20000]     -> bench/results/waits.json
 """
@@ -26,7 +28,13 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
-from txstream.state._numba import fetch_add, load_acquire, monotonic_ns, sleep_us
+from txstream.state._numba import (
+    fetch_add,
+    fine_timer_slack,
+    load_acquire,
+    monotonic_ns,
+    sleep_us,
+)
 
 SPIN, YIELD, SLEEP, SLACK, FUTEX = range(5)
 NAMES = ("spin", "sched_yield", "usleep(20)", "usleep(10) at 1 us slack", "spin, then futex")
@@ -154,6 +162,30 @@ def measure(policy: int, rounds: int, hogs: int) -> np.ndarray:
         shm.unlink()
 
 
+@numba.njit(nogil=True, cache=True)
+def _sleep_for(step_us, ns):
+    """Sleep in steps of ``step_us`` (1 us timer slack) for ``ns``; the steps taken."""
+    fine_timer_slack()
+    start, steps = monotonic_ns(), 0
+    while monotonic_ns() - start < ns:
+        sleep_us(step_us)
+        steps += 1
+    return steps
+
+
+def sleeping_waiter(step_us: int, seconds: float = 1.0) -> dict:
+    """The CPU (cores) a waiter takes while it sleeps in steps of ``step_us``."""
+    _sleep_for(step_us, 1_000_000)
+    cpu, wall = time.thread_time(), time.perf_counter()
+    steps = _sleep_for(step_us, int(seconds * 1e9))
+    wall = time.perf_counter() - wall
+    return {
+        "step_us": step_us,
+        "wakeups_per_s": round(steps / wall),
+        "cores": round((time.thread_time() - cpu) / wall, 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20_000)
@@ -167,7 +199,10 @@ def main() -> None:
             row = {"policy": name, "busy_processes": hogs, "round_trips": len(us), **quantiles}
             rows.append(row)
             print(row, flush=True)
-    print("->", write_results("waits", {"rows": rows}))
+    sleeping = [sleeping_waiter(step) for step in (10, 50, 200, 1000)]
+    for row in sleeping:
+        print(row, flush=True)
+    print("->", write_results("waits", {"rows": rows, "sleeping_waiter": sleeping}))
 
 
 if __name__ == "__main__":
