@@ -61,9 +61,9 @@ of at least this, with the thread's timer slack at 1 us (`fine_timer_slack`) so 
 step lasts about what it asks for, leaving the core to the processes feeding the team."""
 BACKOFF = 16
 """A step is at most 1/BACKOFF of the time waited past SPIN_NS (so waking up adds at most
-~6% to a long wait), and at most MAX_SLEEP_US: a waiter sleeping in 10-us steps took 0.36
-of a core here (27k wake-ups a second), in 50-us steps 0.17, in 200-us steps 0.06, in 1-ms
-steps 0.01: CPU that the processes feeding the team need while it waits."""
+~6% to a long wait), and at most MAX_SLEEP_US: a waiter sleeping in 10-us steps took 0.58
+of a core here (34k wake-ups a second), in 50-us steps 0.27, in 200-us steps 0.09, in 1-ms
+steps 0.02 (bench/waits.py): CPU that the processes feeding the team need meanwhile."""
 MAX_SLEEP_US = 1000
 CHECK_EVERY = 63
 """Spin rounds between reads of the clock and the failure word (a mask)."""
