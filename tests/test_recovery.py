@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from txstream import Job
 from txstream.errors import UsageError
-from txstream.state.checkpoints import TEMPORARY, CheckpointStore
+from txstream.state.checkpoints import COPIED, TEMPORARY, WRITTEN, CheckpointBuffer, CheckpointStore
+from txstream.state.sync import STRIDE, publish
 from txstream.topologies.generators import WorkloadSpec, generate
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -395,3 +396,33 @@ def test_a_killed_follow_resumes_and_applies_every_file_once(tmp_path):
     assert_same_run(got, state, *naive.run_model("sl", events, init))
     assert json.loads((out / "metrics.json").read_text())["config"]["resumed_from"] > 0
     assert not _wait_gone(tag + "-again")
+
+
+def test_a_resumed_checkpoint_is_not_overwritten_while_the_team_launches(tmp_path, monkeypatch):
+    """Launching a team empties the checkpoint buffer in two steps; the checkpoint writer,
+    polling every 5 ms, must not see them apart. It once did, and wrote the buffer, never
+    filled, over the very checkpoint being resumed (after a lost Ray node, ~1 run in 6-30:
+    the next attempt resumed a state of zeros). Here the gap is widened past many polls."""
+    events, init = _workload("sl", 2)
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    job = Job("sl", checkpoint_dir=str(ckpt), checkpoint_every=1, progress=False)
+    with pytest.raises(KeyboardInterrupt), job.start(init, output=out) as session:
+        session.push(events.slice(0, 3000))
+        session.checkpoint()
+        raise KeyboardInterrupt
+
+    def reset_slowly(buffer: CheckpointBuffer, ts: int) -> None:
+        publish(buffer.words, COPIED * STRIDE, ts)
+        time.sleep(0.2)
+        publish(buffer.words, WRITTEN * STRIDE, ts)
+
+    store = CheckpointStore(ckpt)
+    resumed = store.latest().load("values")
+    assert resumed.any()
+    monkeypatch.setattr(CheckpointBuffer, "reset", reset_slowly)
+    with job.start(init, output=out) as session:
+        assert session.resumed_from == 3000
+        assert (store.latest().load("values") == resumed).all()
+        session.push(events.slice(3000))
+        result = session.close()
+    assert_same_run(result.events, result.state, *naive.run_model("sl", events, init))
