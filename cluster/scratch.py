@@ -21,7 +21,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -97,12 +97,17 @@ def remove_tree(path: Path, attempts: int = 5) -> None:
 def java_driver_libraries(pid: int | None = None) -> set[Path]:
     """The ``/tmp/ray/<ms>`` folders that descendants of ``pid`` (default: this process)
     have extracted Ray's Java native library into and still map."""
+    return _mapped_libraries(descendants(pid or os.getpid()))
+
+
+def _mapped_libraries(pids: Iterable[int | str]) -> set[Path]:
+    """The ``/tmp/ray/<ms>`` library folders that processes ``pids`` map."""
     found = set()
-    for child in descendants(pid or os.getpid()):
+    for pid in pids:
         try:
-            maps = Path(f"/proc/{child}/maps").read_text()
+            maps = Path(f"/proc/{pid}/maps").read_text()
         except OSError:
-            continue  # ended meanwhile
+            continue  # ended meanwhile, or another user's
         found.update(Path(m) for m in _JAVA_DRIVER_LIBRARY.findall(maps))
     return found
 
@@ -161,10 +166,4 @@ class JavaDriverLibraries:
                 made.add(folder)
         if not made:
             return made
-        mapped: set[str] = set()
-        for maps in Path("/proc").glob("[0-9]*/maps"):
-            try:
-                mapped.update(_JAVA_DRIVER_LIBRARY.findall(maps.read_text()))
-            except OSError:  # ended meanwhile, or another user's
-                continue
-        return {folder for folder in made if str(folder) not in mapped}
+        return made - _mapped_libraries(proc.name for proc in Path("/proc").glob("[0-9]*"))

@@ -227,8 +227,7 @@ def spark_session(
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
         }
-        name = f"txstream-fetcher-{uuid.uuid4().hex}"  # Spark's tasks look it up by name
-        fetcher = PartitionFetcher.options(name=name).remote()  # starts while Spark does
+        name, fetcher = _start_fetcher()  # its process starts while Spark does
         stack.callback(ray.kill, fetcher)
         try:
             with console.phase("starting Spark"), _driver_launched_early():
@@ -381,11 +380,10 @@ class SparkSource:
     The chunks stay in Ray's object store until `close()`, which spills them to disk when
     it is full, so memory is bounded whatever the input's size. File splits are sized to
     about `partition_rows` rows (Parquet row groups are not split, their chunks are: a
-    task holds at most a chunk); a DataFrame keeps its partitions. Chunks of 262,144 rows
-    (4 per 1M-row group) gave the first events 1.5 s sooner but read 4M events ~1.2 s
-    slower than whole partitions, with the engine running beside the conversion (3
-    rounds each). The source pickles without its Spark side; `close()` (in the driver)
-    stops the conversion and frees the chunks.
+    task holds at most a chunk); a DataFrame keeps its partitions. Smaller chunks give the
+    first events sooner but read a whole input slower (docs/performance.md, stop 29). The
+    source pickles without its Spark side; `close()` (in the driver) stops the conversion
+    and frees the chunks.
     """
 
     def __init__(
@@ -695,9 +693,14 @@ def _fetcher(spark: SparkSession) -> tuple[str, ray.actor.ActorHandle]:
     """The application's fetcher, started on first use (`spark_session` starts it)."""
     app = spark.sparkContext.applicationId
     if app not in _FETCHERS:
-        name = f"txstream-fetcher-{uuid.uuid4().hex}"
-        _FETCHERS[app] = name, PartitionFetcher.options(name=name).remote()
+        _FETCHERS[app] = _start_fetcher()
     return _FETCHERS[app]
+
+
+def _start_fetcher() -> tuple[str, ray.actor.ActorHandle]:
+    """A new partition fetcher, under a name of its own: Spark's tasks look it up by it."""
+    name = f"txstream-fetcher-{uuid.uuid4().hex}"
+    return name, PartitionFetcher.options(name=name).remote()
 
 
 def _first_line(exc: Exception) -> str:

@@ -95,7 +95,7 @@ def build(target: Path = CONVERTER_JAR) -> Path:
 
 
 def main() -> int:
-    """Compile the classes; 1 if they could not be (a Spark source then says why)."""
+    """Compile the classes; 1 if they could not be (the first Spark source tries again)."""
     begin = time.perf_counter()
     try:
         path = build()
