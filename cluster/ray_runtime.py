@@ -25,7 +25,6 @@ from txstream.cluster.topology import usable_cores
 from txstream.cluster.watch import watch_cluster
 from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
 
-OBJECT_STORE_BYTES = 512 * 1024**2
 CONNECT_TIMEOUT_S = 3.0
 """How long the GCS of a cluster given by address may take to accept a connection."""
 
@@ -46,7 +45,9 @@ def ray_session(
     log_to_driver: bool = True,
 ) -> Iterator[bool]:
     """A Ray session for one run: reuse an initialised one, attach to ``address`` (or
-    ``$RAY_ADDRESS``), or start a lean local Ray. Yields whether this call started or
+    ``$RAY_ADDRESS``), or start a lean local Ray. Its object store is Ray's default size
+    (30% of the memory): a fixed 512 MiB spilled a Spark run's chunks to disk from ~3M
+    events on (docs/performance.md, stop 30). Yields whether this call started or
     attached it; shuts it down (and removes a local Ray's folder) only then. ``phase``
     reports starting, connecting and stopping; ``log_to_driver``: the workers' output
     comes to this process's stdout and stderr (a run sends them to its log)."""
@@ -79,7 +80,6 @@ def ray_session(
                 _init(
                     address="local",  # a Ray of its own, even if another one runs here
                     num_cpus=usable_cores(),
-                    object_store_memory=OBJECT_STORE_BYTES,
                     _temp_dir=str(folder),
                     **options,
                 )
