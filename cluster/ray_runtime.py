@@ -25,6 +25,10 @@ from txstream.cluster.topology import usable_cores
 from txstream.cluster.watch import watch_cluster
 from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
 
+OBJECT_STORE_BYTES = 2 * 1024**3
+"""A local Ray's object store, at most 30% of the memory (Ray's own default share): a
+Spark source keeps its chunks there until it closes, and 512 MiB spilled a 4M-event run's to
+disk (docs/performance.md, stop 30); larger inputs spill past it, so memory stays bounded."""
 CONNECT_TIMEOUT_S = 3.0
 """How long the GCS of a cluster given by address may take to accept a connection."""
 
@@ -45,9 +49,7 @@ def ray_session(
     log_to_driver: bool = True,
 ) -> Iterator[bool]:
     """A Ray session for one run: reuse an initialised one, attach to ``address`` (or
-    ``$RAY_ADDRESS``), or start a lean local Ray. Its object store is Ray's default size
-    (30% of the memory): a fixed 512 MiB spilled a Spark run's chunks to disk from ~3M
-    events on (docs/performance.md, stop 30). Yields whether this call started or
+    ``$RAY_ADDRESS``), or start a lean local Ray. Yields whether this call started or
     attached it; shuts it down (and removes a local Ray's folder) only then. ``phase``
     reports starting, connecting and stopping; ``log_to_driver``: the workers' output
     comes to this process's stdout and stderr (a run sends them to its log)."""
@@ -80,11 +82,18 @@ def ray_session(
                 _init(
                     address="local",  # a Ray of its own, even if another one runs here
                     num_cpus=usable_cores(),
+                    object_store_memory=_object_store_bytes(),
                     _temp_dir=str(folder),
                     **options,
                 )
             stack.enter_context(watch_cluster(_gcs_address(), "this run's local Ray"))
         yield True
+
+
+def _object_store_bytes() -> int:
+    """`OBJECT_STORE_BYTES`, or 30% of the memory on a machine with less than ~6.7 GiB."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min(OBJECT_STORE_BYTES, int(0.3 * memory))
 
 
 def _init(**options: object) -> None:
