@@ -27,8 +27,9 @@ from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
 
 OBJECT_STORE_BYTES = 2 * 1024**3
 """A local Ray's object store, at most 30% of the memory (Ray's own default share): a
-Spark source keeps its chunks there until it closes, and 512 MiB spilled a 4M-event run's to
-disk (docs/performance.md, stop 30); larger inputs spill past it, so memory stays bounded."""
+Spark source keeps its chunks there until it closes, and 512 MiB spilled the chunks of a
+4M-event run to disk (docs/performance.md, stop 30); larger inputs spill past 2 GiB, so
+memory stays bounded."""
 CONNECT_TIMEOUT_S = 3.0
 """How long the GCS of a cluster given by address may take to accept a connection."""
 
