@@ -92,9 +92,13 @@ def ray_session(
 
 
 def _object_store_bytes() -> int:
-    """`OBJECT_STORE_BYTES`, or 30% of the memory on a machine with less than ~6.7 GiB."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return min(OBJECT_STORE_BYTES, int(0.3 * memory))
+    """`OBJECT_STORE_BYTES`, or Ray's default share of the memory (30%) when that is smaller:
+    the memory as Ray reads it, a container's limit included."""
+    from ray._private import ray_constants
+    from ray._private.utils import get_system_memory
+
+    share = ray_constants.DEFAULT_OBJECT_STORE_MEMORY_PROPORTION * get_system_memory()
+    return min(OBJECT_STORE_BYTES, int(share))
 
 
 def _init(**options: object) -> None:
