@@ -23,14 +23,15 @@ behind them."""
 
 
 class NodesFrontDoor:
-    """See the module docstring; ``timeout_s``: how long a reader waits for its answer."""
+    """See the module docstring; ``timeout_s``: how long a reader waits for its answer;
+    ``status``: the run's figures until the driver reports newer ones."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, status: dict[str, Any]):
         self.timeout_s = timeout_s
         self._questions: queue.Queue = queue.Queue()
         self._answers: dict[int, tuple[threading.Event, list]] = {}
         self._ids = itertools.count()
-        self._status: dict[str, Any] = {}
+        self._status = status
 
     @ray.method(concurrency_group="readers")
     def query(self, table: str, keys: list[int] | None) -> Any:

@@ -197,6 +197,7 @@ class NodesSession:
             self._door = start_actor(
                 NodesFrontDoor,
                 self.config.timeout_s,
+                self._status(),  # `status` has figures before a unit ends
                 label="front door",
                 name=name,
                 namespace=NAMESPACE,
@@ -206,7 +207,6 @@ class NodesSession:
         except ValueError as exc:
             raise UsageError(f"a session named {name!r} already runs on this cluster") from exc
         self._stack.callback(stop_actors, [self._door])
-        self._door.report.remote(self._status())  # `status` has figures before a unit ends
         closing = threading.Event()
         answering = threading.Thread(target=self._answer, args=(closing,), daemon=True)
         answering.start()

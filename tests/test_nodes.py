@@ -140,7 +140,7 @@ def test_equals_serial(cluster, case, data):
     assert_same_run(got, state, want.events, want.state)
 
 
-@pytest.mark.parametrize("share", [0, 50, 100])
+@pytest.mark.parametrize("share", [0, 100])
 def test_cross_node_share(cluster, share):
     """SL transfers between even accounts and odd assets cross two nodes; between even
     ones, none do: the run says how many crossed, and equals serial."""
@@ -294,8 +294,8 @@ def _checkpointed_run(tmp_path: Path, address: str, nodes: int, seed: int, sourc
 
 @pytest.mark.parametrize(
     "lose, source",
-    # a Ray node lost under a Spark run: the next test, where the node is Spark's executor's
-    [("process", "arrow"), ("process", "spark"), ("ray node", "arrow")],
+    # a Ray node lost under a Spark run: the next test (the node of Spark's executor)
+    [("process", "spark"), ("ray node", "arrow")],
 )
 def test_a_lost_node_is_recovered_from_the_checkpoints(local_cluster, lose, source, tmp_path):
     """One node's process killed mid-run with checkpoints on, or its whole Ray node (raylet,
@@ -433,7 +433,7 @@ def test_a_named_run_over_nodes_answers_outside_readers(cluster, tmp_path):
         while run.poll() is None and time.monotonic() < deadline and not (answer and status):
             if status is None:
                 asked = _txstream("status", "--address", cluster, "--name", "ledger-nodes")
-                status = asked.stdout.splitlines() if asked.returncode == 0 else None
+                status = (asked.stdout.splitlines() or None) if asked.returncode == 0 else None
             if answer is None:
                 asked = _txstream(
                     "query",

@@ -201,7 +201,7 @@ def _wait_gone(tag: str, seconds: float = 60) -> list[int]:
     return left
 
 
-@pytest.mark.parametrize("when", ["after-1", "after-3", "writing"])
+@pytest.mark.parametrize("when", ["after-3", "writing"])
 def test_a_run_whose_driver_was_killed_resumes_from_its_last_checkpoint(tmp_path, when):
     """`txstream run` SIGKILLed after some checkpoints (or while it writes one); the same
     command again continues the run's output and ends as a run without failure; the
