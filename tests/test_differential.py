@@ -61,7 +61,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("scheduler,case", CASES)
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_equals_serial(scheduler, case, data):
     case = dict(case)

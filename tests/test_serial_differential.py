@@ -11,7 +11,7 @@ from local_engine import run_local
 from txstream.topologies import BUNDLED
 from workloads import workloads
 
-SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.mark.parametrize("topology", BUNDLED)
