@@ -2,9 +2,9 @@
 Ray tests clusters (`ray.cluster_utils.Cluster`: a raylet and object store per node, a
 custom resource naming each). Every run goes through the command line, as a user's would,
 and equals `serial` on one host: every scheduler, node count, team size and punctuation
-interval (sampled pairwise; the topologies in turn), on hypothesis workloads whose share of transactions across
-nodes goes from none (one key) to nearly all (few keys, several nodes), with hot keys,
-aborts, parametric reads and malformed events.
+interval (sampled pairwise; the topologies in turn), on hypothesis workloads whose share
+of transactions across nodes goes from none (one key) to nearly all (few keys, several
+nodes), with hot keys, aborts, parametric reads and malformed events.
 """
 
 from __future__ import annotations
@@ -179,8 +179,8 @@ def test_cross_node_share(cluster, share):
 
 def test_a_node_with_little_room_for_other_nodes_keys_runs_units_in_smaller_steps(cluster):
     """With room for 2 other nodes' keys per table, a unit whose steps need more is cut
-    into smaller units until they fit; the run over 3 nodes still equals serial."""
-    nodes = 3
+    into smaller units until they fit; the run over every node still equals serial."""
+    nodes = NODES
     events, init = generate("sl", WorkloadSpec(events=600, keys=40, seed=3))
     want = run_local("sl", events, init)
     proc, got, state, metrics = _run_on_nodes(
@@ -423,8 +423,8 @@ def test_a_named_run_over_nodes_answers_outside_readers(cluster, tmp_path):
     two nodes while it runs: the rows are those after exactly the watermark's events (each
     answer comes once the nodes have run what was submitted before it). Answered, the run
     is interrupted as by Ctrl-C, and ends so."""
-    # 5,000 keys: units of ~120 levels, a few seconds each, which a reader's answer waits
-    # for (the steps submitted before it), and enough of them to outlast the readers
+    # 5,000 keys: units of a few seconds, which a reader's answer waits for (the steps
+    # submitted before it), and enough of them to outlast the readers
     events, init = generate("sl", WorkloadSpec(events=800_000, keys=5_000, seed=4))
     command = _sl_command(
         tmp_path,

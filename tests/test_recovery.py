@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 TEAMS = {"serial": 1, "tstream": 2, "morphstream": 2, "lock": 2, "mvlk": 2, "sstore": 2}
 KINDS = ["Executor", "Coordinator", "Sink", "ProgressController"]
 # (scheduler, actor killed, checkpoint every, topology): every actor kind meets every
-# interval {1 (every batch), 100 (none after the first)}, every scheduler but nolock (not
+# interval {1 (every batch), 100 (every hundredth)}, every scheduler but nolock (not
 # serial-equivalent) is killed, the Coordinator under both schedulers that have one, every
 # topology twice.
 CASES = [
