@@ -49,11 +49,10 @@ AXES = {
 """The matrix's axes; ``keys`` bounds the workload's keys (one key: every transaction on
 one node; few keys over several nodes: nearly every transaction crosses)."""
 CASES = [
-    pytest.param(
-        {"topology": BUNDLED[i % len(BUNDLED)], **case},
-        id="-".join(str(v) for v in (BUNDLED[i % len(BUNDLED)], *case.values())),
+    pytest.param(case, id="-".join(str(v) for v in case.values()))
+    for case in (
+        {"topology": BUNDLED[i % len(BUNDLED)], **axes} for i, axes in enumerate(pairwise(AXES))
     )
-    for i, case in enumerate(pairwise(AXES))
 ]
 """Pairwise cases, each on the next topology in turn (every topology several times)."""
 ROOM_PRELUDE = (
@@ -180,17 +179,16 @@ def test_cross_node_share(cluster, share):
 def test_a_node_with_little_room_for_other_nodes_keys_runs_units_in_smaller_steps(cluster):
     """With room for 2 other nodes' keys per table, a unit whose steps need more is cut
     into smaller units until they fit; the run over every node still equals serial."""
-    nodes = NODES
     events, init = generate("sl", WorkloadSpec(events=600, keys=40, seed=3))
     want = run_local("sl", events, init)
     proc, got, state, metrics = _run_on_nodes(
-        cluster, "sl", events, init, "--nodes", str(nodes), room=2
+        cluster, "sl", events, init, "--nodes", str(NODES), room=2
     )
     assert proc.returncode == 0, proc.stderr
     assert_same_run(got, state, want.events, want.state)
     assert metrics["nodes"]["units"] > 1  # all 600 events were pushed as one unit
     # each node holds its own keys of both tables and 2 rows each for other nodes' keys
-    held = [2 * (len(range(node, 40, nodes)) + 2) for node in range(nodes)]
+    held = [2 * (len(range(node, 40, NODES)) + 2) for node in range(NODES)]
     assert [n["rows"] for n in metrics["nodes"]["per_node"]] == held
 
 
