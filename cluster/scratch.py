@@ -44,6 +44,22 @@ def private_dir(what: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"txs-{what}-", dir=_base()))
 
 
+def own_output_dir() -> Path:
+    """A temporary output folder for a run given none (``txs-out-<pid>-<random>``): named
+    after this process, so that what a killed process leaves is found
+    (`sweep_abandoned_outputs`)."""
+    return private_dir(f"out-{os.getpid()}")
+
+
+def sweep_abandoned_outputs(dead: int | None = None) -> None:
+    """Remove the temporary outputs (`own_output_dir`) of processes that are gone (or
+    ``dead``: killed, not yet reaped by its parent); nothing resumes them."""
+    for folder in _base().glob("txs-out-*"):
+        pid = folder.name.split("-")[2]
+        if pid.isdigit() and (int(pid) == dead or not os.path.exists(f"/proc/{pid}")):
+            remove_tree(folder)
+
+
 def sweep_abandoned_rays(dead: int | None = None) -> None:
     """Stop what the local Ray of a killed run left running (Ray's agents can outlive
     their raylet) and remove its folder: a folder whose Ray session belongs to a driver

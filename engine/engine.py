@@ -29,6 +29,7 @@ from txstream.actors.executor import Executor, rows_schema
 from txstream.actors.progress import CONCURRENCY, ProgressController
 from txstream.actors.sink import Sink
 from txstream.cluster.ray_runtime import actor_failure
+from txstream.cluster.scratch import sweep_abandoned_outputs
 from txstream.cluster.transport import (
     RayTransport,
     ThreadTransport,
@@ -114,6 +115,7 @@ class Engine:
     def _allocate(self, job_config: object | None) -> None:
         cfg, plan, stack = self.config, self.plan, self._stack
         sweep_stale_segments()
+        sweep_abandoned_outputs()
         ensure_reaper()  # what a SIGKILL of this process would leave is removed at once
         run_id = new_run_id()
         self.prefix = run_prefix(run_id)

@@ -8,13 +8,13 @@ shared memory exist (`plan`); the `Plan` then holds what the engine needs to sta
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from txstream import topologies
+from txstream.cluster.scratch import own_output_dir
 from txstream.cluster.topology import host_topology
 from txstream.config import RunConfig
 from txstream.connectors.outputs import OutputDir
@@ -109,7 +109,7 @@ def plan(
     if resume is not None:
         _check_resumable(resume, output, progressive)
     # absolute: the Sink writes from its own process, whose working folder may differ
-    path = Path(tempfile.mkdtemp(prefix="txstream_")) if own else Path(output).resolve()
+    path = own_output_dir() if own else Path(output).resolve()
     out = OutputDir(path, overwrite=config.overwrite or own, progressive=progressive)
     try:
         out.prepare(resume=resume is not None)

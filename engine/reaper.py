@@ -1,12 +1,13 @@
 """What a killed driver leaves behind, removed at once by a process that outlives it.
 
 A driver killed with SIGKILL runs no cleanup: its tables in shared memory
-(``/dev/shm/txstream_<pid>_*``), its local Ray's folder and the Ray processes that outlive
-their raylet stayed until the next run swept them. So the first session of a process
+(``/dev/shm/txstream_<pid>_*``), its local Ray's folder, the Ray processes that outlive
+their raylet and the temporary output of a run given none stayed until the next run swept
+them. So the first session of a process
 starts a small reaper process that reads a pipe only the driver holds: when the driver
 ends, however it ends, the pipe closes and the reaper removes what the driver left (the
 same sweeps the next run would do: after a clean end there is nothing), then exits.
-Checkpoints and the output's ``_temporary`` stay: a resumed run continues from them.
+Checkpoints and a given output's ``_temporary`` stay: a resumed run continues from them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from txstream.cluster.scratch import sweep_abandoned_rays
+from txstream.cluster.scratch import sweep_abandoned_outputs, sweep_abandoned_rays
 from txstream.state.shared import sweep_stale_segments
 
 _pipe: int | None = None
@@ -48,6 +49,7 @@ def main() -> None:
     sys.stdin.buffer.read()
     sweep_stale_segments(dead=driver)
     sweep_abandoned_rays(dead=driver)
+    sweep_abandoned_outputs(dead=driver)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ os.environ["TXSTREAM_TEST_RUN"] = str(os.getpid())
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_after_the_suite():
     """After every test (this fixture is set up first, so torn down last): no shared
-    memory of this process's runs, no Ray folder of its own left in the temporary folder."""
+    memory of this process's runs, no Ray folder of its own left in the temporary folder,
+    no temporary output of a process that is gone."""
     yield
     import shutil
     import tempfile
@@ -35,6 +36,25 @@ def nothing_left_after_the_suite():
         *Path("/tmp/ray").glob(f"session_*_{os.getpid()}"),  # Ray's default: ~50 MB
     ]
     assert rays == [], "the suite left a Ray session folder behind"
+    assert _abandoned_outputs() == [], "a killed process's temporary output stayed"
+
+
+def _abandoned_outputs(wait_s: float = 10.0) -> list[str]:
+    """Temporary outputs (``txs-out-<pid>-*``) of processes that are gone, after giving
+    their reapers ``wait_s`` (the Ray shut down last may have killed node members)."""
+    import tempfile
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = [
+            p.name
+            for p in Path(tempfile.gettempdir()).glob("txs-out-*")
+            if not Path(f"/proc/{p.name.split('-')[2]}").exists()
+        ]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -68,23 +69,30 @@ def local_cluster():
     test do, from their own processes)."""
     from ray.cluster_utils import Cluster
 
-    # Ray notes the cluster's address in its default folder whatever temp_dir says, and
-    # fails if that folder does not exist (a fresh machine's /tmp has no ray/)
+    head = {"num_cpus": 2, "resources": {"txstream_node_0": 1}}  # for Spark
+    with _cluster_folder() as folder:
+        cluster = Cluster(initialize_head=True, head_node_args={**_node(folder), **head})
+        try:
+            for i in range(1, NODES):
+                cluster.add_node(**_node(folder), resources={f"txstream_node_{i}": 1})
+            cluster.wait_for_nodes()
+            yield cluster
+        finally:
+            cluster.shutdown()
+
+
+@contextmanager
+def _cluster_folder() -> Iterator[str]:
+    """A private folder for a local cluster's files, removed afterwards. Ray notes the
+    cluster's address in its default folder whatever temp_dir says, and fails if that
+    folder does not exist (a fresh machine's /tmp has no ray/): made for the duration."""
     ray_default = Path(tempfile.gettempdir()) / "ray"
     made = not ray_default.exists()
     ray_default.mkdir(exist_ok=True)
     folder = tempfile.mkdtemp(prefix="txs-ray-nodes-")
-    head = {**_node(folder), "num_cpus": 2, "resources": {"txstream_node_0": 1}}  # for Spark
-    cluster = None
     try:
-        cluster = Cluster(initialize_head=True, head_node_args=head)
-        for i in range(1, NODES):
-            cluster.add_node(**_node(folder), resources={f"txstream_node_{i}": 1})
-        cluster.wait_for_nodes()
-        yield cluster
+        yield folder
     finally:
-        if cluster is not None:
-            cluster.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
         if made:
             shutil.rmtree(ray_default, ignore_errors=True)
@@ -328,22 +336,19 @@ def test_a_lost_node_with_sparks_executor_is_recovered_from_the_checkpoints(tmp_
     prepared on the driver's node, Ray could not rebuild them, or rebuilt them wrong)."""
     from ray.cluster_utils import Cluster
 
-    folder = tempfile.mkdtemp(prefix="txs-ray-nodes-")
-    cluster = None
-    try:
+    with _cluster_folder() as folder:
         cluster = Cluster(initialize_head=True, head_node_args=_node(folder))
-        sparks = cluster.add_node(**{**_node(folder), "num_cpus": 2})
-        cluster.add_node(**_node(folder))
-        cluster.wait_for_nodes()
+        try:
+            sparks = cluster.add_node(**{**_node(folder), "num_cpus": 2})
+            cluster.add_node(**_node(folder))
+            cluster.wait_for_nodes()
 
-        def lose_sparks_node(teams: list[int]) -> None:
-            cluster.remove_node(sparks, allow_graceful=False)
+            def lose_sparks_node(teams: list[int]) -> None:
+                cluster.remove_node(sparks, allow_graceful=False)
 
-        _lose_a_node_mid_run(cluster.address, lose_sparks_node, "spark", tmp_path)
-    finally:
-        if cluster is not None:
+            _lose_a_node_mid_run(cluster.address, lose_sparks_node, "spark", tmp_path)
+        finally:
             cluster.shutdown()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _lose_a_node_mid_run(address: str, lose: Callable[[list[int]], None], source: str, tmp_path):
