@@ -44,7 +44,7 @@ from txstream.monitor.metrics import LatencyHistogram
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
 from txstream.nodes.intake import Prepared, prepare_partition
 from txstream.nodes.member import NodeTeam
-from txstream.nodes.sequencer import Partition, Sequencer, cut, touched_cells
+from txstream.nodes.sequencer import Partition, Sequencer, UnitPlan, cut, touched_cells
 from txstream.result import Result
 from txstream.state.checkpoints import CheckpointStore
 from txstream.state.operations import STATUS_NAMES
@@ -54,6 +54,10 @@ UNIT_EVENTS = 65536
 """Events per unit of input: the sequencer's grain (levels restart with every unit)."""
 UNITS_IN_FLIGHT = 2
 """Units submitted and not finished yet: one running, one ready."""
+UNIT_LEVELS = 128
+"""Most levels of a unit: a unit with more is cut in halves. A level is a round of steps
+across the nodes (~10-20 ms here, docs/performance.md), and a reader's answer waits for
+the units in flight: without a bound, 65,536 events over 1,000 keys took 618 levels."""
 PREPARED_AHEAD = 1
 """Spark partitions being prepared beyond the one whose units are being submitted."""
 ANSWER_POLL_S = 0.5
@@ -80,6 +84,8 @@ class _Unit:
     events: pa.Table | None = None
     parts: list | None = None
     rank: list[np.ndarray] | None = None
+    planned: UnitPlan | None = None
+    """Its steps, once sequenced (`NodesSession._within_levels`)."""
 
     def rows(self, node: int, positions: np.ndarray) -> tuple[Any, np.ndarray | None]:
         """What a step of ``node`` gets for the events at ``positions``: their rows, or a
@@ -142,6 +148,7 @@ class NodesSession:
             "cross": 0,
             "exchanged_values": 0,
             "partitions_prepared": 0,
+            "unit_levels_max": 0,
         }
         self.in_flight: deque[tuple[float, int, list]] = deque()
         self.ts = 0
@@ -316,10 +323,21 @@ class NodesSession:
             )
             units = (self._read_unit(batch) for batch in batches)
         for unit in units:
-            self._advance(unit)
-            self._bar.update(self.done)
-            if self._door is not None:
-                self._door.report.remote(self._status())
+            for piece in self._within_levels(unit):
+                self._advance(piece)
+                self._bar.update(self.done)
+                if self._door is not None:
+                    self._door.report.remote(self._status())
+
+    def _within_levels(self, unit: _Unit) -> Iterator[_Unit]:
+        """``unit`` sequenced, or its halves, theirs and so on: pieces of at most
+        `UNIT_LEVELS` levels each."""
+        unit.planned = self.sequencer.plan(unit.n, unit.txn, unit.cells)
+        if unit.planned is not None and len(unit.planned.steps) > UNIT_LEVELS and unit.n > 1:
+            for half in unit.halves():
+                yield from self._within_levels(half)
+        else:
+            yield unit
 
     def _read_unit(self, batch: pa.RecordBatch) -> _Unit:
         """A unit of events the driver has read."""
@@ -578,7 +596,7 @@ class NodesSession:
     def _submit(self, whole: _Unit, ts0: int) -> list:
         """Sequence a unit that starts at ``ts0`` and submit every node's steps; the
         references of the steps, to wait for."""
-        unit = self.sequencer.plan(whole.n, whole.txn, whole.cells)
+        unit = whole.planned or self.sequencer.plan(whole.n, whole.txn, whole.cells)
         if unit is None:  # a step would need more rows for other nodes' keys: halve it
             if whole.n < 2:
                 raise TopologyError(
@@ -590,6 +608,7 @@ class NodesSession:
         f = self.figures
         f["units"] += 1
         f["levels"] += len(unit.steps)
+        f["unit_levels_max"] = max(f["unit_levels_max"], len(unit.steps))
         f["cross"] += unit.cross
         f["exchanged_values"] += unit.exchanged
         sent: dict[tuple[int, int], Any] = {}  # (from, to) -> values for the next level

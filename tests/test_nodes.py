@@ -34,6 +34,7 @@ from local_engine import run_local
 from pairwise import pairwise
 from txstream import Job, topologies
 from txstream.errors import RuntimeFailure, UsageError
+from txstream.nodes.session import UNIT_LEVELS
 from txstream.state.layout import FOREIGN_ROWS, Layout, NodeShare
 from txstream.topologies import BUNDLED
 from txstream.topologies.generators import WorkloadSpec, generate, write_workload
@@ -156,7 +157,8 @@ def test_equals_serial(cluster, case, data):
 @pytest.mark.parametrize("share", [0, 100])
 def test_cross_node_share(cluster, share):
     """SL transfers between even accounts and odd assets cross two nodes; between even
-    ones, none do: the run says how many crossed, and equals serial."""
+    ones, none do: the run says how many crossed, and equals serial. Every cross transfer
+    on so few keys is a level of its own: no unit has more than `UNIT_LEVELS`."""
     n = 400
     crossing = [i * 100 < share * n for i in range(n)]
     rows = [
@@ -182,6 +184,9 @@ def test_cross_node_share(cluster, share):
     assert proc.returncode == 0, proc.stderr
     assert_same_run(got, state, want.events, want.state)
     assert metrics["nodes"]["cross"] == sum(crossing)
+    assert metrics["nodes"]["unit_levels_max"] <= UNIT_LEVELS
+    if share:
+        assert metrics["nodes"]["levels"] > UNIT_LEVELS  # so the one unit was cut
 
 
 def test_a_node_with_little_room_for_other_nodes_keys_runs_units_in_smaller_steps(cluster):
@@ -426,9 +431,10 @@ def test_a_named_run_over_nodes_answers_outside_readers(cluster, tmp_path):
     two nodes while it runs: the rows are those after exactly the watermark's events (each
     answer comes once the nodes have run what was submitted before it). Answered, the run
     is interrupted as by Ctrl-C, and ends so."""
-    # 5,000 keys: units of a few seconds, which a reader's answer waits for (the steps
-    # submitted before it), and enough of them to outlast the readers
-    events, init = generate("sl", WorkloadSpec(events=800_000, keys=5_000, seed=4))
+    # 1,000 keys: hundreds of levels per 65,536 events, of which a reader's answer waits
+    # for the units submitted before it (at most `UNIT_LEVELS` each); enough events to
+    # outlast the readers
+    events, init = generate("sl", WorkloadSpec(events=800_000, keys=1_000, seed=4))
     command = _sl_command(
         tmp_path,
         events,
