@@ -3,10 +3,10 @@
 A driver killed with SIGKILL runs no cleanup: its tables in shared memory
 (``/dev/shm/txstream_<pid>_*``), its local Ray's folder, the Ray processes that outlive
 their raylet and the temporary output of a run given none stayed until the next run swept
-them. So the first session of a process
-starts a small reaper process that reads a pipe only the driver holds: when the driver
-ends, however it ends, the pipe closes and the reaper removes what the driver left (the
-same sweeps the next run would do: after a clean end there is nothing), then exits.
+them. So the first session of a process starts a small reaper process that reads a pipe
+only the driver holds: when the driver ends, however it ends, the pipe closes and the
+reaper removes what the driver left (the same sweeps the next run would do: after a clean
+end there is nothing), then exits.
 Checkpoints and a given output's ``_temporary`` stay: a resumed run continues from them.
 """
 
