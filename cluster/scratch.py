@@ -56,8 +56,13 @@ def sweep_abandoned_outputs(dead: int | None = None) -> None:
     ``dead``: killed, not yet reaped by its parent); nothing resumes them."""
     for folder in _base().glob("txs-out-*"):
         pid = folder.name.split("-")[2]
-        if pid.isdigit() and (int(pid) == dead or not os.path.exists(f"/proc/{pid}")):
+        if pid.isdigit() and _gone(int(pid), dead):
             remove_tree(folder)
+
+
+def _gone(pid: int, dead: int | None) -> bool:
+    """Whether process ``pid`` has ended (or is ``dead``: killed, not yet reaped)."""
+    return pid == dead or not os.path.exists(f"/proc/{pid}")
 
 
 def sweep_abandoned_rays(dead: int | None = None) -> None:
@@ -68,7 +73,7 @@ def sweep_abandoned_rays(dead: int | None = None) -> None:
     for folder in _base().glob("txs-ray-*"):
         drivers = [s.name.rsplit("_", 1)[-1] for s in folder.glob("session_*_*")]
         drivers = [int(d) for d in drivers if d.isdigit()]
-        if not drivers or any(p != dead and os.path.exists(f"/proc/{p}") for p in drivers):
+        if not drivers or not all(_gone(p, dead) for p in drivers):
             continue  # not started yet, or its run goes on
         for proc in Path("/proc").glob("[0-9]*"):
             if _holds(proc, folder):

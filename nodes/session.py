@@ -85,7 +85,7 @@ class _Unit:
     parts: list | None = None
     rank: list[np.ndarray] | None = None
     planned: UnitPlan | None = None
-    """Its steps, once sequenced (`NodesSession._within_levels`)."""
+    """Its steps, once sequenced (`NodesSession._pieces`)."""
 
     def rows(self, node: int, positions: np.ndarray) -> tuple[Any, np.ndarray | None]:
         """What a step of ``node`` gets for the events at ``positions``: their rows, or a
@@ -323,21 +323,27 @@ class NodesSession:
             )
             units = (self._read_unit(batch) for batch in batches)
         for unit in units:
-            for piece in self._within_levels(unit):
+            for piece in self._pieces(unit):
                 self._advance(piece)
                 self._bar.update(self.done)
                 if self._door is not None:
                     self._door.report.remote(self._status())
 
-    def _within_levels(self, unit: _Unit) -> Iterator[_Unit]:
-        """``unit`` sequenced, or its halves, theirs and so on: pieces of at most
-        `UNIT_LEVELS` levels each."""
+    def _pieces(self, unit: _Unit) -> Iterator[_Unit]:
+        """``unit`` sequenced, or its halves, theirs and so on, until each piece fits: no
+        step needs more rows for other nodes' keys than a node has (`Sequencer.plan`), and
+        at most `UNIT_LEVELS` levels."""
         unit.planned = self.sequencer.plan(unit.n, unit.txn, unit.cells)
-        if unit.planned is not None and len(unit.planned.steps) > UNIT_LEVELS and unit.n > 1:
-            for half in unit.halves():
-                yield from self._within_levels(half)
-        else:
+        if unit.planned is not None and len(unit.planned.steps) <= UNIT_LEVELS:
             yield unit
+            return
+        if unit.n < 2:  # one event has one level: it needs more room than a node has
+            raise TopologyError(
+                f"{self.plan.topology.name}: an event touches more keys of other nodes "
+                "than a node has room for; run on fewer nodes"
+            )
+        for half in unit.halves():
+            yield from self._pieces(half)
 
     def _read_unit(self, batch: pa.RecordBatch) -> _Unit:
         """A unit of events the driver has read."""
@@ -594,17 +600,9 @@ class NodesSession:
             self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
 
     def _submit(self, whole: _Unit, ts0: int) -> list:
-        """Sequence a unit that starts at ``ts0`` and submit every node's steps; the
-        references of the steps, to wait for."""
-        unit = whole.planned or self.sequencer.plan(whole.n, whole.txn, whole.cells)
-        if unit is None:  # a step would need more rows for other nodes' keys: halve it
-            if whole.n < 2:
-                raise TopologyError(
-                    f"{self.plan.topology.name}: an event touches more keys of other nodes "
-                    "than a node has room for; run on fewer nodes"
-                )
-            first, second = whole.halves()
-            return self._submit(first, ts0) + self._submit(second, ts0 + first.n)
+        """Submit every node's steps of a sequenced piece (`_pieces`) that starts at
+        ``ts0``; the references of the steps, to wait for."""
+        unit = whole.planned
         f = self.figures
         f["units"] += 1
         f["levels"] += len(unit.steps)
