@@ -104,7 +104,7 @@ class Coordinator:
         it unlinks the name)."""
         if self._chunk is not None:
             self._chunk.close()
-        capacity = self.scheduler.chunk_layout(self.config, dims).grown()
+        capacity = self.scheduler.chunk_capacity(self.config, dims)
         self._chunk = ChunkArrays.attach(segment_name(self.segment_prefix, seq), capacity)
         self._dims = None
 

@@ -269,9 +269,10 @@ class Executor:
             pools=team.seat.pools,
             rows=layout.rows,
         )
-        chunk_layout = self.scheduler_class.chunk_layout(self.config, dims)
+        scheduler = self.scheduler_class
+        chunk_layout = scheduler.chunk_layout(self.config, dims)
         run_dims = RunDims(layout.cells, layout.rows, team.parties, team.seat.pools)
-        run_layout = SegmentLayout(self.scheduler_class.run_arrays(self.config, run_dims))
+        run_layout = SegmentLayout(scheduler.run_arrays(self.config, run_dims))
         if self._run is None and run_layout.specs:
             self._run = self._shared_segment(TeamSegment, "run", run_layout, None, breakdown)
             self._run.use(run_layout)
@@ -283,7 +284,11 @@ class Executor:
             if self._chunk is not None:
                 self._chunk.close()
             self._chunk = self._shared_segment(
-                ChunkArrays, seq, chunk_layout.grown(), [seq, *dims.words()], breakdown
+                ChunkArrays,
+                seq,
+                scheduler.chunk_capacity(self.config, dims),
+                [seq, *dims.words()],
+                breakdown,
             )
         self._chunk.use_chunk(dims, chunk_layout)
         return self._chunk

@@ -26,7 +26,7 @@ from txstream.schedulers.team.member import Member
 from txstream.state._kernels import Udf
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims, chunk_layout
 from txstream.state.operations import OperationShare
-from txstream.state.segments import ArraySpec, SegmentLayout
+from txstream.state.segments import GROWTH, RESERVED_BYTES, ArraySpec, SegmentLayout
 from txstream.state.tables import SharedState
 
 if TYPE_CHECKING:
@@ -79,6 +79,18 @@ class Scheduler(ABC):
     def chunk_layout(cls, config: RunConfig, dims: ChunkDims) -> SegmentLayout:
         """The chunk segment: operations and results, then `chunk_arrays`."""
         return chunk_layout(dims, cls.chunk_arrays(config, dims))
+
+    @classmethod
+    def chunk_capacity(cls, config: RunConfig, dims: ChunkDims) -> SegmentLayout:
+        """The room a new chunk segment reserves: the run's largest chunk
+        (``--max-chunk-events``) at this chunk's sizes per event, up to `RESERVED_BYTES`.
+        Chunks grow to that size over a run's first few; each new segment costs the
+        team a creation, a Coordinator round trip and a page fault per page it touches,
+        while room never touched costs nothing (shared memory is allocated on touch)."""
+        layout = cls.chunk_layout(config, dims)
+        factor = config.max_chunk_events / max(dims.transactions, 1)
+        factor = min(factor, RESERVED_BYTES / max(layout.nbytes, 1))
+        return layout.grown(max(GROWTH, factor))
 
     def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
         self.config = config

@@ -8,6 +8,8 @@ is asked for fits each array's region (fresh pages would cost a page fault each)
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,7 +18,15 @@ import numpy as np
 ALIGN = 64
 """Every array starts on its own cache line."""
 GROWTH = 1.5
-"""A new segment has room for this many times the arrays that did not fit."""
+"""A new segment has room for at least this many times the arrays that did not fit."""
+RESERVED_BYTES = 1 << 30
+"""The most room a segment reserves ahead of need: address space and a file size, no
+memory until touched."""
+
+
+@functools.cache
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -31,12 +41,12 @@ class ArraySpec:
     @property
     def size(self) -> int:
         """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
         """Bytes, rounded up to whole cache lines."""
-        raw = self.size * np.dtype(self.dtype).itemsize
+        raw = self.size * _itemsize(self.dtype)
         return -(-raw // ALIGN) * ALIGN
 
 
@@ -64,10 +74,10 @@ class SegmentLayout:
             for mine, room in zip(self.specs, capacity.specs, strict=True)
         )
 
-    def grown(self) -> SegmentLayout:
-        """A capacity with room to spare beyond these arrays (flat regions)."""
+    def grown(self, factor: float = GROWTH) -> SegmentLayout:
+        """A capacity with room for ``factor`` times these arrays (flat regions)."""
         return SegmentLayout(
-            [ArraySpec(s.name, s.dtype, (int(s.size * GROWTH) + 1,), s.fill) for s in self.specs]
+            [ArraySpec(s.name, s.dtype, (int(s.size * factor) + 1,), s.fill) for s in self.specs]
         )
 
     def views(self, buffer: memoryview, capacity: SegmentLayout) -> dict[str, np.ndarray]:

@@ -1,12 +1,18 @@
-"""ArraySpec and SegmentLayout (txstream.state.segments): named arrays in one buffer."""
+"""ArraySpec and SegmentLayout (txstream.state.segments): named arrays in one buffer;
+the room a chunk segment reserves."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from txstream.state.segments import ALIGN, ArraySpec, SegmentLayout
+from txstream.config import RunConfig
+from txstream.schedulers.morphstream import MorphStreamScheduler
+from txstream.state.chunk import ChunkDims
+from txstream.state.segments import ALIGN, RESERVED_BYTES, ArraySpec, SegmentLayout
 
 SPECS = [
     ArraySpec("flags", "uint8", (3,)),
@@ -151,3 +157,26 @@ def test_fill_gives_every_array_its_declared_initial_value():
     assert (arrays["values"] == -1).all()
     assert (arrays["flags"] == 7).all()  # fill 0: a new segment is zeros already
     assert (arrays["locks"] == 0).all()
+
+
+def test_a_chunk_segment_reserves_room_for_the_runs_largest_chunk():
+    """A run's chunks grow to ``--max-chunk-events``: the first segment has room for
+    that at the first chunk's sizes per event, and at most `RESERVED_BYTES`."""
+    dims = ChunkDims(
+        operations=6_000, reads=9_000, transactions=2_048, arg_width=3, outputs=1,
+        parties=2, pools=1, rows=1_000,
+    )  # fmt: skip
+    config = RunConfig(max_chunk_events=131_072)
+    capacity = MorphStreamScheduler.chunk_capacity(config, dims)
+    scale = 131_072 // 2_048
+    largest = replace(dims, operations=6_000 * scale, reads=9_000 * scale, transactions=131_072)
+    assert MorphStreamScheduler.chunk_layout(config, largest).fits(capacity)
+    more = replace(largest, operations=2 * largest.operations)
+    assert not MorphStreamScheduler.chunk_layout(config, more).fits(capacity)
+
+    few = MorphStreamScheduler.chunk_capacity(RunConfig(max_chunk_events=100), dims)
+    grown = replace(dims, operations=int(6_000 * 1.4), reads=int(9_000 * 1.4))
+    assert MorphStreamScheduler.chunk_layout(config, grown).fits(few)
+
+    huge = MorphStreamScheduler.chunk_capacity(RunConfig(max_chunk_events=10**12), dims)
+    assert RESERVED_BYTES / 2 < huge.nbytes <= RESERVED_BYTES + 2 * ALIGN * len(huge.specs)
