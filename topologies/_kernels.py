@@ -22,7 +22,9 @@ def merge_statements(
     A counting sort that scatters only where each operation goes (its source and
     statement), then fills ``out`` field by field in order, each a tight gather loop.
     Scattering every field (SL: six passes over 18 MB a chunk) took 26 ns per event, this
-    17 (one chunk of SL, on its own).
+    17 (one chunk of SL, on its own). One loop for all fields took twice as long; one for
+    the statement's five attributes, and no passes for parametric reads where there are
+    none, took an SL chunk of 368k operations from 34-39 to 26-29 ns per event.
     """
     first_txn, first_op, first_read = first
     n_ops = len(txn)
@@ -52,19 +54,20 @@ def merge_statements(
         out.txn[d] = txn[source[d]] + first_txn
     for d in range(n_ops):
         out.cell[d] = cell[source[d]]
-    for d in range(n_ops):
-        out.kind[d] = stmt_attrs[statement[d], 0]
-    for d in range(n_ops):
-        out.fun[d] = stmt_attrs[statement[d], 1]
-    for d in range(n_ops):
-        out.cond[d] = stmt_attrs[statement[d], 2]
-    for d in range(n_ops):
-        out.reason[d] = stmt_attrs[statement[d], 3]
-    for d in range(n_ops):
-        out.out[d] = stmt_attrs[statement[d], 4]
+    for d in range(n_ops):  # the statement's attributes: one gather for the five
+        s = statement[d]
+        out.kind[d] = stmt_attrs[s, 0]
+        out.fun[d] = stmt_attrs[s, 1]
+        out.cond[d] = stmt_attrs[s, 2]
+        out.reason[d] = stmt_attrs[s, 3]
+        out.out[d] = stmt_attrs[s, 4]
     for a in range(args.shape[1]):
         for d in range(n_ops):
             out.args[d, a] = args[source[d], a]
+    if len(dep_cell) == 0:  # no parametric reads (SL): skip both passes of their copy
+        for d in range(n_ops + 1):
+            out.dep_ptr[d] = first_read
+        return
     # parametric reads: where each operation's start in dep_cell (cursor), then copied
     r = 0
     for i in range(n_ops):
