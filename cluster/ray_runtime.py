@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -78,7 +77,12 @@ def ray_session(
         else:
             sweep_abandoned_rays()
             folder = stack.enter_context(scratch("ray"))
-            with phase("starting Ray"), _registration_polled(), _environment(QUICK_CONNECT):
+            with (
+                phase("starting Ray"),
+                _lean_head(),
+                _registration_polled(),
+                _environment(QUICK_CONNECT),
+            ):
                 stack.callback(_shutdown, phase, "stopping Ray")
                 _init(
                     address="local",  # a Ray of its own, even if another one runs here
@@ -141,6 +145,26 @@ def _environment(variables: dict[str, str]) -> Iterator[None]:
             os.environ.pop(name, None)
 
 
+@contextmanager
+def _lean_head() -> Iterator[None]:
+    """While ``ray.init`` starts a local Ray, its head starts neither the autoscaler
+    monitor nor the API server (the dashboard's head, which ``include_dashboard=False``
+    only makes minimal). A local Ray has nothing to scale, and txstream uses neither job
+    submission nor the state API; the API server is on the start's path (``ray.init``
+    waits until it has published its address) and the two took ~1.1 CPU-s of a start
+    that keeps both cores busy (docs/performance.md, stop 34). ``ray start --head
+    --no-monitor`` is Ray's own switch for the first; ``ray.init`` has none."""
+    from ray._private.node import Node
+
+    start_monitor, start_api_server = Node.start_monitor, Node.start_api_server
+    Node.start_monitor = lambda self: None
+    Node.start_api_server = lambda self, **_options: None
+    try:
+        yield
+    finally:
+        Node.start_monitor, Node.start_api_server = start_monitor, start_api_server
+
+
 REGISTRATION_POLL_S = 0.02
 """How often a starting local Ray's GCS is asked whether its raylet has registered."""
 
@@ -191,25 +215,7 @@ def _shutdown(phase: Phase, name: str) -> None:
 
     if ray.is_initialized():
         with phase(name):
-            _kill_monitor()
             ray.shutdown()
-
-
-def _kill_monitor() -> None:
-    """Kill the autoscaler monitor of a Ray this process started, before ``ray.shutdown``:
-    the monitor outlives the SIGTERM that shutdown sends it, and shutdown waits a whole
-    second for it before it kills it (a local Ray's stop: 1.33 s, 1.01 of it that wait).
-    A local Ray has nothing to scale; nothing else waits for the monitor."""
-    from ray._private import ray_constants, worker
-
-    node = worker._global_node
-    for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, []) if node else []:
-        if info.process.poll() is None:
-            info.process.kill()
-            try:
-                info.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:  # shutdown kills it again, and goes on
-                pass
 
 
 def reachable_address(address: str) -> str:
