@@ -88,6 +88,21 @@ def test_an_unreachable_address_is_a_usage_error_within_seconds():
         reachable_address("nowhere")
 
 
+def test_a_local_ray_starts_without_a_monitor_or_an_api_server(ray_cluster):
+    """Neither has work in a local Ray of txstream's; its head starts the rest as usual,
+    and Ray's own methods are back in place once it has started."""
+    from ray._private import ray_constants, worker
+    from ray._private.node import Node
+
+    started = worker._global_node.all_processes
+    assert ray_constants.PROCESS_TYPE_RAYLET in started
+    assert ray_constants.PROCESS_TYPE_GCS_SERVER in started
+    assert ray_constants.PROCESS_TYPE_MONITOR not in started
+    assert ray_constants.PROCESS_TYPE_DASHBOARD not in started
+    assert Node.start_monitor.__qualname__ == "Node.start_monitor"
+    assert Node.start_api_server.__qualname__ == "Node.start_api_server"
+
+
 _START_WITH_BROKEN_POLL = """
 import ray
 from ray._private import services, state
