@@ -59,6 +59,34 @@ def call_user(typingctx, address, value, args, reads, n_reads):
 
 
 @intrinsic
+def load_int64(typingctx, address, index):
+    """``((int64 *) address)[index]``: an element of a C-contiguous int64 array given by
+    its address (the caller keeps the array alive). One kernel then reads any number of
+    columns without copying them into one array or compiling itself for each count."""
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        base = builder.inttoptr(args[0], i64.as_pointer())
+        return builder.load(builder.gep(base, [args[1]]))
+
+    return types.int64(types.int64, types.int64), codegen
+
+
+@intrinsic
+def load_flag(typingctx, address, index):
+    """``((uint8 *) address)[index] != 0``: an element of a C-contiguous bool array
+    given by its address (see `load_int64`)."""
+
+    def codegen(context, builder, signature, args):
+        i8 = ir.IntType(8)
+        base = builder.inttoptr(args[0], i8.as_pointer())
+        byte = builder.load(builder.gep(base, [args[1]]))
+        return builder.icmp_unsigned("!=", byte, ir.Constant(i8, 0))
+
+    return types.boolean(types.int64, types.int64), codegen
+
+
+@intrinsic
 def monotonic_ns(typingctx):
     """``clock_gettime(CLOCK_MONOTONIC)`` in ns, inside kernels (vDSO: ~25 ns a call).
 

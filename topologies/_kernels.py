@@ -1,85 +1,185 @@
-"""Kernel of the transaction builder: merging statements into serial operation order."""
+"""Kernels of the topology API: building a batch's operations, checking list columns."""
 
 from __future__ import annotations
 
-from txstream.state._numba import jit
+from txstream.state._numba import inline, jit, load_flag, load_int64
+
+INT_COLUMN, LIST_COLUMN, CONSTANT = 0, 1, 2
+"""Kinds of a *source* of keys or arguments, given as (kind, a, b): an int64 column (a:
+its address), a list<int64> column as CSR (a: the offsets' address, b: the values'),
+or a constant (a: the value)."""
+
+(
+    KIND,
+    FUN,
+    COND,
+    REASON,
+    OUT,
+    BASE,
+    SIZE,
+    WHERE,
+    KEY_KIND,
+    KEY_A,
+    KEY_B,
+    FIRST_ARG,
+    ARGS,
+    FIRST_READ,
+    READS,
+    TARGET,
+) = range(16)
+"""Rows of ``statements`` (one column per statement): the operation's kind, function,
+condition, abort reason and output slot; its target's first cell and key count; the
+address of its ``where`` mask (0: every event); its key's source; its arguments
+(``args[FIRST_ARG:]``) and parametric reads (``reads[FIRST_READ:]``); its target's
+index."""
+
+SOURCE_KIND, SOURCE_A, SOURCE_B = range(3)
+"""Fields of a row of ``args``: a source."""
+READ_BASE, READ_SIZE, READ_KIND, READ_A, READ_B, READ_TARGET = range(6)
+"""Fields of a row of ``reads``: the read column's first cell and key count, its key's
+source, the column's target index."""
+
+KEY_OUTSIDE, READ_OUTSIDE, ARG_SHORTER = 1, 2, 3
+"""Errors `build_operations` reports in ``error[0]`` (statement in ``error[1]``, read in
+``error[2]``): a key outside its table, a parametric read's key outside its table, a list
+argument shorter than its key list."""
+
+
+@inline
+def _length(kind, a, t):
+    """Elements of a source for event ``t``: a list's length, else 1."""
+    if kind == LIST_COLUMN:
+        return load_int64(a, t + 1) - load_int64(a, t)
+    return 1
+
+
+@inline
+def _element(kind, a, b, t, e):
+    """Element ``e`` of a source for event ``t`` (the value itself unless a list)."""
+    if kind == INT_COLUMN:
+        return load_int64(a, t)
+    if kind == LIST_COLUMN:
+        return load_int64(b, load_int64(a, t) + e)
+    return a
+
+
+@inline
+def _emits(statements, s, t):
+    """Whether statement ``s`` emits for (not rejected) event ``t``: its mask says so."""
+    where = statements[WHERE, s]
+    return where == 0 or load_flag(where, t)
 
 
 @jit
-def merge_statements(
-    stmt_ptr, stmt_attrs, txn, cell, args, dep_count, dep_cell, scratch, out, first
-):
-    """Sort the statements' operations by transaction, stable (statement order within a
-    transaction), every field written to its place in ``out`` (an `Ops`).
+def count_operations(rejected, statements, reads):
+    """(operations, parametric reads) `build_operations` makes of these statements for
+    the events whose ``rejected`` reason is 0."""
+    n_ops = 0
+    n_reads = 0
+    for t in range(len(rejected)):
+        if rejected[t] != 0:
+            continue
+        for s in range(statements.shape[1]):
+            if not _emits(statements, s, t):
+                continue
+            m = _length(statements[KEY_KIND, s], statements[KEY_A, s], t)
+            n_ops += m
+            first = statements[FIRST_READ, s]
+            for q in range(first, first + statements[READS, s]):
+                n_reads += m * _length(reads[q, READ_KIND], reads[q, READ_A], t)
+    return n_ops, n_reads
 
-    Statement s's operations are ``stmt_ptr[s]:stmt_ptr[s+1]`` in ascending transaction
-    order (``txn``: 0 for the batch's first); ``stmt_attrs[s]`` = (kind, fun, cond,
-    reason, out); ``dep_count`` and ``dep_cell`` their parametric reads, in the same
-    order. ``first`` = (first_txn, first_op, first_read): where the batch's transactions,
-    operations and reads start in the chunk (``out``'s indices are the chunk's).
-    ``scratch``: (3, max(operations, transactions)) int64. O(operations + reads).
 
-    A counting sort that scatters only where each operation goes (its source and
-    statement), then fills ``out`` in order with tight gather loops: one per field, one
-    for the statement's five attributes, none for parametric reads where there are none
-    (an SL chunk of 368k operations, on its own: 26-29 ns per event; scattering every
-    field, or one loop for all fields, took about twice as long; docs/performance.md).
+@inline
+def _put(o, r, t, e, key, s, statements, args, reads, out, first, targets, error):
+    """Operation ``o``: element ``e`` of statement ``s``'s key for event ``t`` (``key``),
+    its parametric reads from ``r`` on. The next read's index, or -1 after an error."""
+    first_txn, _, first_read = first
+    out.txn[o] = first_txn + t
+    out.cell[o] = statements[BASE, s] + key
+    out.kind[o] = statements[KIND, s]
+    out.fun[o] = statements[FUN, s]
+    out.cond[o] = statements[COND, s]
+    out.reason[o] = statements[REASON, s]
+    out.out[o] = statements[OUT, s]
+    first_arg, n_args = statements[FIRST_ARG, s], statements[ARGS, s]
+    for j in range(n_args):
+        arg = first_arg + j
+        kind, a, b = args[arg, SOURCE_KIND], args[arg, SOURCE_A], args[arg, SOURCE_B]
+        if kind == LIST_COLUMN and e >= _length(kind, a, t):
+            error[0], error[1] = ARG_SHORTER, s
+            return -1
+        out.args[o, j] = _element(kind, a, b, t, e)
+    for j in range(n_args, out.args.shape[1]):
+        out.args[o, j] = 0
+    op_target, read_target = targets
+    if len(op_target):
+        op_target[o] = statements[TARGET, s]
+    out.dep_ptr[o] = first_read + r
+    first_stmt_read = statements[FIRST_READ, s]
+    for q in range(first_stmt_read, first_stmt_read + statements[READS, s]):
+        kind, a, b = reads[q, READ_KIND], reads[q, READ_A], reads[q, READ_B]
+        for k in range(_length(kind, a, t)):
+            value = _element(kind, a, b, t, k)
+            if value < 0 or value >= reads[q, READ_SIZE]:
+                error[0], error[1], error[2] = READ_OUTSIDE, s, q - first_stmt_read
+                return -1
+            out.dep_cell[r] = reads[q, READ_BASE] + value
+            if len(read_target):
+                read_target[r] = reads[q, READ_TARGET]
+            r += 1
+    return r
+
+
+@jit
+def build_operations(rejected, statements, args, reads, out, first, targets, error):
+    """Every operation of the events whose ``rejected`` reason is 0, in serial order:
+    by event, then statement (``statements``: one column per builder call, in call
+    order), then list element; written into ``out`` (an `Ops`: views of a chunk's
+    arrays, whose indices are the chunk's, ``first`` = (first event, operation, read)
+    there). One pass over the events: nothing gathered per statement, nothing merged.
+
+    A statement's operation targets cell ``BASE + key``; its parametric reads are the
+    cells ``READ_BASE + key`` of each of its ``reads``. With ``targets`` = (per
+    operation, per read) arrays of their sizes, the target index of each is written
+    there too (a node's layout maps keys to rows afterwards). Returns 0, or an error
+    code (`KEY_OUTSIDE`, ...) with ``error`` filled in, at the first error.
     """
-    first_txn, first_op, first_read = first
-    n_ops = len(txn)
-    txn_ptr = out.txn_ptr
-    n_txn = len(txn_ptr) - 1
-    source, statement, cursor = scratch[0], scratch[1], scratch[2]
-    # txn_ptr[0] is a neighbour's last entry too: only final values are written to it
-    for t in range(n_txn):
-        cursor[t] = 0
-    for i in range(n_ops):
-        cursor[txn[i]] += 1
-    running = 0
-    for t in range(n_txn):
-        count = cursor[t]
-        cursor[t] = running
-        txn_ptr[t] = first_op + running
-        running += count
-    txn_ptr[n_txn] = first_op + running
-    for s in range(len(stmt_ptr) - 1):
-        for i in range(stmt_ptr[s], stmt_ptr[s + 1]):
-            d = cursor[txn[i]]
-            cursor[txn[i]] = d + 1
-            source[d] = i
-            statement[d] = s
-    # one simple loop per field: each is a gather that compiles tight
-    for d in range(n_ops):
-        out.txn[d] = txn[source[d]] + first_txn
-    for d in range(n_ops):
-        out.cell[d] = cell[source[d]]
-    for d in range(n_ops):  # the statement's attributes: one gather for the five
-        s = statement[d]
-        out.kind[d] = stmt_attrs[s, 0]
-        out.fun[d] = stmt_attrs[s, 1]
-        out.cond[d] = stmt_attrs[s, 2]
-        out.reason[d] = stmt_attrs[s, 3]
-        out.out[d] = stmt_attrs[s, 4]
-    for a in range(args.shape[1]):
-        for d in range(n_ops):
-            out.args[d, a] = args[source[d], a]
-    if len(dep_cell) == 0:  # no parametric reads (SL): skip both passes of their copy
-        for d in range(n_ops + 1):
-            out.dep_ptr[d] = first_read
-        return
-    # parametric reads: where each operation's start in dep_cell (cursor), then copied
+    first_op = first[1]
+    o = 0
     r = 0
-    for i in range(n_ops):
-        cursor[i] = r
-        r += dep_count[i]
-    r = 0
-    for d in range(n_ops):
-        out.dep_ptr[d] = first_read + r
-        i = source[d]
-        for k in range(dep_count[i]):
-            out.dep_cell[r + k] = dep_cell[cursor[i] + k]
-        r += dep_count[i]
-    out.dep_ptr[n_ops] = first_read + r
+    for t in range(len(rejected)):
+        out.txn_ptr[t] = first_op + o
+        if rejected[t] != 0:
+            continue
+        for s in range(statements.shape[1]):
+            if not _emits(statements, s, t):
+                continue
+            kind, a = statements[KEY_KIND, s], statements[KEY_A, s]
+            size = statements[SIZE, s]
+            if kind == INT_COLUMN:  # one operation: no loop (a third of the time, on SL)
+                key = load_int64(a, t)
+                if key < 0 or key >= size:
+                    error[0], error[1] = KEY_OUTSIDE, s
+                    return KEY_OUTSIDE
+                r = _put(o, r, t, 0, key, s, statements, args, reads, out, first, targets, error)
+                if r < 0:
+                    return error[0]
+                o += 1
+                continue
+            b = statements[KEY_B, s]
+            for e in range(_length(kind, a, t)):
+                key = _element(kind, a, b, t, e)
+                if key < 0 or key >= size:
+                    error[0], error[1] = KEY_OUTSIDE, s
+                    return KEY_OUTSIDE
+                r = _put(o, r, t, e, key, s, statements, args, reads, out, first, targets, error)
+                if r < 0:
+                    return error[0]
+                o += 1
+    out.txn_ptr[len(rejected)] = first_op + o
+    out.dep_ptr[o] = first[2] + r
+    return 0
 
 
 @jit

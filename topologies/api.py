@@ -27,7 +27,19 @@ from txstream.errors import SchemaError, TopologyError
 from txstream.state._numba import USER_SIG
 from txstream.state.layout import Layout
 from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE, Ops
-from txstream.topologies._kernels import merge_statements, rows_outside
+from txstream.topologies._kernels import (
+    ARG_SHORTER,
+    CONSTANT,
+    FIRST_READ,
+    INT_COLUMN,
+    LIST_COLUMN,
+    READ_OUTSIDE,
+    READ_TARGET,
+    TARGET,
+    build_operations,
+    count_operations,
+    rows_outside,
+)
 
 # Event column types a topology can declare.
 INT, STRING, INT_LIST = "int64", "string", "list<int64>"
@@ -294,29 +306,28 @@ Key = np.ndarray | ListColumn
 Arg = np.ndarray | ListColumn | int
 
 
-@dataclass
-class _Statement:
-    txn: np.ndarray
-    cell: np.ndarray
-    kind: int
-    fun: int
-    cond: int
-    reason: int
-    out: int
-    args: list[np.ndarray]
-    dep_count: np.ndarray
-    dep_cell: np.ndarray
-
-
 class Transactions:
     """Builds a batch's operations from vectorised statements (the TStream API's
-    READ / WRITE / READ_MODIFY with optional condition, plus SET_ADD)."""
+    READ / WRITE / READ_MODIFY with optional condition, plus SET_ADD).
+
+    A call records its statement as integers (what it emits; where its key, arguments
+    and reads come from: columns by address, or constants); `build_into` makes every
+    operation in one kernel pass over the events (gathering each statement's operations
+    with numpy, then merging them into serial order, took SL 67 ns per event against
+    34; docs/performance.md). The columns the statements name are kept alive here.
+    """
 
     def __init__(self, events: EventShare, layout: Layout):
         self.events = events
         self.layout = layout
         self.topology = events.topology
-        self._statements: list[_Statement] = []
+        self._statements: list[list[int]] = []
+        self._args: list[tuple[int, int, int]] = []
+        self._reads: list[tuple[int, ...]] = []
+        self._targets: list[tuple[str, str]] = []
+        self._alive: list[np.ndarray] = []
+        self._width = 1
+        self._counts: tuple[int, int] | None = None
 
     def read(self, column: Column, key: Key, *, fun: UserFunction = identity, **kw: Any) -> None:
         """Read ``column[key]`` through ``fun``; the result is added into output ``out``."""
@@ -351,137 +362,144 @@ class Transactions:
         out: str | None = None,
         where: np.ndarray | None = None,
     ) -> None:
+        """One operation per selected event (``where``, not rejected), or per element
+        of a list-valued key."""
         topo = self.topology
-        events = self.events
-        sel = ~events.rejected if where is None else where & ~events.rejected
-        idx = np.flatnonzero(sel)
-        # One operation per selected event, or per list element for a list-valued key.
-        if isinstance(key, ListColumn):
-            lengths = key.lengths[idx]
-            elem = _gather_positions(key.offsets[idx], lengths)
-            txn = np.repeat(idx, lengths)
-            keys = key.values[elem]
-            within = elem - key.offsets[txn]  # position in the event's list
-        else:
-            within = None
-            txn = idx
-            keys = np.asarray(key)[idx]
-        self._check_keys(column.table, keys)
-        arg_cols = [self._per_op(a, within, txn) for a in args]
-        dep_count, dep_cell = self._deps(reads, txn)
         if cond is not None and reason is None:
             raise TopologyError("a conditional operation needs a `reason` for its aborts")
+        if not isinstance(key, ListColumn) and any(isinstance(a, ListColumn) for a in args):
+            raise TopologyError("a list argument needs a list-valued key")
+        first_arg, first_read = len(self._args), len(self._reads)
+        self._args += [self._source(a) for a in args]
+        for read_column, read_key in reads:
+            base, size, target = self._target(read_column)
+            self._reads.append((base, size, *self._source(read_key), target))
+        base, size, target = self._target(column)
         self._statements.append(
-            _Statement(
-                txn=txn,
-                cell=self.layout.cells_of(column.table.name, column.name, keys),
-                kind=kind,
-                fun=topo.function_id(fun),
-                cond=0 if cond is None else topo.condition_id(cond),
-                reason=0 if reason is None else topo.reason_code(reason),
-                out=-1 if out is None else topo.output_index(out),
-                args=arg_cols,
-                dep_count=dep_count,
-                dep_cell=dep_cell,
-            )
+            [
+                kind,
+                topo.function_id(fun),
+                0 if cond is None else topo.condition_id(cond),
+                0 if reason is None else topo.reason_code(reason),
+                -1 if out is None else topo.output_index(out),
+                base,
+                size,
+                0 if where is None else self._address(where, bool),
+                *self._source(key),
+                first_arg,
+                len(args),
+                first_read,
+                len(reads),
+                target,
+            ]
         )
+        self._width = max(self._width, len(args))
+        self._counts = None
 
-    def _per_op(self, arg: Arg, within: np.ndarray | None, txn: np.ndarray) -> np.ndarray:
-        """An argument as one value per operation (``txn`` maps operations to events;
-        a list argument is aligned with the list-valued key by position ``within``)."""
-        if isinstance(arg, ListColumn):
-            if within is None:
-                raise TopologyError("a list argument needs a list-valued key")
-            if np.any(within >= arg.lengths[txn]):
-                raise TopologyError(
-                    f"{self.topology.name}: a list argument is shorter than its key list; "
-                    "pre_process must reject such events"
-                )
-            return arg.values[arg.offsets[txn] + within]
-        if np.isscalar(arg):
-            return np.full(len(txn), arg, np.int64)
-        return np.asarray(arg)[txn]
+    def _target(self, column: Column) -> tuple[int, int, int]:
+        """(first cell, keys, index) of a column operations target or read; in a node's
+        layout the first cell is 0: its keys are mapped to rows once operations are built."""
+        pair = (column.table.name, column.name)
+        if pair not in self._targets:
+            self._targets.append(pair)
+        base = 0 if self.layout.share else self.layout.bases[pair]
+        return base, self.layout.sizes[column.table.name], self._targets.index(pair)
 
-    def _deps(self, reads, txn: np.ndarray):
-        """Per-operation parametric reads as (count per op, cells in op order)."""
-        n_ops = len(txn)
-        if not reads:
-            return np.zeros(n_ops, np.int64), np.zeros(0, np.int64)
-        counts, parts = [], []
-        for column, key in reads:
-            if isinstance(key, ListColumn):
-                lengths = key.lengths[txn]
-                cells = key.values[_gather_positions(key.offsets[txn], lengths)]
-            else:
-                lengths = np.ones(n_ops, np.int64)
-                cells = np.asarray(key)[txn]
-            self._check_keys(column.table, cells)
-            counts.append(lengths)
-            parts.append((lengths, self.layout.cells_of(column.table.name, column.name, cells)))
-        total = np.sum(counts, axis=0)
-        ptr = np.zeros(n_ops + 1, np.int64)
-        np.cumsum(total, out=ptr[1:])
-        dep_cell = np.empty(ptr[-1], np.int64)
-        offset = ptr[:-1].copy()
-        for lengths, cells in parts:
-            dep_cell[_gather_positions(offset, lengths)] = cells
-            offset += lengths
-        return total, dep_cell
+    def _source(self, value: Key | Arg) -> tuple[int, int, int]:
+        """A key or an argument as the kernels take it (see `INT_COLUMN`)."""
+        if isinstance(value, ListColumn):
+            offsets = self._address(value.offsets, np.int64, self.events.n + 1)
+            return LIST_COLUMN, offsets, self._address(value.values, np.int64, None)
+        if np.ndim(value) == 0:
+            return CONSTANT, int(value), 0
+        return INT_COLUMN, self._address(value, np.int64), 0
 
-    def _check_keys(self, table: Table, keys: np.ndarray) -> None:
-        size = self.layout.sizes[table.name]
-        if len(keys) and (keys.min() < 0 or keys.max() >= size):
+    def _address(self, values: Any, dtype: type, length: int | None = -1) -> int:
+        """The address of ``values`` as a C-contiguous array of ``dtype`` and ``length``
+        elements (-1: one per event; None: any), kept alive for the kernels."""
+        array = np.ascontiguousarray(values, dtype)
+        length = self.events.n if length == -1 else length
+        if array.ndim != 1 or (length is not None and len(array) != length):
             raise TopologyError(
-                f"{self.topology.name}: state_access used a key outside table {table.name!r}; "
-                "pre_process must reject such events"
+                f"{self.topology.name}: state_access gave a column of shape {array.shape} "
+                f"for {self.events.n} events"
             )
+        self._alive.append(array)
+        return array.ctypes.data
 
-    def touched(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(txn, cell)``: every cell each transaction writes or reads (its operations'
-        targets and parametric reads), grouped by transaction in ascending order; what a
-        sequencer needs to know where a transaction's state lives (`txstream.nodes`)."""
-        st = self._statements
-        txn = _concat([s.txn for s in st] + [np.repeat(s.txn, s.dep_count) for s in st])
-        cell = _concat([s.cell for s in st] + [s.dep_cell for s in st])
-        order = np.argsort(txn, kind="stable")
-        return txn[order], cell[order]
+    def _tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The statements (one column each), arguments and reads as the kernels take them."""
+        return (
+            np.array(self._statements, np.int64).reshape(-1, 16).T.copy(),
+            np.array(self._args or [(CONSTANT, 0, 0)], np.int64).reshape(-1, 3),
+            np.array(self._reads or [(0,) * 6], np.int64).reshape(-1, 6),
+        )
 
     def sizes(self) -> tuple[int, int, int]:
         """Operations, parametric reads and argument width of what was emitted so far."""
-        operations = sum(len(s.txn) for s in self._statements)
-        reads = sum(len(s.dep_cell) for s in self._statements)
-        return operations, reads, max([1, *(len(s.args) for s in self._statements)])
+        if self._counts is None:
+            statements, _, reads = self._tables()
+            ops, n_reads = count_operations(self.events.reason, statements, reads)
+            self._counts = (int(ops), int(n_reads))
+        return (*self._counts, self._width)
 
     def build_into(self, out: Ops, first_txn: int, first_op: int, first_read: int) -> None:
         """All statements as operations in (txn, statement, list) order, written into
         ``out``: views of a chunk's arrays where this batch's transactions start at
         ``first_txn``, its operations at ``first_op`` and its reads at ``first_read``
-        (indices made chunk-global). Built in place: building private arrays and copying
-        them in cost SL 24 ns per event more (fresh pages, the copy; bench/stages.py).
-        The first ``txn_ptr`` and ``dep_ptr`` entries are a neighbour's last: both write
-        the same value there."""
-        st = self._statements
-        n_ops, _, width = self.sizes()
-        stmt_ptr = np.cumsum([0, *(len(s.txn) for s in st)], dtype=np.int64)
-        stmt_attrs = np.array(
-            [(s.kind, s.fun, s.cond, s.reason, s.out) for s in st], np.int32
-        ).reshape(len(st), 5)
-        args = np.zeros((n_ops, width), np.int64)
-        for s, row in zip(st, stmt_ptr, strict=False):
-            for j, col in enumerate(s.args):
-                args[row : row + len(s.txn), j] = col
-        merge_statements(
-            stmt_ptr,
-            stmt_attrs,
-            _concat([s.txn for s in st]),
-            _concat([s.cell for s in st]),
-            args,
-            _concat([s.dep_count for s in st]),
-            _concat([s.dep_cell for s in st]),
-            np.empty((3, max(n_ops, self.events.n)), np.int64),
-            out,
-            (first_txn, first_op, first_read),
+        (indices made chunk-global). The first ``txn_ptr`` and ``dep_ptr`` entries are a
+        neighbour's last: both write the same value there. A key outside its table is a
+        TopologyError (pre_process must reject such events)."""
+        ops, reads, _ = self.sizes()
+        share = self.layout.share
+        targets = (
+            np.empty(ops if share else 0, np.int64),
+            np.empty(reads if share else 0, np.int64),
         )
+        error = np.zeros(3, np.int64)
+        first = (first_txn, first_op, first_read)
+        if build_operations(self.events.reason, *self._tables(), out, first, targets, error):
+            raise TopologyError(self._error_message(error))
+        if share:
+            for index, (table, column) in enumerate(self._targets):
+                base = self.layout.bases[(table, column)]
+                for cells, target in ((out.cell, targets[0]), (out.dep_cell, targets[1])):
+                    at = np.flatnonzero(target == index)
+                    cells[at] = base + share.rows(table, cells[at])
+
+    def _error_message(self, error: np.ndarray) -> str:
+        code, statement, read = (int(e) for e in error)
+        if code == ARG_SHORTER:
+            return (
+                f"{self.topology.name}: a list argument is shorter than its key list; "
+                "pre_process must reject such events"
+            )
+        target = self._statements[statement][TARGET]
+        if code == READ_OUTSIDE:
+            target = self._reads[self._statements[statement][FIRST_READ] + read][READ_TARGET]
+        return (
+            f"{self.topology.name}: state_access used a key outside table "
+            f"{self._targets[target][0]!r}; pre_process must reject such events"
+        )
+
+    def touched(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(txn, cell)``: every cell each transaction writes or reads (its operations'
+        targets and parametric reads), grouped by transaction in ascending order; what a
+        sequencer needs to know where a transaction's state lives (`txstream.nodes`)."""
+        ops, reads, width = self.sizes()
+        built = Ops(
+            *(np.empty(ops, dtype) for dtype in (np.int64, np.int64, np.int8)),
+            *(np.empty(ops, np.int32) for _ in range(4)),
+            args=np.empty((ops, width), np.int64),
+            dep_ptr=np.empty(ops + 1, np.int64),
+            dep_cell=np.empty(reads, np.int64),
+            txn_ptr=np.empty(self.events.n + 1, np.int64),
+        )
+        self.build_into(built, 0, 0, 0)
+        txn = np.concatenate([built.txn, np.repeat(built.txn, np.diff(built.dep_ptr))])
+        cell = np.concatenate([built.cell, built.dep_cell])
+        order = np.argsort(txn, kind="stable")
+        return txn[order], cell[order]
 
 
 def _buffer(array: pa.Array, index: int, dtype: type) -> np.ndarray:
@@ -521,20 +539,6 @@ def _csr(col: pa.ListArray) -> ListColumn:
     new_offsets = np.zeros(len(col) + 1, np.int64)
     np.cumsum(lengths, out=new_offsets[1:])
     return ListColumn(new_offsets, flat)
-
-
-def _concat(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-
-def _gather_positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Flat indices ``starts[i] + 0..lengths[i]-1`` for every i, concatenated."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    ends = np.cumsum(lengths)
-    shift = np.repeat(starts - (ends - lengths), lengths)
-    return np.arange(total, dtype=np.int64) + shift
 
 
 # ---------------------------------------------------------------- outputs

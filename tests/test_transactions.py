@@ -1,0 +1,247 @@
+"""The transaction builder (txstream.topologies.api.Transactions): the operations one
+kernel pass builds equal a plain-Python reading of the statements, and what
+state_access gets wrong is a TopologyError naming it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from txstream.errors import TopologyError
+from txstream.state.layout import Layout
+from txstream.state.operations import READ, READ_MODIFY, WRITE, Ops
+from txstream.topologies.api import (
+    INT,
+    INT_LIST,
+    EventShare,
+    ListColumn,
+    Table,
+    Topology,
+    Transactions,
+    condition,
+    function,
+)
+
+A = Table("a", ("x", "y"))
+B = Table("b", ("z",))
+SIZES = {"a": 7, "b": 5}
+
+
+@function
+def plus(value, args, reads, n_reads):
+    return value + args[0]
+
+
+@condition
+def positive(value, args, reads, n_reads):
+    return value > 0
+
+
+def _topology() -> Topology:
+    return Topology(
+        name="builder",
+        tables=(A, B),
+        event_columns={"event_id": INT, "k": INT, "l": INT_LIST},
+        kinds=(),
+        functions=(plus,),
+        conditions=(positive,),
+        outputs=("o",),
+        pre_process=lambda events: None,
+        state_access=lambda events, txn: None,
+    )
+
+
+TOPOLOGY = _topology()
+LAYOUT = Layout.of(TOPOLOGY.tables, SIZES)
+
+
+def _events(n: int) -> EventShare:
+    batch = pa.RecordBatch.from_pydict(
+        {"event_id": list(range(n)), "k": [0] * n, "l": [[]] * n},
+        schema=pa.schema(
+            [("event_id", pa.int64()), ("k", pa.int64()), ("l", pa.list_(pa.int64()))]
+        ),
+    )
+    return EventShare(batch, TOPOLOGY, SIZES)
+
+
+def _built(txn: Transactions) -> Ops:
+    ops, reads, width = txn.sizes()
+    built = Ops(
+        *(np.full(ops, -9, d) for d in (np.int64, np.int64, np.int8)),
+        *(np.full(ops, -9, np.int32) for _ in range(4)),
+        args=np.full((ops, width), -9, np.int64),
+        dep_ptr=np.full(ops + 1, -9, np.int64),
+        dep_cell=np.full(reads, -9, np.int64),
+        txn_ptr=np.full(txn.events.n + 1, -9, np.int64),
+    )
+    txn.build_into(built, 0, 0, 0)
+    return built
+
+
+def _lists(draw, n: int, high: int) -> ListColumn:
+    rows = [draw(st.lists(st.integers(0, high), max_size=3)) for _ in range(n)]
+    offsets = np.cumsum([0] + [len(r) for r in rows]).astype(np.int64)
+    return ListColumn(offsets, np.array([v for r in rows for v in r], np.int64))
+
+
+@st.composite
+def _workloads(draw):
+    """Events (some rejected) and statements of every shape: scalar or list keys,
+    constant, column or list arguments, parametric reads, masks."""
+    n = draw(st.integers(0, 12))
+    rejected = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)), bool)
+    statements = []
+    for _ in range(draw(st.integers(1, 4))):
+        table, column = draw(st.sampled_from([(A, "x"), (A, "y"), (B, "z")]))
+        size = SIZES[table.name]
+        listed = draw(st.booleans())
+        key = (
+            _lists(draw, n, size - 1)
+            if listed
+            else np.array(
+                draw(st.lists(st.integers(0, size - 1), min_size=n, max_size=n)), np.int64
+            )
+        )
+        args = []
+        for _ in range(draw(st.integers(0, 2))):
+            choice = draw(
+                st.sampled_from(
+                    ["constant", "column", "list"] if listed else ["constant", "column"]
+                )
+            )
+            if choice == "constant":
+                args.append(draw(st.integers(-5, 5)))
+            elif choice == "column":
+                args.append(
+                    np.array(draw(st.lists(st.integers(-9, 9), min_size=n, max_size=n)), np.int64)
+                )
+            else:  # as long as the key's lists: the values of the key's rows, shifted
+                args.append(ListColumn(key.offsets, key.values + 100))
+        reads = [
+            (
+                B["z"],
+                _lists(draw, n, SIZES["b"] - 1) if draw(st.booleans()) else np.zeros(n, np.int64),
+            )
+            for _ in range(draw(st.integers(0, 2)))
+        ]
+        where = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)), bool)
+        statements.append(
+            dict(
+                kind=draw(st.sampled_from([READ, WRITE, READ_MODIFY])),
+                column=table[column],
+                key=key,
+                args=args,
+                reads=reads,
+                where=where if draw(st.booleans()) else None,
+                conditional=draw(st.booleans()),
+            )
+        )
+    return n, rejected, statements
+
+
+def _elements(source, t: int) -> list[int]:
+    if isinstance(source, ListColumn):
+        return source.values[source.offsets[t] : source.offsets[t + 1]].tolist()
+    return [int(source[t])]
+
+
+def _argument(arg, t: int, e: int) -> int:
+    if isinstance(arg, ListColumn):
+        return _elements(arg, t)[e]
+    return arg if np.ndim(arg) == 0 else int(arg[t])
+
+
+def _reference(n, rejected, statements) -> list[tuple]:
+    """Every operation as (txn, cell, kind, fun, cond, args, read cells), in serial order."""
+    ops = []
+    for t in range(n):
+        if rejected[t]:
+            continue
+        for s in statements:
+            if s["where"] is not None and not s["where"][t]:
+                continue
+            column = s["column"]
+            for e, key in enumerate(_elements(s["key"], t)):
+                args = [_argument(a, t, e) for a in s["args"]]
+                reads = [
+                    LAYOUT.bases[(c.table.name, c.name)] + k
+                    for c, key in s["reads"]
+                    for k in _elements(key, t)
+                ]
+                base = LAYOUT.bases[(column.table.name, column.name)]
+                ops.append((t, base + key, s["kind"], 1, int(s["conditional"]), args, reads))
+    return ops
+
+
+@settings(deadline=None, max_examples=150)
+@given(_workloads())
+def test_the_built_operations_are_the_statements_in_serial_order(workload):
+    n, rejected, statements = workload
+    events = _events(n)
+    events.reason[rejected] = 1
+    txn = Transactions(events, LAYOUT)
+    for s in statements:
+        emit = {READ: txn.read, WRITE: txn.write, READ_MODIFY: txn.read_modify}[s["kind"]]
+        extra = dict(cond=positive, reason="no") if s["conditional"] else {}
+        kw = dict(args=s["args"], reads=s["reads"], where=s["where"], **extra)
+        emit(s["column"], s["key"], fun=plus, **kw) if s["kind"] == READ else emit(
+            s["column"], s["key"], plus, **kw
+        )
+    expected = _reference(n, rejected, statements)
+    built = _built(txn)
+    width = built.args.shape[1]
+    got = [
+        (
+            int(built.txn[o]),
+            int(built.cell[o]),
+            int(built.kind[o]),
+            int(built.fun[o]),
+            int(built.cond[o]),
+            built.args[o].tolist(),
+            built.dep_cell[built.dep_ptr[o] : built.dep_ptr[o + 1]].tolist(),
+        )
+        for o in range(len(built.txn))
+    ]
+    assert got == [(*op[:5], op[5] + [0] * (width - len(op[5])), op[6]) for op in expected]
+    per_event = (
+        np.bincount([op[0] for op in expected], minlength=n) if expected else np.zeros(n, int)
+    )
+    assert built.txn_ptr.tolist() == np.concatenate([[0], np.cumsum(per_event)]).tolist()
+    assert txn.sizes()[:2] == (len(expected), sum(len(op[6]) for op in expected))
+
+
+def _one(key=None, args=(), reads=(), column=A["x"]) -> Transactions:
+    txn = Transactions(_events(3), LAYOUT)
+    txn.write(column, np.array([0, 1, 2]) if key is None else key, plus, args=args, reads=reads)
+    return txn
+
+
+def test_a_key_outside_its_table_is_a_topology_error_naming_the_table():
+    with pytest.raises(TopologyError, match="key outside table 'b'"):
+        _built(_one(key=np.array([0, 5, 1]), column=B["z"]))
+
+
+def test_a_parametric_read_outside_its_table_is_a_topology_error_naming_the_table():
+    lists = ListColumn(np.array([0, 1, 1, 3]), np.array([4, 0, 9]))
+    with pytest.raises(TopologyError, match="key outside table 'b'"):
+        _built(_one(reads=[(B["z"], lists)]))
+
+
+def test_a_list_argument_shorter_than_its_key_list_is_a_topology_error():
+    keys = ListColumn(np.array([0, 2, 2, 3]), np.array([1, 2, 3]))
+    short = ListColumn(np.array([0, 1, 1, 2]), np.array([7, 8]))
+    with pytest.raises(TopologyError, match="list argument is shorter"):
+        _built(_one(key=keys, args=[short]))
+
+
+def test_a_list_argument_needs_a_list_key_and_columns_one_value_per_event():
+    lists = ListColumn(np.array([0, 1, 2, 3]), np.array([1, 2, 3]))
+    with pytest.raises(TopologyError, match="list argument needs a list-valued key"):
+        _one(args=[lists])
+    with pytest.raises(TopologyError, match=r"column of shape \(2,\) for 3 events"):
+        _one(key=np.array([0, 1]))
+    with pytest.raises(TopologyError, match="needs a `reason`"):
+        Transactions(_events(3), LAYOUT).write(A["x"], np.zeros(3, np.int64), plus, cond=positive)
