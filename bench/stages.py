@@ -34,7 +34,7 @@ from txstream.config import RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
 from txstream.schedulers._kernels import ABORT_NS, run_transactions
-from txstream.state._kernels import Udf, undo_log
+from txstream.state._kernels import undo_log
 from txstream.state.chunk import ChunkArrays, ChunkDims, Outcomes, chunk_layout
 from txstream.state.shared import new_run_id, run_prefix
 from txstream.state.tables import SharedState
@@ -59,7 +59,7 @@ def one_pass(events_file: Path, run: Plan, state: SharedState, chunk_events: int
     seconds = dict.fromkeys(STAGES, 0.0)
     watermark = Watermark.create(new_run_id())
     sink = Sink(run.output, rows_schema(topology), watermark.handle)
-    udf = Udf(topology.function_addresses, topology.condition_addresses, 0)
+    udf = topology.udf()
     punctuator = Punctuator(run.config.punctuation_interval, None)
     segment = None
     clock = time.perf_counter

@@ -23,7 +23,6 @@ import numpy as np
 from txstream.errors import UsageError
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers.team.member import Member
-from txstream.state._kernels import Udf
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims, chunk_layout
 from txstream.state.operations import OperationShare
 from txstream.state.segments import GROWTH, RESERVED_BYTES, ArraySpec, SegmentLayout
@@ -97,11 +96,7 @@ class Scheduler(ABC):
         self.topology = topology
         self.state = state
         self.team = team
-        self.udf = Udf(
-            topology.function_addresses,
-            topology.condition_addresses,
-            int(round(config.udf_cost_us * 1000)),
-        )
+        self.udf = topology.udf(int(round(config.udf_cost_us * 1000)))
         self.run: dict[str, np.ndarray] = {}
 
     def map_run(self, arrays: dict[str, np.ndarray]) -> None:

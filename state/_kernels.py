@@ -28,6 +28,15 @@ def compile_for(kernel: object, *args: object) -> None:
     kernel.compile(tuple(numba.typeof(a) for a in args))
 
 
+CALLED, VALUE, VALUE_PLUS_ARG, VALUE_MINUS_ARG, ARG = range(5)
+"""What a function computes, for the kernels: called by its address (any user function),
+or one of a few well-known computations they do inline (``args[0]`` is the operation's
+first argument). An indirect call per operation cost SL's serial kernel about 4-5 ns of
+its 8-13 (docs/performance.md); the library's own functions say which they are."""
+AT_LEAST_ARG = 1
+"""A condition the kernels evaluate inline: ``value >= args[0]`` (0: called)."""
+
+
 class Udf(NamedTuple):
     """The topology's user functions as kernels call them, and the UDF cost."""
 
@@ -37,6 +46,10 @@ class Udf(NamedTuple):
     """Addresses of the compiled conditions, by condition id (0: none)."""
     spin_ns: int
     """Busy work added to every operation (``--udf-cost-us``)."""
+    fun_inline: np.ndarray
+    """Per function id, what it computes (`CALLED`, `VALUE_PLUS_ARG`, ...)."""
+    cond_inline: np.ndarray
+    """Per condition id, `AT_LEAST_ARG` or 0 (called)."""
 
 
 class UndoLog(NamedTuple):
@@ -102,11 +115,26 @@ def evaluate(o, value, ops, udf, reads, n_reads):
     a = element_pointer(ops.args, o * ops.args.shape[1])
     busy_wait(udf.spin_ns)
     cond = ops.cond[o]
-    if cond > 0 and call_user(udf.cond_addr[cond], value, a, r, n_reads) == 0:
-        return False, 0
+    if cond > 0:
+        if udf.cond_inline[cond] == AT_LEAST_ARG:
+            ok = value >= ops.args[o, 0]
+        else:
+            ok = call_user(udf.cond_addr[cond], value, a, r, n_reads) != 0
+        if not ok:
+            return False, 0
     if ops.kind[o] == SET_ADD:
         return True, 0
-    return True, call_user(udf.fun_addr[ops.fun[o]], value, a, r, n_reads)
+    fun = ops.fun[o]
+    computes = udf.fun_inline[fun]
+    if computes == VALUE_PLUS_ARG:
+        return True, value + ops.args[o, 0]
+    if computes == VALUE_MINUS_ARG:
+        return True, value - ops.args[o, 0]
+    if computes == ARG:
+        return True, ops.args[o, 0]
+    if computes == VALUE:
+        return True, value
+    return True, call_user(udf.fun_addr[fun], value, a, r, n_reads)
 
 
 @inline

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from txstream.errors import SchemaError, TopologyError
+from txstream.state._kernels import CALLED, VALUE, Udf
 from txstream.state._numba import USER_SIG
 from txstream.state.layout import Layout
 from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE, Ops
@@ -87,10 +88,15 @@ class Column:
 # ---------------------------------------------------------------- user functions
 @dataclass(eq=False)
 class UserFunction:
-    """A Python function the engine compiles with numba and calls from its kernels."""
+    """A Python function the engine compiles with numba and calls from its kernels.
+
+    ``computes`` says, for the library's own functions, which well-known computation it
+    is (`txstream.state._kernels.VALUE_PLUS_ARG`, ...): kernels then do it inline
+    instead of calling it (0: called, as every user function is)."""
 
     pyfunc: Callable[..., Any]
     compiled: Any = None
+    computes: int = CALLED
 
     @property
     def where(self) -> str:
@@ -124,7 +130,14 @@ def condition(pyfunc: Callable[[int, Any, Any, int], bool]) -> UserFunction:
     return UserFunction(pyfunc)
 
 
-@function
+def well_known(computes: int) -> Callable[[Callable[..., Any]], UserFunction]:
+    """Declare one of the library's functions or conditions, which kernels compute
+    inline (``computes``, see `UserFunction`); its Python body says the same, and is
+    what a test compares them with."""
+    return lambda pyfunc: UserFunction(pyfunc, computes=computes)
+
+
+@well_known(VALUE)
 def identity(value, args, reads, n_reads):
     """The value as it is: the default function of READ."""
     return value
@@ -652,15 +665,16 @@ class Topology:
         return out
 
     # -- what the engine needs from a definition
-    @property
-    def function_addresses(self) -> np.ndarray:
-        """Addresses of the compiled functions, by function id."""
-        return np.array([f.address for f in self.functions], np.int64)
-
-    @property
-    def condition_addresses(self) -> np.ndarray:
-        """Addresses of the compiled conditions, by condition id (id 0: no condition)."""
-        return np.array([0, *(c.address for c in self.conditions)], np.int64)
+    def udf(self, spin_ns: int = 0) -> Udf:
+        """The functions and conditions as kernels call them (by id), with ``spin_ns``
+        of busy work added to every operation (``--udf-cost-us``)."""
+        return Udf(
+            np.array([f.address for f in self.functions], np.int64),
+            np.array([0, *(c.address for c in self.conditions)], np.int64),  # 0: none
+            spin_ns,
+            np.array([f.computes for f in self.functions], np.int64),
+            np.array([0, *(c.computes for c in self.conditions)], np.int64),
+        )
 
     @property
     def init_tables(self) -> tuple[Table, ...]:

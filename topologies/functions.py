@@ -1,32 +1,34 @@
-"""User functions shared by the bundled topologies (numba-compiled when a topology is built)."""
+"""User functions shared by the bundled topologies (numba-compiled when a topology is built;
+the kernels compute these inline, see `txstream.topologies.api.well_known`)."""
 
 from __future__ import annotations
 
-from txstream.topologies.api import condition, function
+from txstream.state._kernels import ARG, AT_LEAST_ARG, VALUE_MINUS_ARG, VALUE_PLUS_ARG
+from txstream.topologies.api import well_known
 
 MAX_VALUE = 2**40
 """Upper bound of amounts, prices and quantities in the bundled topologies (contract §3)."""
 
 
-@function
+@well_known(VALUE_PLUS_ARG)
 def add(value, args, reads, n_reads):
     """``value + args[0]``."""
     return value + args[0]
 
 
-@function
+@well_known(VALUE_MINUS_ARG)
 def subtract(value, args, reads, n_reads):
     """``value - args[0]``."""
     return value - args[0]
 
 
-@function
+@well_known(ARG)
 def assign(value, args, reads, n_reads):
     """``args[0]``: a blind write."""
     return args[0]
 
 
-@condition
+@well_known(AT_LEAST_ARG)
 def covers(value, args, reads, n_reads):
     """``value >= args[0]``: enough balance or quantity for the request."""
     return value >= args[0]
