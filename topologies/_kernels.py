@@ -80,9 +80,8 @@ def count_operations(rejected, statements, reads):
         if rejected[t] != 0:
             continue
         for s in range(statements.shape[1]):
-            if not _emits(statements, s, t):
-                continue
-            m = _length(statements[KEY_KIND, s], statements[KEY_A, s], t)
+            # a count, not a branch: kinds in random order made half the branches mispredict
+            m = _emits(statements, s, t) * _length(statements[KEY_KIND, s], statements[KEY_A, s], t)
             n_ops += m
             first = statements[FIRST_READ, s]
             for q in range(first, first + statements[READS, s]):
@@ -183,14 +182,33 @@ def build_operations(rejected, statements, args, reads, out, first, targets, err
 
 
 @jit
-def rows_outside(offsets, values, low, high, out):
-    """``out[i]``: some element of row i of a CSR list (``offsets``, ``values``) is outside
-    ``low..high``. One pass, no per-element row index (numpy's repeat and bincount took
-    most of GS's pre-processing)."""
-    for i in range(len(out)):
+def reject_outside(offsets, values, low, high, where, reason, code):
+    """Give ``code`` to the events not yet rejected (``reason`` 0) and in ``where``
+    (empty: every event) whose field is outside ``low..high``: ``values[i]``, or every
+    element of row i of a CSR list (``offsets``, empty for a plain column). One pass
+    and no temporaries (numpy's comparisons, masks and their combination took most of
+    SL's pre-processing)."""
+    listed = len(offsets) > 0
+    every = len(where) == 0
+    for i in range(len(reason)):
         bad = False
-        for j in range(offsets[i], offsets[i + 1]):
-            v = values[j]
-            if v < low or v > high:
-                bad = True
-        out[i] = bad
+        if listed:
+            for j in range(offsets[i], offsets[i + 1]):
+                v = values[j]
+                if v < low or v > high:
+                    bad = True
+        else:
+            v = values[i]
+            bad = v < low or v > high
+        if bad and reason[i] == 0 and (every or where[i]):
+            reason[i] = code
+
+
+@jit
+def reject_unset(valid, where, reason, code):
+    """Give ``code`` to the events not yet rejected and in ``where`` (empty: every event)
+    whose ``valid`` flag is 0 (a null field)."""
+    every = len(where) == 0
+    for i in range(len(reason)):
+        if valid[i] == 0 and reason[i] == 0 and (every or where[i]):
+            reason[i] = code

@@ -39,7 +39,8 @@ from txstream.topologies._kernels import (
     TARGET,
     build_operations,
     count_operations,
-    rows_outside,
+    reject_outside,
+    reject_unset,
 )
 
 # Event column types a topology can declare.
@@ -52,6 +53,10 @@ were copied), and its kinds matched once per distinct string."""
 LIST_INT64 = pa.list_(pa.int64())
 """How the engine holds an INT_LIST column (`Topology.event_schema`)."""
 INT64_MAX = int(np.iinfo(np.int64).max)
+_EVERY = np.zeros(0, bool)
+"""No ``where`` mask, for the validation kernels: every event."""
+_NO_ROWS = np.zeros(0, np.int64)
+"""No list offsets, for the validation kernels: a plain column."""
 
 
 # ---------------------------------------------------------------- tables
@@ -271,37 +276,39 @@ class EventShare:
 
     def require_present(self, names: Sequence[str], where: np.ndarray | None = None) -> None:
         """Reject events in ``where`` with a null in any of ``names``."""
-        sel = self._where(where)
         for name in names:
             column = self.arrow.column(name)
-            elements = self._is_list(name) and column.values.null_count
-            if column.null_count or pa.types.is_null(column.type) or elements:
-                self.reject(sel & ~self.present(name), f"null field: {name}")
+            reason = f"null field: {name}"
+            if self._is_list(name) or pa.types.is_null(column.type):
+                if column.null_count or pa.types.is_null(column.type) or column.values.null_count:
+                    self.reject(self._where(where) & ~self.present(name), reason)
+            elif column.null_count:
+                code = self.topology.reason_code(reason)
+                reject_unset(_valid_bits(column), self._mask(where), self.reason, code)
 
     def require_between(
         self, name: str, low: int, high: int | None, where: np.ndarray | None = None
     ) -> None:
         """Reject events in ``where`` whose field (every element, for a list) is outside
         ``low..high`` (``high=None``: no upper bound)."""
-        self.reject(self._where(where) & self._outside(name, low, high), f"{name} out of range")
+        high = INT64_MAX if high is None else high
+        self._reject_outside(name, low, high, where, f"{name} out of range")
 
     def require_key(self, name: str, table: Table, where: np.ndarray | None = None) -> None:
         """Reject events in ``where`` whose field is not a key of ``table``."""
-        outside = self._outside(name, 0, self.sizes[table.name] - 1)
-        self.reject(self._where(where) & outside, f"key out of range: {name}")
+        high = self.sizes[table.name] - 1
+        self._reject_outside(name, 0, high, where, f"key out of range: {name}")
 
-    def _outside(self, name: str, low: int, high: int | None) -> np.ndarray:
-        """True where the field (any element, for a list) is outside ``low..high``."""
-        if self.topology.event_columns[name] == INT_LIST:
+    def _reject_outside(
+        self, name: str, low: int, high: int, where: np.ndarray | None, reason: str
+    ) -> None:
+        code = self.topology.reason_code(reason)
+        if self._is_list(name):
             lst = self.list(name)
-            outside = np.empty(self.n, bool)
-            rows_outside(lst.offsets, lst.values, low, INT64_MAX if high is None else high, outside)
-            return outside
-        values = self.int(name)
-        bad = values < low
-        if high is not None:
-            bad |= values > high
-        return bad
+            offsets, values = lst.offsets, lst.values
+        else:
+            offsets, values = _NO_ROWS, self.int(name)
+        reject_outside(offsets, values, low, high, self._mask(where), self.reason, code)
 
     def require_kind(self) -> None:
         """Reject events whose ``kind`` is null or not one of the topology's kinds."""
@@ -312,6 +319,10 @@ class EventShare:
 
     def _where(self, where: np.ndarray | None) -> np.ndarray:
         return np.ones(self.n, bool) if where is None else where
+
+    def _mask(self, where: np.ndarray | None) -> np.ndarray:
+        """``where`` as the validation kernels take it (empty: every event)."""
+        return _EVERY if where is None else np.ascontiguousarray(where, bool)
 
 
 # ---------------------------------------------------------------- operations
