@@ -23,7 +23,7 @@ from txstream.cluster.topology import pin_process
 from txstream.cluster.transport import get
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers.team.aborts import MAP_SEGMENT
-from txstream.schedulers.team.member import Member, ShareCounts
+from txstream.schedulers.team.member import Member
 from txstream.schedulers.team.placement import Seat
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.chunk import (
@@ -220,9 +220,10 @@ class Executor:
         with breakdown.timing("construct"):
             txn = Transactions(batch, layout)
             topology.state_access(batch, txn)
-        operations, reads, width = txn.sizes()
+        sizes = txn.sizes()
+        operations, reads, width = sizes.operations, sizes.reads, sizes.arg_width
         self.operations += operations
-        team.publish_share(ShareCounts(operations, reads, width))
+        team.publish_share(sizes)
         self.team.barrier(breakdown)
         chunk = self._map_chunk(seq, events, breakdown)
         r = team.rank
@@ -290,7 +291,8 @@ class Executor:
                 [seq, *dims.words()],
                 breakdown,
             )
-        self._chunk.use_chunk(dims, chunk_layout)
+        limits = (max(c.txn_ops for c in shares), max(c.op_reads for c in shares))
+        self._chunk.use_chunk(dims, chunk_layout, limits)
         return self._chunk
 
     def _shared_segment(self, kind, what, capacity: SegmentLayout, coordinator_args, breakdown):

@@ -84,7 +84,7 @@ def one_pass(events_file: Path, run: Plan, state: SharedState, chunk_events: int
             t4 = clock()
             txn = Transactions(events, layout)
             topology.state_access(events, txn)
-            operations, reads, width = txn.sizes()
+            operations, reads, width = txn.sizes()[:3]
             t4b = clock()
             dims = ChunkDims(
                 operations, reads, events.n, width, max(1, len(topology.outputs)), 1, 1, layout.rows

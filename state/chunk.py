@@ -151,10 +151,17 @@ class ChunkArrays(TeamSegment):
     """The chunk segment (see module docstring)."""
 
     dims: ChunkDims
+    limits: tuple[int, int] | None = None
+    """(most operations of a transaction, most reads of an operation) in the chunk, as
+    its builders counted them; None: counted from the arrays when needed."""
 
-    def use_chunk(self, dims: ChunkDims, layout: SegmentLayout) -> None:
-        """Lay out the next chunk, of ``dims`` (``layout`` must fit the capacity)."""
+    def use_chunk(
+        self, dims: ChunkDims, layout: SegmentLayout, limits: tuple[int, int] | None = None
+    ) -> None:
+        """Lay out the next chunk, of ``dims`` (``layout`` must fit the capacity), whose
+        operations have these ``limits``."""
         self.dims = dims
+        self.limits = limits
         self.use(layout)
 
     @property
@@ -177,7 +184,7 @@ class ChunkArrays(TeamSegment):
 
     def operations(self) -> OperationShare:
         """The chunk's operations, as views."""
-        return OperationShare(self.ops)
+        return OperationShare(self.ops, *(self.limits or (None, None)))
 
     def share_ops(
         self,

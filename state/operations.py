@@ -46,11 +46,15 @@ class OperationShare:
     transaction ``t`` are ``txn_ptr[t]:txn_ptr[t+1]``.
     """
 
-    def __init__(self, arrays: Ops):
+    def __init__(self, arrays: Ops, max_txn_ops: int | None = None, max_reads: int | None = None):
         self.arrays = arrays
-        self.max_txn_ops = int(np.diff(arrays.txn_ptr).max(initial=0))
-        """Most operations of one transaction."""
-        self.max_reads = int(np.diff(arrays.dep_ptr).max(initial=0))
+        if max_txn_ops is None:
+            max_txn_ops = int(np.diff(arrays.txn_ptr).max(initial=0))
+        if max_reads is None:
+            max_reads = int(np.diff(arrays.dep_ptr).max(initial=0))
+        self.max_txn_ops = max_txn_ops
+        """Most operations of one transaction (counted while building them, or here)."""
+        self.max_reads = max_reads
         """Most parametric reads of one operation."""
 
     def __getattr__(self, name: str) -> np.ndarray:

@@ -68,7 +68,7 @@ def _events(n: int) -> EventShare:
 
 
 def _built(txn: Transactions) -> Ops:
-    ops, reads, width = txn.sizes()
+    ops, reads, width = txn.sizes()[:3]
     built = Ops(
         *(np.full(ops, -9, d) for d in (np.int64, np.int64, np.int8)),
         *(np.full(ops, -9, np.int32) for _ in range(4)),
@@ -210,7 +210,10 @@ def test_the_built_operations_are_the_statements_in_serial_order(workload):
         np.bincount([op[0] for op in expected], minlength=n) if expected else np.zeros(n, int)
     )
     assert built.txn_ptr.tolist() == np.concatenate([[0], np.cumsum(per_event)]).tolist()
-    assert txn.sizes()[:2] == (len(expected), sum(len(op[6]) for op in expected))
+    counts = [sum(1 for op in expected if op[0] == t) for t in range(n)]
+    reads = [len(op[6]) for op in expected]
+    assert txn.sizes()[:2] == (len(expected), sum(reads))
+    assert txn.sizes()[3:] == (max(counts, default=0), max(reads, default=0))
 
 
 def _one(key=None, args=(), reads=(), column=A["x"]) -> Transactions:

@@ -72,21 +72,30 @@ def _emits(statements, s, t):
 
 @jit
 def count_operations(rejected, statements, reads):
-    """(operations, parametric reads) `build_operations` makes of these statements for
-    the events whose ``rejected`` reason is 0."""
+    """(operations, parametric reads, most operations of an event, most reads of an
+    operation) that `build_operations` makes of these statements for the events whose
+    ``rejected`` reason is 0."""
     n_ops = 0
     n_reads = 0
+    most_ops = 0
+    most_reads = 0
     for t in range(len(rejected)):
         if rejected[t] != 0:
             continue
+        event_ops = 0
         for s in range(statements.shape[1]):
             # a count, not a branch: kinds in random order made half the branches mispredict
             m = _emits(statements, s, t) * _length(statements[KEY_KIND, s], statements[KEY_A, s], t)
-            n_ops += m
+            event_ops += m
             first = statements[FIRST_READ, s]
+            op_reads = 0
             for q in range(first, first + statements[READS, s]):
-                n_reads += m * _length(reads[q, READ_KIND], reads[q, READ_A], t)
-    return n_ops, n_reads
+                op_reads += _length(reads[q, READ_KIND], reads[q, READ_A], t)
+            n_reads += m * op_reads
+            most_reads = max(most_reads, op_reads * (m > 0))
+        n_ops += event_ops
+        most_ops = max(most_ops, event_ops)
+    return n_ops, n_reads, most_ops, most_reads
 
 
 @inline

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numba
 import numpy as np
@@ -330,6 +330,20 @@ Key = np.ndarray | ListColumn
 Arg = np.ndarray | ListColumn | int
 
 
+class Sizes(NamedTuple):
+    """What a batch's operations take (`Transactions.sizes`)."""
+
+    operations: int
+    reads: int
+    """Parametric reads (dependency cells)."""
+    arg_width: int
+    """Widest argument list of an operation."""
+    txn_ops: int
+    """Most operations of one transaction."""
+    op_reads: int
+    """Most parametric reads of one operation."""
+
+
 class Transactions:
     """Builds a batch's operations from vectorised statements (the TStream API's
     READ / WRITE / READ_MODIFY with optional condition, plus SET_ADD).
@@ -351,7 +365,7 @@ class Transactions:
         self._targets: list[tuple[str, str]] = []
         self._alive: list[np.ndarray] = []
         self._width = 1
-        self._counts: tuple[int, int] | None = None
+        self._counts: tuple[int, ...] | None = None
 
     def read(self, column: Column, key: Key, *, fun: UserFunction = identity, **kw: Any) -> None:
         """Read ``column[key]`` through ``fun``; the result is added into output ``out``."""
@@ -459,13 +473,14 @@ class Transactions:
             np.array(self._reads or [(0,) * 6], np.int64).reshape(-1, 6),
         )
 
-    def sizes(self) -> tuple[int, int, int]:
-        """Operations, parametric reads and argument width of what was emitted so far."""
+    def sizes(self) -> Sizes:
+        """What the operations emitted so far take."""
         if self._counts is None:
             statements, _, reads = self._tables()
-            ops, n_reads = count_operations(self.events.reason, statements, reads)
-            self._counts = (int(ops), int(n_reads))
-        return (*self._counts, self._width)
+            counts = count_operations(self.events.reason, statements, reads)
+            self._counts = tuple(int(c) for c in counts)
+        ops, reads, txn_ops, op_reads = self._counts
+        return Sizes(ops, reads, self._width, txn_ops, op_reads)
 
     def build_into(self, out: Ops, first_txn: int, first_op: int, first_read: int) -> None:
         """All statements as operations in (txn, statement, list) order, written into
@@ -474,7 +489,7 @@ class Transactions:
         (indices made chunk-global). The first ``txn_ptr`` and ``dep_ptr`` entries are a
         neighbour's last: both write the same value there. A key outside its table is a
         TopologyError (pre_process must reject such events)."""
-        ops, reads, _ = self.sizes()
+        ops, reads = self.sizes()[:2]
         share = self.layout.share
         targets = (
             np.empty(ops if share else 0, np.int64),
@@ -510,7 +525,7 @@ class Transactions:
         """``(txn, cell)``: every cell each transaction writes or reads (its operations'
         targets and parametric reads), grouped by transaction in ascending order; what a
         sequencer needs to know where a transaction's state lives (`txstream.nodes`)."""
-        ops, reads, width = self.sizes()
+        ops, reads, width = self.sizes()[:3]
         built = Ops(
             *(np.empty(ops, dtype) for dtype in (np.int64, np.int64, np.int8)),
             *(np.empty(ops, np.int32) for _ in range(4)),

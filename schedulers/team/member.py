@@ -6,8 +6,6 @@ is charged to the caller's time breakdown.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers.team.placement import Seat
@@ -29,20 +27,9 @@ from txstream.state.sync import (
     wake_coordinator,
     word,
 )
+from txstream.topologies.api import Sizes
 
-
-class ShareCounts(NamedTuple):
-    """What an executor's share of a chunk holds, published to the team: the chunk is laid
-    out from everyone's."""
-
-    operations: int
-    reads: int
-    """Parametric reads (dependency cells)."""
-    arg_width: int
-    """Widest argument list of an operation."""
-
-
-assert len(ShareCounts._fields) <= PUBLISHED
+assert len(Sizes._fields) <= PUBLISHED  # an executor publishes its share's sizes
 
 
 class Member:
@@ -69,18 +56,16 @@ class Member:
         if why != OK:
             raise_for_wait(why, self.timeout_ns)
 
-    def publish_share(self, counts: ShareCounts) -> None:
+    def publish_share(self, counts: Sizes) -> None:
         """Publish what this executor's share of a chunk holds; every executor's is read
         after the next barrier (`shares`)."""
         for which, value in enumerate(counts):
             publish(self.sync, published_word(self.rank, which), value)
 
-    def shares(self) -> list[ShareCounts]:
+    def shares(self) -> list[Sizes]:
         """What every executor published of its share, by rank."""
         return [
-            ShareCounts(
-                *(int(self.sync[published_word(e, w)]) for w in range(len(ShareCounts._fields)))
-            )
+            Sizes(*(int(self.sync[published_word(e, w)]) for w in range(len(Sizes._fields))))
             for e in range(self.parties)
         ]
 
