@@ -238,10 +238,12 @@ class Executor:
         ops = chunk.operations()
         self.scheduler.prepare(chunk, ops, breakdown)
         begin = 0
+        in_step = self.scheduler.batches_in_step()
         for end in batch_ends:
             start = perf_counter()
             self.scheduler.execute(chunk, ops, begin, int(end), breakdown)
-            self.team.barrier(breakdown)
+            if in_step:
+                self.team.barrier(breakdown)
             self.batch_seconds.append(perf_counter() - start)
             begin = int(end)
         self.scheduler.finish(chunk, ops, first, first + batch.n, breakdown)

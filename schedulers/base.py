@@ -10,8 +10,9 @@ out in shared memory and hands them over.
 
 Every executor of the team calls the same methods in the same order (they may
 synchronise inside them): ``prepare`` once the chunk's operations are in shared
-memory, ``execute`` for each punctuation batch (a barrier follows each), ``finish``
-after the last batch. Results end up in the chunk's per-transaction arrays.
+memory, ``execute`` for each punctuation batch (a barrier follows each, unless
+`batches_in_step` says none is needed), ``finish`` after the last batch. Results end up
+in the chunk's per-transaction arrays.
 """
 
 from __future__ import annotations
@@ -112,6 +113,12 @@ class Scheduler(ABC):
         self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """This executor's part of transactions ``begin..end-1`` (one punctuation batch)."""
+
+    def batches_in_step(self) -> bool:
+        """Whether the team waits for one another after every punctuation batch of the
+        chunk being executed (default), or only after the chunk's last: when one
+        executor alone runs its batches, the others have nothing to wait for in between."""
+        return True
 
     def finish(
         self, chunk: ChunkArrays, ops: OperationShare, first: int, end: int, breakdown: Breakdown

@@ -21,6 +21,10 @@ class SerialScheduler(Scheduler):
 
     name = "serial"
 
+    def batches_in_step(self) -> bool:
+        """Executor 0 runs every batch alone: the others wait once, after the chunk."""
+        return False
+
     def execute(
         self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
