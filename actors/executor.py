@@ -39,7 +39,13 @@ from txstream.state.segments import SegmentLayout
 from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.state.tables import SharedState, StateHandle
-from txstream.topologies.api import EventShare, Outputs, Topology, Transactions
+from txstream.topologies.api import (
+    EventShare,
+    Outputs,
+    Topology,
+    Transactions,
+    compile_validation,
+)
 
 if TYPE_CHECKING:
     from txstream.config import RunConfig
@@ -161,6 +167,7 @@ class Executor:
         if thread_cpu is not None:
             os.sched_setaffinity(0, {thread_cpu})
         empty = pa.RecordBatch.from_pylist([], schema=schema)
+        compile_validation()
         self.run_share(empty, -1, 0, 0, np.zeros(1, np.int64), Breakdown())
         self.scheduler.warm_up(self._chunk)
         self.batch_seconds.clear()

@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 EXPLORE = ("bfs", "dfs", "ns")
 GRANULARITY = ("fine", "coarse")
 ABORT = ("eager", "lazy")
+ORDERED = "ordered"
+"""What `decisions` counts under ``explore`` for a batch walked in order (`ordered`): it
+has no units and no abort policy, so it is not counted under the other two."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,12 @@ class Thresholds:
     """... and while at most this many failures are expected in the batch (observed
     abort ratio x its transactions): every failure that wrote pauses the team, and
     900-33,000 pauses per run made eager 2-40x slower than lazy at 10-50% aborts."""
+    ordered_max_cost_us: float = 0.5
+    """A chunk is walked in order by one executor (no graph: serial's kernel, the others
+    pre- and post-process) while an operation costs less than this (measured; at first
+    the graph is built). Linking, dealing and exploring cost the team 0.1-0.3 us per
+    operation here; at C = 0 an explored SL or GS operation took ~0.1 us in all, and a
+    team of two made 0.33-0.4x serial (bench/morphstream.py headline)."""
     memory: float = 0.5
     """Weight of the newest batch in the running averages of measured quantities."""
 
@@ -164,6 +173,12 @@ def decide(stats: BatchStats, history: History, fixed: Choice, th: Thresholds) -
     return Choice(explore, granularity, abort)
 
 
+def ordered(history: History, th: Thresholds) -> bool:
+    """Whether the next chunk is walked in order: its operations, measured so far, cost
+    less than linking and exploring them would (`Thresholds.ordered_max_cost_us`)."""
+    return history.cost_us is not None and history.cost_us < th.ordered_max_cost_us
+
+
 def _costly(history: History, th: Thresholds) -> bool:
     """Whether operations cost enough for NS's queue (not measured yet: assumed so)."""
     return history.cost_us is None or history.cost_us >= th.ns_min_cost_us
@@ -177,7 +192,7 @@ class DecisionLog:
     """Batches whose statistics are kept (the counts cover all)."""
     counts: dict[str, dict[str, int]] = field(
         default_factory=lambda: {
-            "explore": dict.fromkeys(EXPLORE, 0),
+            "explore": dict.fromkeys((*EXPLORE, ORDERED), 0),
             "granularity": dict.fromkeys(GRANULARITY, 0),
             "abort": dict.fromkeys(ABORT, 0),
         }
@@ -186,7 +201,7 @@ class DecisionLog:
 
     def add(self, stats: BatchStats) -> None:
         """Count a finished batch's choices and keep its statistics."""
-        for dimension in self.counts:
+        for dimension in ("explore",) if stats.explore == ORDERED else self.counts:
             self.counts[dimension][getattr(stats, dimension)] += 1
         if len(self.batches) < self.limit:
             self.batches.append(stats)

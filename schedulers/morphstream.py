@@ -14,6 +14,12 @@ Per batch, the whole team:
 4. *explores* (`_explore`), resolving failures through the Coordinator as soon as
    they happen (eager) or once the batch is explored (lazy) (`aborts`).
 
+When operations cost less than linking and exploring them costs the team (`decision.
+ordered`, from the time per operation measured so far), `auto` walks a whole chunk in
+order instead: executor 0 runs its batches one by one with serial's kernel, the others
+only pre- and post-process their shares; no graph is built. The time per operation is
+measured there too, so that costlier operations bring the graph back.
+
 The team's placement decides who may run a unit: its row's pool's executors.
 """
 
@@ -26,6 +32,7 @@ import numpy as np
 from txstream.errors import RuntimeFailure
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers import _explore as ex
+from txstream.schedulers._kernels import ABORT_NS, run_transactions
 from txstream.schedulers._tpg import (
     UNIT_ARRAYS,
     Units,
@@ -37,20 +44,23 @@ from txstream.schedulers._tpg import (
     work_strata,
 )
 from txstream.schedulers.decision import (
+    ORDERED,
     BatchStats,
     Choice,
     DecisionLog,
     History,
     Thresholds,
     decide,
+    ordered,
 )
 from txstream.schedulers.speculative import SpeculativeScheduler
 from txstream.schedulers.team._links import CROSS, HEADS, HOT, LINK_STATS, PD, TD
 from txstream.schedulers.team._versions import Scratch, scratch
 from txstream.schedulers.team.aborts import EAGER, LAZY, Speculation
 from txstream.schedulers.team.member import Member
-from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, compile_for
+from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, compile_for, undo_log
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
+from txstream.state.operations import ABORTED as ABORTED_STATUS
 from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
 from txstream.state.sync import PAUSE, STRIDE, add_to
@@ -60,11 +70,12 @@ from txstream.topologies.api import Topology
 if TYPE_CHECKING:
     from txstream.config import RunConfig
 
-LD, STRATA, MERGED, CYCLIC, EXPLORE_NS = range(LINK_STATS, LINK_STATS + 5)
+LD, STRATA, MERGED, CYCLIC, EXPLORE_NS, ABORTED = range(LINK_STATS, LINK_STATS + 6)
 """Per executor, after the `link_batch` statistics: operations after the first of
-their transaction, strata, merged rows, cyclic groups, and the ns it spent exploring
-the previous batch."""
-STATS = EXPLORE_NS + 1
+their transaction, strata, merged rows, cyclic groups, the ns it spent exploring the
+previous batch (or walking the previous chunk in order), and the transactions that
+aborted in that walk."""
+STATS = ABORTED + 1
 
 
 class ChunkView(NamedTuple):
@@ -132,12 +143,52 @@ class MorphStreamScheduler(SpeculativeScheduler):
         self._own = np.zeros(0, np.int64)
         """The operations this executor linked in the current batch, in ts order."""
         self._view: ChunkView | None = None
+        self._ordered = False
+        """This chunk is walked in order by executor 0 (module docstring)."""
+        self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
+        """What executor 0 walked in order since the last chunk's decision."""
 
     def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
-        """The chunk dealt to the executors that link it (`SpeculativeScheduler.prepare`);
-        what its batches pass their kernels."""
-        super().prepare(chunk, ops, breakdown)
-        self._view = self._chunk_view(chunk)
+        """Whether the chunk is walked in order (the whole team, one barrier); if not,
+        the chunk dealt to the executors that link it (`SpeculativeScheduler.prepare`)
+        and what its batches pass their kernels."""
+        self._ordered = self._walk_in_order(breakdown)
+        if not self._ordered:
+            super().prepare(chunk, ops, breakdown)
+            self._view = self._chunk_view(chunk)
+
+    def _walk_in_order(self, breakdown: Breakdown) -> bool:
+        """Fold what was measured since the last decision (the previous batch explored,
+        or the chunk walked in order) into the history, on every executor alike, and
+        decide whether this chunk is walked in order."""
+        if self._fixed.explore != "auto":
+            return False
+        team, table = self.team, self.run["stats"]
+        table[team.rank, EXPLORE_NS] = self._explore_ns
+        table[team.rank, ABORTED] = self._walked.failed
+        team.barrier(breakdown)
+        totals = table.sum(axis=0)
+        for last in (self._last, self._walked):
+            if last is not None and last.transactions:
+                last.explore_s = float(totals[EXPLORE_NS]) / 1e9
+                last.failed = int(totals[ABORTED]) if last is self._walked else last.failed
+                self._history.update(last, self.thresholds.memory)
+        self._last, self._explore_ns = None, 0
+        self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
+        team.barrier(breakdown)  # every executor has read the table
+        return ordered(self._history, self.thresholds)
+
+    def batches_in_step(self) -> bool:
+        """A chunk walked in order needs no waits between its batches."""
+        return not self._ordered
+
+    def finish(
+        self, chunk: ChunkArrays, ops: OperationShare, first: int, end: int, breakdown: Breakdown
+    ) -> None:
+        """A chunk walked in order has its results already (`SpeculativeScheduler.finish`
+        otherwise)."""
+        if not self._ordered:
+            super().finish(chunk, ops, first, end, breakdown)
 
     def _chunk_view(self, chunk: ChunkArrays) -> ChunkView:
         """The chunk's arrays, seat and scratch as `execute` and `warm_up` pass them."""
@@ -156,7 +207,12 @@ class MorphStreamScheduler(SpeculativeScheduler):
     def execute(
         self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
-        """Construct, decide, explore and resolve the batch of transactions begin..end-1."""
+        """Construct, decide, explore and resolve the batch of transactions begin..end-1;
+        or, in a chunk walked in order, executor 0 runs them one by one."""
+        if self._ordered:
+            if self.team.rank == 0:
+                self._walk(chunk, ops, begin, end, breakdown)
+            return
         view = self._view
         first, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
         redone = self._repairs.redone
@@ -176,6 +232,35 @@ class MorphStreamScheduler(SpeculativeScheduler):
         stats.redone = self._repairs.redone - redone
         if self.team.rank == 0 and end > begin:  # (the warm-up runs an empty batch)
             self._log.add(stats)
+
+    def _walk(
+        self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
+    ) -> None:
+        """Executor 0: transactions begin..end-1 in ts order with serial's kernel, timed
+        and counted as an exploration is."""
+        waited = np.zeros(ABORT_NS + 1, np.int64)
+        started = time.perf_counter_ns()
+        error = run_transactions(
+            *(begin, end, ops.arrays, self.state.arrays, self.udf),
+            np.empty(max(1, ops.max_reads), np.int64),
+            *(undo_log(ops.max_txn_ops), chunk.outcomes, waited),
+        )
+        spent = time.perf_counter_ns() - started
+        if error:
+            raise RuntimeFailure(SET_FULL_MESSAGE)
+        breakdown.useful += (spent - waited[ABORT_NS]) / 1e9
+        breakdown.abort += waited[ABORT_NS] / 1e9
+        first, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
+        failed = int(np.count_nonzero(chunk.status[begin:end] == ABORTED_STATUS))
+        self._explore_ns += spent
+        walked = self._walked
+        walked.transactions += end - begin
+        walked.operations += stop - first
+        walked.failed += failed
+        if end > begin:
+            batch = BatchStats(end - begin, stop - first, 0, 0, 0, 0, 0, 0, explore=ORDERED)
+            batch.failed, batch.explore_s = failed, spent / 1e9
+            self._log.add(batch)
 
     def _seat(self, chunk: ChunkArrays) -> ex.PoolSeat:
         seat, team = self.team.seat, self.team
@@ -429,6 +514,12 @@ class MorphStreamScheduler(SpeculativeScheduler):
             *(self._level_ptr, self._listed(seat)),
         )
         compile_for(add_to, seat.words, 0, 0)
+        share = chunk.operations()
+        compile_for(
+            run_transactions,
+            *(0, 0, share.arrays, state, udf, np.zeros(1, np.int64)),
+            *(undo_log(1), chunk.outcomes, np.zeros(ABORT_NS + 1, np.int64)),
+        )
 
     def report(self) -> dict:
         """`decisions` (contract §5), per-batch statistics, operations redone."""

@@ -14,6 +14,7 @@ from txstream.schedulers.decision import (
     History,
     Thresholds,
     decide,
+    ordered,
 )
 from txstream.topologies.generators import WorkloadSpec, generate
 
@@ -100,8 +101,10 @@ def test_the_log_counts_every_batch_and_keeps_its_statistics_up_to_a_limit():
     log = DecisionLog(limit=2)
     for explore in ("bfs", "ns", "ns"):
         log.add(_stats(explore=explore, granularity="fine", abort="lazy"))
+    log.add(_stats(explore="ordered"))  # no units, no abort policy: counted as walked only
     report = log.report()
-    assert report["decisions"]["explore"] == {"bfs": 1, "dfs": 0, "ns": 2}
+    assert report["decisions"]["explore"] == {"bfs": 1, "dfs": 0, "ns": 2, "ordered": 1}
+    assert report["decisions"]["granularity"] == {"fine": 3, "coarse": 0}
     assert report["decision_batches"]["explore"] == ["bfs", "ns"]
 
 
@@ -115,11 +118,40 @@ def _decisions(topology: str, spec: WorkloadSpec, **options) -> dict:
         executors=2,
         punctuation_interval=1000,
         punctuation_ms=None,
+        udf_cost_us=1,
         **options,
     ).metrics
 
 
+def test_chunks_are_walked_in_order_while_operations_cost_less_than_a_graph():
+    history = History()
+    assert not ordered(history, TH)  # nothing measured yet: the graph is built
+    history.update(_stats(explore_s=2000 * 0.1e-6), memory=0.5)  # 0.1 us per operation
+    assert ordered(history, TH)
+    history.update(_stats(explore_s=2000 * 10e-6), memory=0.5)  # costlier: the graph again
+    assert not ordered(history, TH)
+
+
+def test_auto_walks_cheap_operations_in_order_with_serials_results():
+    events, init = generate("sl", WorkloadSpec(events=20_000, keys=500, abort_ratio=0.1, seed=3))
+    options = dict(executors=2, punctuation_interval=1000, punctuation_ms=None)
+    walked = run_local("sl", events, init, scheduler="morphstream", **options)
+    serial = run_local("sl", events, init, scheduler="serial")
+    assert walked.events.equals(serial.events) and walked.state == serial.state
+    decisions, batches = walked.metrics["decisions"], walked.metrics["batches"]["count"]
+    assert 0 < decisions["explore"]["ordered"] < batches  # the first chunk built its graph
+    assert sum(decisions["explore"].values()) == batches
+    columns = walked.metrics["decision_batches"]
+    walked_failed = [
+        f for e, f in zip(columns["explore"], columns["failed"], strict=True) if e == "ordered"
+    ]
+    assert sum(walked_failed) > 0  # aborts counted in the walk too
+    costly = run_local("sl", events, init, scheduler="morphstream", udf_cost_us=1, **options)
+    assert costly.metrics["decisions"]["explore"]["ordered"] == 0
+
+
 def test_auto_decides_from_the_measured_graph_of_each_batch():
+    # operations of 1 us: a graph pays (cheaper ones are walked in order, above)
     # SL has no parametric reads: coarse units, no edges between them, one stratum
     sl = _decisions("sl", WorkloadSpec(events=3000, keys=500, seed=1))
     assert sl["decisions"]["granularity"]["coarse"] == 3 and sl["decisions"]["explore"]["bfs"] == 3
@@ -127,7 +159,7 @@ def test_auto_decides_from_the_measured_graph_of_each_batch():
     gs = _decisions("gs", WorkloadSpec(events=3000, keys=500, deps=4, seed=1))
     assert gs["decisions"]["granularity"]["fine"] == 3
     assert all(c > 0 for c in gs["decision_batches"]["cross"])
-    # many failures on cheap operations: lazy, and what they cost is measured
+    # many failures: lazy, and what they cost is measured
     aborts = _decisions("sl", WorkloadSpec(events=4000, keys=500, abort_ratio=0.5, seed=1))
     assert aborts["decisions"]["abort"] == {"eager": 0, "lazy": 4}
     assert all(f > 0 for f in aborts["decision_batches"]["failed"])

@@ -33,6 +33,7 @@ def _signatures() -> dict[str, int]:
         ("morphstream", {"explore": "bfs", "granularity": "coarse", "abort": "lazy"}),
         ("morphstream", {"explore": "dfs", "granularity": "fine", "abort": "eager"}),
         ("morphstream", {"explore": "ns", "granularity": "coarse", "abort": "eager"}),
+        ("morphstream", {}),  # auto: cheap operations, chunks walked in order after the first
     ],
 )
 def test_no_kernel_is_loaded_after_warm_up(monkeypatch, scheduler, options):

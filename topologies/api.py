@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from txstream.errors import SchemaError, TopologyError
-from txstream.state._kernels import CALLED, VALUE, Udf
+from txstream.state._kernels import CALLED, VALUE, Udf, compile_for
 from txstream.state._numba import USER_SIG
 from txstream.state.layout import Layout
 from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE, Ops
@@ -57,6 +57,7 @@ _EVERY = np.zeros(0, bool)
 """No ``where`` mask, for the validation kernels: every event."""
 _NO_ROWS = np.zeros(0, np.int64)
 """No list offsets, for the validation kernels: a plain column."""
+_EVERY.flags.writeable = _NO_ROWS.flags.writeable = False  # as the kernels take arrays
 
 
 # ---------------------------------------------------------------- tables
@@ -284,7 +285,8 @@ class EventShare:
                     self.reject(self._where(where) & ~self.present(name), reason)
             elif column.null_count:
                 code = self.topology.reason_code(reason)
-                reject_unset(_valid_bits(column), self._mask(where), self.reason, code)
+                valid = _readonly(_valid_bits(column))
+                reject_unset(valid, self._mask(where), self.reason, code)
 
     def require_between(
         self, name: str, low: int, high: int | None, where: np.ndarray | None = None
@@ -308,7 +310,9 @@ class EventShare:
             offsets, values = lst.offsets, lst.values
         else:
             offsets, values = _NO_ROWS, self.int(name)
-        reject_outside(offsets, values, low, high, self._mask(where), self.reason, code)
+        reject_outside(
+            _readonly(offsets), _readonly(values), low, high, self._mask(where), self.reason, code
+        )
 
     def require_kind(self) -> None:
         """Reject events whose ``kind`` is null or not one of the topology's kinds."""
@@ -322,7 +326,28 @@ class EventShare:
 
     def _mask(self, where: np.ndarray | None) -> np.ndarray:
         """``where`` as the validation kernels take it (empty: every event)."""
-        return _EVERY if where is None else np.ascontiguousarray(where, bool)
+        return _EVERY if where is None else _readonly(np.ascontiguousarray(where, bool))
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    """A read-only view: what the validation kernels read is passed read-only, whether
+    it was Arrow's memory (read-only) or a copy, so that each is compiled for one
+    signature, the one the team's warm-up loads (`compile_validation`)."""
+    if not array.flags.writeable:
+        return array
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def compile_validation() -> None:
+    """Compile (or load from numba's cache) the validation kernels for the arguments
+    `EventShare` passes them, before a run: an empty share reaches neither a null field
+    nor every kind of column (`txstream.state._kernels.compile_for`)."""
+    ints, flags = _readonly(np.zeros(1, np.int64)), _readonly(np.zeros(1, bool))
+    reason = np.zeros(1, np.int32)
+    compile_for(reject_outside, ints, ints, 0, 0, flags, reason, 0)
+    compile_for(reject_unset, _readonly(np.zeros(1, np.uint8)), flags, reason, 0)
 
 
 # ---------------------------------------------------------------- operations
