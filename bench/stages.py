@@ -66,14 +66,20 @@ def one_pass(events_file: Path, run: Plan, state: SharedState, chunk_events: int
     batches = ArrowSource(events_file).iter_batches(chunk_events)
     try:
         while True:
-            t0 = clock()
-            batch = next(batches, None)
             t1 = clock()
-            seconds["read"] += t1 - t0
-            if batch is None:
+            while punctuator.pending < chunk_events:  # the source reads smaller batches
+                t0 = clock()
+                batch = next(batches, None)
+                t1 = clock()
+                seconds["read"] += t1 - t0
+                if batch is None:
+                    break
+                for piece in conform_events(batch, topology.event_schema).to_batches():
+                    punctuator.add(piece, time.time())
+                seconds["punctuate"] += clock() - t1
+                t1 = clock()
+            if not punctuator.pending:
                 break
-            for piece in conform_events(batch, topology.event_schema).to_batches():
-                punctuator.add(piece, time.time())
             punctuator.punctuate()
             chunk = punctuator.take(chunk_events)
             t2 = clock()
