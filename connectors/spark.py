@@ -43,6 +43,7 @@ from txstream.monitor.logs import level_number
 
 if TYPE_CHECKING:  # pyspark is imported only when Spark is used
     from py4j.java_gateway import JavaObject
+    from pyspark import SparkConf
     from pyspark.sql import DataFrame, SparkSession
 
 _OPENED_PACKAGES = """
@@ -124,20 +125,55 @@ def _java_major(java: str) -> int | None:
     return int(found[2] or 0) if found[1] == "1" else int(found[1])
 
 
-def ray_job_config() -> JobConfig:
-    """The job config `ray.init` must get so that RayDP's Java workers start on Java 17."""
-    return JobConfig(jvm_options=[*JVM_OPTIONS, *_NO_VERIFY, _NO_PERF_DATA, _QUICK_JIT])
+def ray_job_config(java_options: Sequence[str] = ()) -> JobConfig:
+    """The job config `ray.init` must get for Spark on Ray: the flags RayDP's Java workers
+    need on Java 17, the class archive, and the class path of Spark's JVMs
+    (`spark_class_path`), with which `spark_session` starts RayDP's app master as a Java
+    actor of this job (`_AppMaster`); then ``java_options``. Every Java worker of the job
+    (the app master, Spark's executors) gets them."""
+    return JobConfig(
+        jvm_options=[
+            *JVM_OPTIONS,
+            *_NO_VERIFY,
+            _NO_PERF_DATA,
+            _QUICK_JIT,
+            *_archive_flags(),
+            "-cp",
+            spark_class_path(),
+            *java_options,
+        ]
+    )
+
+
+def spark_class_path() -> str:
+    """The class path of Spark's JVMs on Ray, as RayDP gives its app master (RayDP's jars,
+    Spark's, Ray's; the class archive is made for it): found without importing RayDP or
+    pyspark, so that it is known before Ray starts."""
+    import glob
+    from importlib.util import find_spec
+
+    def jars(package: str, home: str | None = None) -> str:
+        if home is None:
+            spec = find_spec(package)
+            if spec is None or not spec.submodule_search_locations:
+                raise UsageError(f"Spark input needs the Python package {package}")
+            home = list(spec.submodule_search_locations)[0]
+        return os.path.abspath(os.path.join(home, "jars/*"))
+
+    spark = jars("pyspark", os.environ.get("SPARK_HOME") or None)
+    return ":".join([*glob.glob(jars("raydp")), spark, *glob.glob(jars("ray", ray.__path__[0]))])
 
 
 @contextmanager
-def ray_for_spark() -> Iterator[None]:
+def ray_for_spark(java_options: Sequence[str] = ()) -> Iterator[None]:
     """Ray for a program that uses Spark through RayDP (then `spark_session`): the Ray
     already initialised, or the one at ``$RAY_ADDRESS``, or a local Ray with the job config
-    Spark needs (`ray_job_config`), whose session folder is private and removed at the
-    end (``ray.init`` would leave ~40 MB in ``/tmp/ray/session_*``), of whose own records
-    only errors show, and whose workers' output (Spark's JVMs log on stdout) stays in its
-    logs instead of mixing with the program's."""
-    with ray_session(job_config=ray_job_config(), logging_level=logging.ERROR, log_to_driver=False):
+    Spark needs (`ray_job_config`, with ``java_options``), whose session folder is private
+    and removed at the end (``ray.init`` would leave ~40 MB in ``/tmp/ray/session_*``), of
+    whose own records only errors show, and whose workers' output (Spark's JVMs log on
+    stdout) stays in its logs instead of mixing with the program's."""
+    config = ray_job_config(java_options)
+    with ray_session(job_config=config, logging_level=logging.ERROR, log_to_driver=False):
         yield
 
 
@@ -149,7 +185,7 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.follow = true
 appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss.SSS} %p %c{1}: %m%n%ex
 rootLogger.level = LEVEL
 rootLogger.appenderRef.console.ref = console
 """
@@ -180,7 +216,9 @@ def spark_session(
     gives its own level and sends stderr to its log; in a Python program, Spark's warnings
     about task sizes or streaming options would be all the user sees of it). Every JVM
     maps this installation's class archive if it has one
-    (`txstream.connectors.spark_classes`) and gets ``java_options`` last.
+    (`txstream.connectors.spark_classes`); the driver and the executors get
+    ``java_options`` last (RayDP's app master, when started as a Java actor of this job,
+    `_AppMaster`, those of the job only).
     """
     active = _active_session()
     if active is not None:
@@ -192,10 +230,14 @@ def spark_session(
     if not ray.is_initialized():
         raise UsageError("start Ray (with job_config=ray_job_config()) before Spark")
     level_number(log_level)  # an unknown level is refused before anything starts
-    import raydp
-
     console = console or Console(enabled=False)
     with ExitStack() as stack:
+        starting = stack.enter_context(ExitStack())  # the phase, closed once Spark runs
+        starting.enter_context(console.phase("starting Spark"))
+        # the app master's JVM starts first, then everything else while it does
+        master = _AppMaster.start() if _AppMaster.possible() else None
+        if master is not None:
+            stack.callback(master.stop)
         folder = stack.enter_context(scratch("spark"))
         libraries = JavaDriverLibraries()
         stack.callback(libraries.remove)
@@ -230,26 +272,203 @@ def spark_session(
         name, fetcher = _start_fetcher()  # its process starts while Spark does
         stack.callback(ray.kill, fetcher)
         try:
-            with console.phase("starting Spark"), _driver_launched_early():
-                cores = _executor_cores()
-                # not fault-tolerant: the driver JVM does not join Ray as a Java driver, which
-                # RayDP's own staging (`ray.data.from_spark`) needs, and its agent that computes
-                # a lost block again (an executor restarted mid-read: the read fails instead),
-                # so it neither starts Ray nor stops it (Ray.shutdown: 0.26 s of Spark's stop)
-                session = raydp.init_spark(
-                    app_name, 1, cores, executor_memory, fault_tolerant_mode=False, configs=configs
-                )
-                session.sparkContext.setLogLevel(_LOG4J_LEVELS[log_level])  # pyspark's is WARN
-                app = session.sparkContext.applicationId
-                _FETCHERS[app] = name, fetcher
-                stack.callback(_FETCHERS.pop, app)
-                ray.get(fetcher.ready.remote())
+            cores = _executor_cores()
+            if master is not None:
+                session = master.session(app_name, cores, executor_memory, configs)
+            else:
+                import raydp
+
+                with _driver_launched_early():
+                    # not fault-tolerant: the driver JVM does not join Ray as a Java driver,
+                    # which RayDP's own staging (`ray.data.from_spark`) needs, and its agent
+                    # that computes a lost block again (an executor restarted mid-read: the
+                    # read fails instead), so it neither starts Ray nor stops it
+                    # (Ray.shutdown: 0.26 s of Spark's stop)
+                    session = raydp.init_spark(
+                        app_name,
+                        1,
+                        cores,
+                        executor_memory,
+                        fault_tolerant_mode=False,
+                        configs=configs,
+                    )
+            session.sparkContext.setLogLevel(_LOG4J_LEVELS[log_level])  # pyspark's is WARN
+            app = session.sparkContext.applicationId
+            _FETCHERS[app] = name, fetcher
+            stack.callback(_FETCHERS.pop, app)
+            ray.get(fetcher.ready.remote())
+            starting.close()
             yield session
         finally:
+            starting.close()
             libraries.note()  # while the JVMs that extracted them still run
             with console.phase("stopping Spark"):
                 _accumulators_stopped_aside()
-                raydp.stop_spark()
+                if master is not None:
+                    master.stop_session()
+                else:
+                    import raydp
+
+                    raydp.stop_spark()
+
+
+class _AppMaster:
+    """RayDP's app master (`RayAppMaster`, Spark's cluster manager on Ray) started as a Java
+    actor of this Ray job, and the Spark session on it.
+
+    `raydp.init_spark` starts it in three steps, one after the other: a Python actor
+    (which imports RayDP and pyspark), a JVM that it launches (which joins Ray as a Java
+    driver, a job of its own), and the `RayAppMaster` actor that this JVM creates, in a
+    Java worker of that job. Created from Python instead, the actor needs only its Java
+    worker: the job's JVM options must give it the class path of Spark's JVMs
+    (`ray_job_config`, checked by `possible`). Its executors are then Java workers of
+    this job too, with the job's options before their own.
+    """
+
+    CLASS = "org.apache.spark.deploy.raydp.RayAppMaster"
+    CONSTRUCTOR = "(Ljava/lang/String;)V"  # RayAppMaster(actorExtraClasspath)
+
+    def __init__(self, actor: ray.actor.ActorHandle, url: ray.ObjectRef):
+        self.actor = actor
+        self._url = url
+        self._session: SparkSession | None = None
+
+    @staticmethod
+    def possible() -> bool:
+        """Whether this Ray job's JVM options give its Java workers Spark's class path."""
+        try:
+            options = list(
+                ray._private.worker.global_worker.core_worker.get_job_config().jvm_options
+            )
+            class_path = spark_class_path()
+        except Exception:  # a Ray client, or no RayDP: RayDP's own way says what is wrong
+            return False
+        return any(
+            a == "-cp" and b == class_path for a, b in zip(options, options[1:], strict=False)
+        )
+
+    @classmethod
+    def start(cls) -> _AppMaster:
+        """Create the actor (its JVM starts now) and ask for its address."""
+        from ray import Language
+        from ray._raylet import JavaFunctionDescriptor
+        from ray.actor import ActorClass
+
+        descriptor = JavaFunctionDescriptor(cls.CLASS, "<init>", cls.CONSTRUCTOR)
+        actor_class = ActorClass._ray_from_function_descriptor(Language.JAVA, descriptor, {})
+        with _cross_language():  # the executors' class path, as RayDP gives it
+            actor = actor_class.options(num_cpus=0).remote(spark_class_path())
+            url = actor.getMasterUrl.remote()
+        return cls(actor, url)
+
+    def session(
+        self, app_name: str, cores: int, executor_memory: str, configs: dict[str, str]
+    ) -> SparkSession:
+        """The Spark session (driver) on this master, with RayDP's driver configs (its
+        class path and agent) added to ``configs``: the driver JVM is launched at once,
+        its SparkContext created once the master has its address."""
+        from pyspark import SparkConf
+        from pyspark.sql import SparkSession
+
+        configs = _driver_configs(configs, cores, executor_memory)
+        conf = SparkConf(loadDefaults=False).setAll(list(configs.items()))
+        launch = threading.Thread(target=_launch_driver, args=(conf,), daemon=True)
+        launch.start()
+        try:
+            url = ray.get(self._url)
+        finally:
+            launch.join()
+        builder = SparkSession.builder
+        for key, value in configs.items():
+            builder = builder.config(key, value)
+        self._session = builder.appName(app_name).master(url).getOrCreate()
+        return self._session
+
+    def stop_session(self) -> None:
+        """Stop the Spark session (its executors end with it)."""
+        from pyspark.sql import SparkSession
+
+        if self._session is not None:
+            self._session.stop()
+            self._session = None
+        options = getattr(SparkSession.builder, "_options", None)
+        if isinstance(options, dict):  # the builder's options outlive the session
+            options.clear()
+
+    def stop(self) -> None:
+        """Kill the actor (with it the executors it created, which it owns)."""
+        try:
+            ray.kill(self.actor, no_restart=True)
+        except Exception:  # Ray already gone
+            pass
+
+
+def _driver_configs(configs: dict[str, str], cores: int, executor_memory: str) -> dict[str, str]:
+    """``configs`` with those RayDP gives Spark's driver for one executor of ``cores`` and
+    ``executor_memory`` (`SparkCluster._prepare_spark_configs` of RayDP 1.6, whose module
+    would import RayDP, and with it Ray Data: 0.3 s): the executors' size, the driver's
+    address, RayDP's agent, its log4j settings and the class path of Spark's JVMs."""
+    import glob
+
+    raydp_jars = os.path.dirname(spark_class_path().split(":", 1)[0])
+    agent = glob.glob(os.path.join(raydp_jars, "raydp-agent*.jar"))[0]
+    configs = dict(configs)
+    configs["spark.executor.instances"] = "1"
+    configs["spark.executor.cores"] = str(cores)
+    configs["spark.executor.memory"] = executor_memory
+    if "spark.driver.host" not in configs:
+        configs["spark.driver.host"] = configs["spark.driver.bindAddress"] = str(
+            ray.util.get_node_ip_address()
+        )
+    configs["spark.javaagent"] = agent
+    configs["spark.ray.log4j.factory.class"] = "log4j2"
+    configs.setdefault(
+        "spark.log4j.config.file.name",
+        os.environ.get("SPARK_LOG4J_CONFIG_FILE_NAME", "log4j2-default.properties"),
+    )
+    configs.setdefault(
+        "spark.ray.log4j.config.file.name",
+        os.environ.get("RAY_LOG4J_CONFIG_FILE_NAME", "log4j2.xml"),
+    )
+    class_path = spark_class_path()
+    if configs.get("spark.driver.extraClassPath"):
+        class_path = f"{configs['spark.driver.extraClassPath']}:{class_path}"
+    configs["spark.driver.extraClassPath"] = class_path
+    agent_options = (
+        f"-javaagent:{agent} -Dspark.ray.log4j.factory.class=log4j2 "
+        f"-Dlog4j2.configurationFile={configs['spark.log4j.config.file.name']}"
+    )
+    driver_options = configs.get("spark.driver.extraJavaOptions", "")
+    configs["spark.driver.extraJavaOptions"] = (
+        f"{driver_options} {agent_options}" if driver_options else agent_options
+    )
+    return configs
+
+
+@contextmanager
+def _cross_language() -> Iterator[None]:
+    """Ray's Python refuses calls to Java unless the driver loads its code from local
+    modules (a job with a code search path), a flag it checks only when it formats such a
+    call's arguments; set for those calls only, as this driver's Python functions are
+    exported to the workers otherwise."""
+    worker = ray._private.worker.global_worker
+    before = worker.load_code_from_local
+    worker.set_load_code_from_local(True)
+    try:
+        yield
+    finally:
+        worker.set_load_code_from_local(before)
+
+
+def _launch_driver(conf: SparkConf) -> None:
+    """Launch Spark's driver JVM (pyspark's gateway) with ``conf``; if that fails,
+    creating the SparkContext launches it again and says why."""
+    from pyspark.context import SparkContext
+
+    try:
+        SparkContext._ensure_initialized(conf=conf)  # under pyspark's own lock
+    except Exception:
+        logging.getLogger(__name__).debug("early launch of Spark's driver failed")
 
 
 @contextmanager
@@ -266,16 +485,10 @@ def _driver_launched_early() -> Iterator[None]:
     set_up_master = SparkCluster._set_up_master
     launches: list[threading.Thread] = []
 
-    def launch(conf: SparkConf) -> None:
-        try:
-            SparkContext._ensure_initialized(conf=conf)  # under pyspark's own lock
-        except Exception:  # init_spark launches it again, and reports what fails
-            logging.getLogger(__name__).debug("early launch of Spark's driver failed")
-
     def set_up_master_and_driver(cluster: SparkCluster, *args: object, **kwargs: object):
         if SparkContext._gateway is None:
             conf = SparkConf(loadDefaults=False).setAll(list(cluster._configs.items()))
-            launches.append(threading.Thread(target=launch, args=(conf,), daemon=True))
+            launches.append(threading.Thread(target=_launch_driver, args=(conf,), daemon=True))
             launches[-1].start()
         return set_up_master(cluster, *args, **kwargs)
 

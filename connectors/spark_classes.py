@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from txstream.connectors.spark import CLASS_ARCHIVE as ARCHIVE
-from txstream.connectors.spark import SparkSource, ray_for_spark, spark_session
+from txstream.connectors.spark import SparkSource, ray_for_spark, spark_class_path, spark_session
 from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 
 CLASS_PATH = ARCHIVE.with_suffix(".classpath")
@@ -106,8 +106,8 @@ def _train(folder: Path) -> tuple[set[str], str]:
     logs = folder / "logs"
     logs.mkdir()
     log_flag = f"-Xlog:class+load=info:file={logs}/%p.log"
-    with ray_for_spark(), spark_session(java_options=[log_flag]):
-        class_path = _spark_class_path()
+    with ray_for_spark(java_options=[log_flag]), spark_session(java_options=[log_flag]):
+        class_path = spark_class_path()
         with SparkSource(folder / "input" / "events.parquet", partition_rows=1 << 17) as source:
             for _batch in source.iter_batches(1 << 16):
                 pass
@@ -115,7 +115,7 @@ def _train(folder: Path) -> tuple[set[str], str]:
     classes = set().union(
         *(class_names(log.read_text(errors="replace")) for log in logs.glob("*.log"))
     )
-    if not classes or class_path is None:
+    if not classes:
         raise RuntimeError("Spark's JVMs logged no classes")
     return classes, class_path
 
@@ -129,32 +129,6 @@ def class_names(log: str) -> set[str]:
         if "$$Lambda" not in found[1]:
             names.add(found[1].replace(".", "/"))
     return names
-
-
-def _spark_class_path() -> str | None:
-    """The class path of RayDP's app master JVM (a child of some process of this run):
-    the one all of Spark's JVMs start with."""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if "org.apache.spark.deploy.raydp.AppMasterEntryPoint" in args and "-cp" in args:
-            if _descends_from(int(cmdline.parent.name), os.getpid()):
-                return args[len(args) - 1 - args[::-1].index("-cp") + 1]
-    return None
-
-
-def _descends_from(pid: int, ancestor: int) -> bool:
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return False
-        pid = int(stat.rsplit(")", 1)[1].split()[1])
-    return False
 
 
 @contextmanager

@@ -63,10 +63,11 @@ def ray_cluster():
     (for test topologies)."""
     from ray.job_config import JobConfig
     from txstream.cluster.ray_runtime import ray_session
-    from txstream.connectors.spark import JVM_OPTIONS
+    from txstream.connectors.spark import ray_job_config
 
     job_config = JobConfig(
-        jvm_options=list(JVM_OPTIONS), runtime_env={"env_vars": {"PYTHONPATH": str(TESTS)}}
+        jvm_options=ray_job_config().jvm_options,
+        runtime_env={"env_vars": {"PYTHONPATH": str(TESTS)}},
     )
     with ray_session(job_config=job_config, log_to_driver=False):
         yield

@@ -263,7 +263,9 @@ def test_default_run_goes_through_spark_on_its_own_ray(tmp_path):
     assert bar.endswith(rate) and f"= {metrics['throughput_eps']:,.0f} events/s" in proc.stdout
     assert sum(metrics["timeline"]["events"]) == 5000  # every event in the per-second series
     assert main(["report", str(out)]) == 0 and (out / "report.html").is_file()
-    assert any("/ray/" in str(p) for p in proc.held) and any("txs-" in str(p) for p in proc.held)
+    assert any("txs-" in str(p) for p in proc.held)
+    # no JVM joined Ray as a Java driver, which extracts Ray's native library to /tmp/ray
+    assert not any("/ray/" in str(p) for p in proc.held)
     assert proc.left == []
     assert "starting Spark: done in" in (out / "_logs" / "txstream.log").read_text()
     assert not txstream_segments(proc.pid)

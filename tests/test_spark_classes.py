@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 from txstream.connectors import spark
-from txstream.connectors.spark_classes import _descends_from, class_names
+from txstream.connectors.spark_classes import class_names
 
 LOG = "\n".join(
     "[0.1s][info][class,load] " + line
@@ -54,6 +54,31 @@ def test_a_broken_archive_is_ignored(tmp_path, content):
     assert "archive" not in (run.stdout + run.stderr).lower()
 
 
-def test_descends_from():
-    assert _descends_from(os.getpid(), os.getppid())
-    assert not _descends_from(os.getppid(), os.getpid())
+def test_the_class_path_is_the_one_raydp_gives_its_app_master():
+    """The class archive is made for it, and Java workers get it from the job's options."""
+    from raydp.spark.ray_cluster_master import RayDPSparkMaster
+
+    master = RayDPSparkMaster.__ray_metadata__.modified_class
+    bare = master.__new__(master)
+    bare._configs = {}
+    class_path = os.pathsep.join(bare._prepare_jvm_classpath())
+    assert spark.spark_class_path() == class_path
+    options = spark.ray_job_config(["-Dx=1"]).jvm_options
+    assert options[options.index("-cp") + 1] == class_path
+    assert options[-1] == "-Dx=1"
+
+
+def test_the_driver_gets_the_configs_raydp_gives_it():
+    """Without RayDP's app master actor, the driver's configs are RayDP's all the same."""
+    from raydp.spark.ray_cluster import SparkCluster
+
+    base = {
+        "spark.log4j.config.file.name": "/x/log4j2.properties",
+        "spark.driver.extraJavaOptions": "-Da=1",
+        "spark.local.dir": "/y",
+    }
+    cluster = SparkCluster.__new__(SparkCluster)
+    cluster._num_executors, cluster._executor_cores = 1, 2
+    cluster._executor_memory, cluster._configs = "1g", dict(base)
+    cluster._prepare_spark_configs()
+    assert spark._driver_configs(base, 2, "1g") == cluster._configs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -246,3 +247,55 @@ def test_a_row_group_is_handed_over_in_chunks(spark, tmp_path):
         chunks = [partition_table(ray.get(ref), source.schema)[0] for ref in source.partitions()]
     assert [chunk.num_rows for chunk in chunks] == [10_000] * 4
     assert pa.concat_tables(chunks).column("event_id").to_pylist() == list(range(rows))
+
+
+def test_the_app_master_is_a_java_actor_of_this_job(spark):
+    """On a Ray started with `ray_job_config`, no Python actor and no JVM of RayDP's own
+    stand between Ray and Spark's app master."""
+    from pathlib import Path
+
+    from txstream.cluster.scratch import descendants
+    from txstream.connectors.spark import _AppMaster
+
+    assert _AppMaster.possible()
+    gateways = []
+    for pid in descendants(os.getpid()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"AppMasterEntryPoint" in cmdline:
+            gateways.append(pid)
+    assert gateways == []
+
+
+FALLBACK = """
+import logging, sys
+import pyarrow as pa, pyarrow.parquet as pq
+from ray.job_config import JobConfig
+from txstream.cluster.ray_runtime import ray_session
+from txstream.connectors.spark import JVM_OPTIONS, SparkSource, _AppMaster, spark_session
+
+pq.write_table(pa.table({"x": list(range(1000))}), sys.argv[1])
+with ray_session(job_config=JobConfig(jvm_options=list(JVM_OPTIONS)), log_to_driver=False):
+    assert not _AppMaster.possible()
+    with spark_session() as session, SparkSource(sys.argv[1]) as source:
+        rows = sum(batch.num_rows for batch in source.iter_batches(100))
+print(rows)
+"""
+
+
+def test_a_ray_without_sparks_class_path_starts_spark_through_raydp(tmp_path):
+    """A Ray started without `ray_job_config` (the user's): RayDP starts its app master
+    its own way, through a Python actor and a JVM of its own."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", FALLBACK, str(tmp_path / "x.parquet")],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1000"]
