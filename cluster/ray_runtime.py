@@ -80,6 +80,7 @@ def ray_session(
             with (
                 phase("starting Ray"),
                 _lean_head(),
+                _lean_worker_setup(),
                 _registration_polled(),
                 _environment(QUICK_CONNECT),
             ):
@@ -163,6 +164,33 @@ def _lean_head() -> Iterator[None]:
         yield
     finally:
         Node.start_monitor, Node.start_api_server = start_monitor, start_api_server
+
+
+@contextmanager
+def _lean_worker_setup() -> Iterator[None]:
+    """While ``ray.init`` starts a local Ray, its raylet is given `txstream.cluster.
+    worker_setup` to start its workers through instead of Ray's own setup script, which
+    imports Ray first: ~0.5 s before each Java worker's JVM starts (RayDP's app master,
+    then Spark's executor, one after the other on the way to Spark's first event), and
+    ~0.5 CPU-s for every Python worker, two of which start with Ray."""
+    import inspect
+
+    from ray._private import services
+    from txstream.cluster import worker_setup
+
+    start_raylet = services.start_raylet
+    signature = inspect.signature(start_raylet)
+
+    def lean_setup(*args: object, **kwargs: object) -> object:
+        bound = signature.bind(*args, **kwargs)
+        bound.arguments["setup_worker_path"] = worker_setup.__file__
+        return start_raylet(*bound.args, **bound.kwargs)
+
+    services.start_raylet = lean_setup
+    try:
+        yield
+    finally:
+        services.start_raylet = start_raylet
 
 
 REGISTRATION_POLL_S = 0.02
