@@ -232,75 +232,46 @@ def spark_session(
     level_number(log_level)  # an unknown level is refused before anything starts
     console = console or Console(enabled=False)
     with ExitStack() as stack:
-        starting = stack.enter_context(ExitStack())  # the phase, closed once Spark runs
-        starting.enter_context(console.phase("starting Spark"))
-        # the app master's JVM starts first, then everything else while it does
-        master = _AppMaster.start() if _AppMaster.possible() else None
-        if master is not None:
-            stack.callback(master.stop)
-        folder = stack.enter_context(scratch("spark"))
         libraries = JavaDriverLibraries()
         stack.callback(libraries.remove)
-        log4j = folder / "log4j2.properties"
-        log4j.write_text(_LOG4J_CONFIG.replace("LEVEL", _LOG4J_LEVELS[log_level]))
-        flags = " ".join(
-            [
-                *JVM_OPTIONS,
-                *_NO_VERIFY,
-                _NO_PERF_DATA,
-                _QUICK_JIT,
-                *_archive_flags(),
-                f"-Djava.io.tmpdir={folder}",
-                *java_options,
-            ]
-        )
-        # RayDP's agent in the driver logs to ray.logging.dir, by default the logs of
-        # whichever Ray session is the latest in /tmp/ray (not necessarily this one)
-        logs = ray._private.worker._global_node.get_logs_dir_path()
-        python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        configs = {
-            "spark.ray.raydp_app_master.extraJavaOptions": flags,
-            "spark.executor.extraJavaOptions": flags,
-            "spark.driver.extraJavaOptions": f"{flags} -Dray.logging.dir={logs}",
-            "spark.local.dir": str(folder),
-            "spark.log4j.config.file.name": str(log4j),
-            "spark.pyspark.python": python,
-            "spark.executorEnv.PYSPARK_PYTHON": python,
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-        }
-        name, fetcher = _start_fetcher()  # its process starts while Spark does
-        stack.callback(ray.kill, fetcher)
+        master: _AppMaster | None = None
         try:
-            cores = _executor_cores()
-            if master is not None:
-                session = master.session(app_name, cores, executor_memory, configs)
-            else:
-                import raydp
+            with console.phase("starting Spark"):
+                # the app master's JVM starts first, then everything else while it does
+                master = _AppMaster.start() if _AppMaster.possible() else None
+                if master is not None:
+                    stack.callback(master.stop)
+                folder = stack.enter_context(scratch("spark"))
+                configs = _configs(folder, log_level, java_options)
+                name, fetcher = _start_fetcher()  # its process starts while Spark does
+                stack.callback(ray.kill, fetcher)
+                cores = _executor_cores()
+                if master is not None:
+                    session = master.session(app_name, cores, executor_memory, configs)
+                else:
+                    import raydp
 
-                with _driver_launched_early():
-                    # not fault-tolerant: the driver JVM does not join Ray as a Java driver,
-                    # which RayDP's own staging (`ray.data.from_spark`) needs, and its agent
-                    # that computes a lost block again (an executor restarted mid-read: the
-                    # read fails instead), so it neither starts Ray nor stops it
-                    # (Ray.shutdown: 0.26 s of Spark's stop)
-                    session = raydp.init_spark(
-                        app_name,
-                        1,
-                        cores,
-                        executor_memory,
-                        fault_tolerant_mode=False,
-                        configs=configs,
-                    )
-            session.sparkContext.setLogLevel(_LOG4J_LEVELS[log_level])  # pyspark's is WARN
-            app = session.sparkContext.applicationId
-            _FETCHERS[app] = name, fetcher
-            stack.callback(_FETCHERS.pop, app)
-            ray.get(fetcher.ready.remote())
-            starting.close()
+                    with _driver_launched_early():
+                        # not fault-tolerant: the driver JVM does not join Ray as a Java
+                        # driver, which RayDP's own staging (`ray.data.from_spark`) needs,
+                        # and its agent that computes a lost block again (an executor
+                        # restarted mid-read: the read fails instead), so it neither starts
+                        # Ray nor stops it (Ray.shutdown: 0.26 s of Spark's stop)
+                        session = raydp.init_spark(
+                            app_name,
+                            1,
+                            cores,
+                            executor_memory,
+                            fault_tolerant_mode=False,
+                            configs=configs,
+                        )
+                session.sparkContext.setLogLevel(_LOG4J_LEVELS[log_level])  # pyspark's: WARN
+                app = session.sparkContext.applicationId
+                _FETCHERS[app] = name, fetcher
+                stack.callback(_FETCHERS.pop, app)
+                ray.get(fetcher.ready.remote())
             yield session
         finally:
-            starting.close()
             libraries.note()  # while the JVMs that extracted them still run
             with console.phase("stopping Spark"):
                 _accumulators_stopped_aside()
@@ -310,6 +281,44 @@ def spark_session(
                     import raydp
 
                     raydp.stop_spark()
+
+
+def _configs(folder: Path, log_level: str, java_options: Sequence[str]) -> dict[str, str]:
+    """The Spark configs of `spark_session`: every JVM's flags (the class archive,
+    ``java_options`` last), temporary files in ``folder``, the driver's log4j2 settings
+    at ``log_level``, this interpreter for Python workers, no UI."""
+    log4j = folder / "log4j2.properties"
+    log4j.write_text(_LOG4J_CONFIG.replace("LEVEL", _LOG4J_LEVELS[log_level]))
+    flags = " ".join(
+        [
+            *JVM_OPTIONS,
+            *_NO_VERIFY,
+            _NO_PERF_DATA,
+            _QUICK_JIT,
+            *_archive_flags(),
+            f"-Djava.io.tmpdir={folder}",
+            *java_options,
+        ]
+    )
+    # RayDP's agent in the driver logs to ray.logging.dir, by default the logs of
+    # whichever Ray session is the latest in /tmp/ray (not necessarily this one)
+    logs = ray._private.worker._global_node.get_logs_dir_path()
+    python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return {
+        "spark.ray.raydp_app_master.extraJavaOptions": flags,
+        "spark.executor.extraJavaOptions": flags,
+        "spark.driver.extraJavaOptions": f"{flags} -Dray.logging.dir={logs}",
+        "spark.local.dir": str(folder),
+        "spark.log4j.config.file.name": str(log4j),
+        "spark.pyspark.python": python,
+        "spark.executorEnv.PYSPARK_PYTHON": python,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+    }
+
+
+MASTER_TIMEOUT_S = 300.0
+"""How long RayDP's app master may take to start (its Java worker, its first call)."""
 
 
 class _AppMaster:
@@ -375,7 +384,11 @@ class _AppMaster:
         launch = threading.Thread(target=_launch_driver, args=(conf,), daemon=True)
         launch.start()
         try:
-            url = ray.get(self._url)
+            url = ray.get(self._url, timeout=MASTER_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeFailure(
+                f"Spark's app master did not start within {MASTER_TIMEOUT_S:.0f} s"
+            ) from None
         finally:
             launch.join()
         builder = SparkSession.builder
