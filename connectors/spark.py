@@ -69,6 +69,12 @@ cores from everything else while they start (side by side on 2 shared cores, 1M 
 events: Spark's start 22 s instead of 33 s, staging 3.7 s instead of 6.2 s, conversion
 unchanged at 14 s)."""
 
+_NO_LOG4J_JMX = "-Dlog4j2.disable.jmx=true"
+"""log4j2 does not register its MBeans, for which it creates the platform's MBean server
+as it configures itself, in each JVM (a JVM with Spark's class path initialising slf4j:
+193-216 -> 155-167 ms, 3 runs each; the quick start's first converted chunk ~0.15-0.2 s
+sooner, docs/performance.md)."""
+
 CLASS_ARCHIVE = Path(sys.prefix) / "share" / "txstream" / "spark-classes.jsa"
 """The class data sharing archive of Spark's JVMs, in this installation's prefix (the
 virtualenv): ``./setup`` makes it (`txstream.connectors.spark_classes`)."""
@@ -137,6 +143,7 @@ def ray_job_config(java_options: Sequence[str] = ()) -> JobConfig:
             *_NO_VERIFY,
             _NO_PERF_DATA,
             _QUICK_JIT,
+            _NO_LOG4J_JMX,
             *_archive_flags(),
             "-cp",
             spark_class_path(),
@@ -295,6 +302,7 @@ def _configs(folder: Path, log_level: str, java_options: Sequence[str]) -> dict[
             *_NO_VERIFY,
             _NO_PERF_DATA,
             _QUICK_JIT,
+            _NO_LOG4J_JMX,
             *_archive_flags(),
             f"-Djava.io.tmpdir={folder}",
             *java_options,
