@@ -101,6 +101,7 @@ class ProgressController:
         self._dispatching = True
         self._received = 0
         self._failure: BaseException | None = None
+        self._reaper_cpu_s = 0.0  # the reaper thread's CPU, counted with the dispatch loop's
         punctuation_s = None if config.punctuation_ms is None else config.punctuation_ms / 1e3
         self._punctuator = Punctuator(config.punctuation_interval, punctuation_s, start_ts)
         self._checkpoints = CheckpointBuffer.attach(checkpoints) if checkpoints else None
@@ -157,7 +158,7 @@ class ProgressController:
         its reaper run there (as threads: the calling thread is pinned)."""
         if cpus:
             os.sched_setaffinity(0, cpus)
-        cpu_start = time.process_time()
+        cpu_start = time.thread_time()  # this thread's and the reaper's: not the team's
         reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         reaper.start()
         try:
@@ -178,7 +179,7 @@ class ProgressController:
         return {
             "events": p.ts,
             "executors": executors,
-            "cpu_s": round(time.process_time() - cpu_start, 3),
+            "cpu_s": round(time.thread_time() - cpu_start + self._reaper_cpu_s, 3),
             "chunks": {
                 "count": len(self._chunk_sizes),
                 "events_p50": int(np.median(sizes)),
@@ -283,6 +284,13 @@ class ProgressController:
         self._seq += 1
 
     def _reap(self) -> None:
+        """`_reap_in_order` on the reaper thread, whose CPU it then records."""
+        try:
+            self._reap_in_order()
+        finally:
+            self._reaper_cpu_s = time.thread_time()
+
+    def _reap_in_order(self) -> None:
         """Wait for the chunks in flight in order; measure the team's service rate; keep
         the first failure (its root cause, not a peer's PeerFailed)."""
         previous_end = 0.0

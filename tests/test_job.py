@@ -131,6 +131,17 @@ def test_unknown_options_are_usage_errors():
         Job("nope")
 
 
+def test_feeders_cpu_is_their_own_not_the_teams():
+    """The ProgressController's and the Sink's CPU in metrics is their threads' own: the
+    executor, busy 50 us per state access in the same process, is not counted."""
+    events, init = _sl_tables(4000)
+    metrics = Job("sl", udf_cost_us=50, progress=False).run(events, init).metrics
+    busy_s = 4000 * 50e-6  # at least one state access per event
+    assert metrics["seconds"] > busy_s
+    assert metrics["cpu_s"]["progress_controller"] < busy_s / 2
+    assert metrics["cpu_s"]["sink"] < busy_s / 2
+
+
 def test_serial_on_several_executors_keeps_chunk_order(monkeypatch, capsys):
     """Chunks go to several executors; serial must still run them one after the other.
     More executors than usable cores is a warning that says what it costs."""
