@@ -431,7 +431,8 @@ def _driver_configs(configs: dict[str, str], cores: int, executor_memory: str) -
     address, RayDP's agent, its log4j settings and the class path of Spark's JVMs."""
     import glob
 
-    raydp_jars = os.path.dirname(spark_class_path().split(":", 1)[0])
+    class_path = spark_class_path()
+    raydp_jars = os.path.dirname(class_path.split(":", 1)[0])
     agent = glob.glob(os.path.join(raydp_jars, "raydp-agent*.jar"))[0]
     configs = dict(configs)
     configs["spark.executor.instances"] = "1"
@@ -451,7 +452,6 @@ def _driver_configs(configs: dict[str, str], cores: int, executor_memory: str) -
         "spark.ray.log4j.config.file.name",
         os.environ.get("RAY_LOG4J_CONFIG_FILE_NAME", "log4j2.xml"),
     )
-    class_path = spark_class_path()
     if configs.get("spark.driver.extraClassPath"):
         class_path = f"{configs['spark.driver.extraClassPath']}:{class_path}"
     configs["spark.driver.extraClassPath"] = class_path

@@ -17,13 +17,16 @@ in the chunk's per-transaction arrays.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-from txstream.errors import UsageError
+from txstream.errors import RuntimeFailure, UsageError
 from txstream.monitor.metrics import Breakdown
+from txstream.schedulers._kernels import ABORT_NS, run_transactions
 from txstream.schedulers.team.member import Member
+from txstream.state._kernels import SET_FULL_MESSAGE, undo_log
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims, chunk_layout
 from txstream.state.operations import OperationShare
 from txstream.state.segments import GROWTH, RESERVED_BYTES, ArraySpec, SegmentLayout
@@ -113,6 +116,26 @@ class Scheduler(ABC):
         self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """This executor's part of transactions ``begin..end-1`` (one punctuation batch)."""
+
+    def run_in_order(
+        self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
+    ) -> int:
+        """Transactions ``begin..end-1`` one by one in ts order with serial's kernel, on
+        this executor alone; the nanoseconds it took, counted in ``breakdown`` as useful
+        but for the aborts' rollbacks."""
+        waited = np.zeros(ABORT_NS + 1, np.int64)
+        started = time.perf_counter_ns()
+        error = run_transactions(
+            *(begin, end, ops.arrays, self.state.arrays, self.udf),
+            np.empty(max(1, ops.max_reads), np.int64),
+            *(undo_log(ops.max_txn_ops), chunk.outcomes, waited),
+        )
+        spent = time.perf_counter_ns() - started
+        if error:
+            raise RuntimeFailure(SET_FULL_MESSAGE)
+        breakdown.useful += (spent - waited[ABORT_NS]) / 1e9
+        breakdown.abort += waited[ABORT_NS] / 1e9
+        return spent
 
     def batches_in_step(self) -> bool:
         """Whether the team waits for one another after every punctuation batch of the

@@ -238,18 +238,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
     ) -> None:
         """Executor 0: transactions begin..end-1 in ts order with serial's kernel, timed
         and counted as an exploration is."""
-        waited = np.zeros(ABORT_NS + 1, np.int64)
-        started = time.perf_counter_ns()
-        error = run_transactions(
-            *(begin, end, ops.arrays, self.state.arrays, self.udf),
-            np.empty(max(1, ops.max_reads), np.int64),
-            *(undo_log(ops.max_txn_ops), chunk.outcomes, waited),
-        )
-        spent = time.perf_counter_ns() - started
-        if error:
-            raise RuntimeFailure(SET_FULL_MESSAGE)
-        breakdown.useful += (spent - waited[ABORT_NS]) / 1e9
-        breakdown.abort += waited[ABORT_NS] / 1e9
+        spent = self.run_in_order(chunk, ops, begin, end, breakdown)
         first, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
         failed = int(np.count_nonzero(chunk.status[begin:end] == ABORTED_STATUS))
         self._explore_ns += spent

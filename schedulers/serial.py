@@ -6,12 +6,8 @@ executors, they share pre- and post-processing; executor 0 alone touches state.
 
 from __future__ import annotations
 
-import numpy as np
-from txstream.errors import RuntimeFailure
 from txstream.monitor.metrics import Breakdown
-from txstream.schedulers._kernels import ABORT_NS, run_transactions
 from txstream.schedulers.base import Scheduler
-from txstream.state._kernels import SET_FULL_MESSAGE, undo_log
 from txstream.state.chunk import ChunkArrays
 from txstream.state.operations import OperationShare
 
@@ -29,23 +25,5 @@ class SerialScheduler(Scheduler):
         self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """Run the batch in one kernel call (executor 0)."""
-        if self.team.rank != 0:
-            return
-        reads = np.empty(max(1, ops.max_reads), np.int64)
-        waited = np.zeros(ABORT_NS + 1, np.int64)
-        with breakdown.timing("useful"):
-            error = run_transactions(
-                begin,
-                end,
-                ops.arrays,
-                self.state.arrays,
-                self.udf,
-                reads,
-                undo_log(ops.max_txn_ops),
-                chunk.outcomes,
-                waited,
-            )
-        breakdown.useful -= waited[ABORT_NS] / 1e9
-        breakdown.abort += waited[ABORT_NS] / 1e9
-        if error:
-            raise RuntimeFailure(SET_FULL_MESSAGE)
+        if self.team.rank == 0:
+            self.run_in_order(chunk, ops, begin, end, breakdown)
