@@ -645,8 +645,9 @@ class SparkSource:
                     "no Spark session: open one with txstream.connectors.spark.spark_session()"
                 )
             parquet = data if isinstance(data, ArrowSource) else ArrowSource(data)
-            files = _positioned_files(self._spark, parquet)
-            frame, self.num_rows = reduce(lambda a, b: a.union(b), files), parquet.num_rows
+            files = _file_reads(self._spark, parquet)
+            positioned = _positioned(files)
+            frame, self.num_rows = reduce(lambda a, b: a.union(b), positioned), parquet.num_rows
             file_bytes = sum(f.stat().st_size for f in parquet.files)
             split_bytes = max(1, partition_rows * file_bytes // max(1, self.num_rows))
         self.schema: pa.Schema = _arrow_schema(frame)
@@ -750,18 +751,15 @@ _CONSUMER_FIELDS = (
 )
 
 
-def _positioned_files(spark: SparkSession, parquet: ArrowSource) -> list[DataFrame]:
-    """One read per file, each row tagged `file index << 40 | row index in file`: the
-    input is their union, in file order.
+def _file_reads(spark: SparkSession, parquet: ArrowSource) -> list[DataFrame]:
+    """One read per file, in file order: the input is their union.
 
-    The row index comes from Spark's `_metadata.row_index` (exact even when a file is split
-    across partitions). One read per file, because `_metadata.file_name` is URL-encoded and
-    so cannot be matched against the names back reliably, and because Spark packs the splits
-    of several files into one partition, largest first. ``parquet`` has checked the files'
-    schemas equal from their footers; Spark gets that schema rather than inferring it (a
-    Spark job: seconds in a fresh JVM), unless Spark has no type for one of its columns.
+    One read per file, because `_metadata.file_name` is URL-encoded and so cannot be
+    matched against the names back reliably, and because Spark packs the splits of several
+    files into one partition, largest first. ``parquet`` has checked the files' schemas
+    equal from their footers; Spark gets that schema rather than inferring it (a Spark job:
+    seconds in a fresh JVM), unless Spark has no type for one of its columns.
     """
-    from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
     files = parquet.files
@@ -769,15 +767,25 @@ def _positioned_files(spark: SparkSession, parquet: ArrowSource) -> list[DataFra
         schema = from_arrow_schema(parquet.schema)
     except TypeError:
         schema = spark.read.parquet(str(files[0])).schema
-    reads = []
-    for index, file in enumerate(files):
-        frame = spark.read.schema(schema).parquet(str(file))
-        _check_free(frame)
-        position = F.shiftleft(F.lit(index).cast("long"), _FILE_SHIFT) + F.col(
-            "_metadata.row_index"
-        )
-        reads.append(frame.withColumn(POSITION, position))
+    reads = [spark.read.schema(schema).parquet(str(file)) for file in files]
+    for read in reads:
+        _check_free(read)
     return reads
+
+
+def _positioned(reads: Sequence[DataFrame]) -> list[DataFrame]:
+    """File reads with each row tagged `file index << 40 | row index in file`, the row
+    index from Spark's `_metadata.row_index` (exact even when a file is split across
+    partitions)."""
+    from pyspark.sql import functions as F
+
+    return [
+        read.withColumn(
+            POSITION,
+            F.shiftleft(F.lit(index).cast("long"), _FILE_SHIFT) + F.col("_metadata.row_index"),
+        )
+        for index, read in enumerate(reads)
+    ]
 
 
 def _positioned_frame(frame: DataFrame) -> tuple[DataFrame, int]:
@@ -811,11 +819,11 @@ def _arrow_schema(frame: DataFrame) -> pa.Schema:
 def _arrow_batches(
     frame: DataFrame, split_bytes: int | None, schema_json: str, files: Sequence[DataFrame]
 ) -> JavaObject:
-    """`frame` as Spark's RDD of serialized Arrow record batches (its Java view): a union of
-    Parquet `files` copied column by column if it can be (`_columnar_rdd`), else, like a
-    DataFrame, converted by Spark's `toArrowBatchRdd`, row by row. With `split_bytes`, file
-    splits are at most that large (the session's own limit if smaller), set only while
-    Spark plans `frame`."""
+    """`frame` as Spark's RDD of serialized Arrow record batches (its Java view): the union
+    of Parquet reads `files` (`_positioned`) copied column by column if it can be
+    (`_columnar_rdd`), else, like a DataFrame, converted by Spark's `toArrowBatchRdd`, row
+    by row. With `split_bytes`, file splits are at most that large (the session's own limit
+    if smaller), set only while Spark plans `frame`."""
     conf, key = frame.sparkSession.conf, "spark.sql.files.maxPartitionBytes"
     before = conf.get(key)
     if split_bytes is not None:
@@ -834,8 +842,6 @@ _COLUMNAR_TYPES = frozenset(
     + ("string", "binary", "date", "timestamp", "timestamp_ntz")
 )
 """Spark types `ArrowColumns` copies (`DataType.typeName()`)."""
-_ROW_INDEX = "_tmp_metadata_row_index"
-"""The column in which Spark's Parquet scan reads `_metadata.row_index`."""
 
 
 def _columnar_rdd(
@@ -846,12 +852,14 @@ def _columnar_rdd(
     batches `toArrowBatchRdd` makes from their union `frame` (schema ``schema_json``, at
     most `spark.sql.execution.arrow.maxRecordsPerBatch` rows), without its whole-stage row
     loop and row-by-row `ArrowWriter`. Each position is the file's index ``<< 40`` plus the
-    row index that the scan reads as a column. None (said at debug level) when a column has
-    a type it does not copy or a scan is not columnar."""
+    row's index in the file, which the converter counts from the footer's row groups of the
+    split it reads (Spark's `_metadata.row_index` column costs a boxed number per row), so the
+    scans (of `files`, without positions) read the data columns only. None (said at debug
+    level) when a column has a type it does not copy or a scan is not columnar."""
     unsupported = [f.name for f in frame.schema if f.dataType.typeName() not in _COLUMNAR_TYPES]
     if unsupported:
         return _row_path(f"no columnar copy of columns {unsupported}")
-    names = [name for name in frame.columns if name != POSITION] + [_ROW_INDEX]
+    names = [name for name in frame.columns if name != POSITION]
     scans, ordinals = [], None
     for read in files:
         scan = read._jdf.queryExecution().executedPlan().collectLeaves().apply(0)
@@ -865,8 +873,8 @@ def _columnar_rdd(
         scans.append(scan.executeColumnar())
     spark = frame.sparkSession
     gateway, jvm = spark.sparkContext._gateway, spark._jvm
-    columns = gateway.new_array(jvm.int, len(names) - 1)
-    for index, ordinal in enumerate(ordinals[:-1]):
+    columns = gateway.new_array(jvm.int, len(names))
+    for index, ordinal in enumerate(ordinals):
         columns[index] = ordinal
     scan_list = jvm.java.util.ArrayList()
     for scan in scans:
@@ -874,7 +882,7 @@ def _columnar_rdd(
     rows = _rows_per_batch(spark)
     logging.getLogger(__name__).debug("Spark converts the input column by column")
     converter = _spark_object(spark, CONVERTER_CLASS)
-    return converter.files(scan_list, schema_json, columns, ordinals[-1], _FILE_SHIFT, rows)
+    return converter.files(scan_list, schema_json, columns, _FILE_SHIFT, rows)
 
 
 def _row_path(reason: str) -> None:

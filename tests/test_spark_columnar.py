@@ -17,6 +17,9 @@ from txstream.connectors.spark_converter import CHUNKS_CLASS, CONVERTER_CLASS, C
 
 FILE_ROWS = (25_000, 0, 14_000, 1)
 """Several files, one of them empty: splits and batches that do not line up."""
+SMALL_DICTIONARY_BYTES = 2_048
+"""The first file's dictionary pages: a column chunk's values turn from dictionary ids to
+plain values part of the way through (Parquet's fallback), inside a scan's batch."""
 
 
 def _columns(start: int, rows: int) -> pa.Table:
@@ -60,7 +63,13 @@ def files(tmp_path_factory) -> tuple[str, pa.Table]:
     tables, start = [], 0
     for index, rows in enumerate(FILE_ROWS):
         table = _columns(start, rows)
-        pq.write_table(table, folder / f"part-{index}.parquet", row_group_size=3_000)
+        small = {"dictionary_pagesize_limit": SMALL_DICTIONARY_BYTES, "data_page_size": 4_096}
+        pq.write_table(
+            table,
+            folder / f"part-{index}.parquet",
+            row_group_size=3_000,
+            **(small if index == 0 else {}),
+        )
         tables.append(table)
         start += rows
     return str(folder), pa.concat_tables(tables)
