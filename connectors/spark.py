@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import uuid
+import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -45,6 +46,7 @@ if TYPE_CHECKING:  # pyspark is imported only when Spark is used
     from py4j.java_gateway import JavaObject
     from pyspark import SparkConf
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 _OPENED_PACKAGES = """
     java.lang java.lang.invoke java.lang.reflect java.io java.net java.nio java.math java.text
@@ -562,6 +564,54 @@ def is_spark_dataframe(data: object) -> bool:
     return type(data).__module__.startswith("pyspark.sql")
 
 
+def spark_schema(schema: pa.Schema) -> StructType:
+    """The Spark schema of an Arrow one (pyspark's `from_arrow_schema`)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    with _standard_distutils():
+        return from_arrow_schema(schema)
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema Spark's own conversion gives a Spark one (pyspark's
+    `to_arrow_schema`)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    with _standard_distutils():
+        return to_arrow_schema(schema)
+
+
+@contextmanager
+def _standard_distutils() -> Iterator[None]:
+    """The standard library's `distutils` while pyspark converts types. pyspark's Arrow
+    type conversions import `distutils.version` at every call; in a virtualenv,
+    setuptools' shim answers that import with the whole of setuptools: 0.19 s the first
+    time, on every Spark run's staging. Python 3.11's own distutils takes 1-4 ms. It is
+    taken out of `sys.modules` afterwards, so that the process sees no difference (a later
+    `import setuptools` would otherwise warn that it replaces it). Nothing changes when
+    distutils is imported already, or on a Python without it."""
+    if "distutils" in sys.modules:
+        yield
+        return
+    shims = [finder for finder in sys.meta_path if type(finder).__module__ == "_distutils_hack"]
+    for finder in shims:
+        sys.meta_path.remove(finder)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import distutils.version  # noqa: F401
+    except ImportError:  # Python 3.12 and later: setuptools' is the only one
+        pass
+    finally:
+        for finder in reversed(shims):
+            sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        for name in [n for n in sys.modules if n == "distutils" or n.startswith("distutils.")]:
+            del sys.modules[name]
+
+
 def arrow_to_spark(table: pa.Table, spark: SparkSession) -> DataFrame:
     """An Arrow table as a Spark DataFrame with the same column names, types and nulls.
 
@@ -572,10 +622,9 @@ def arrow_to_spark(table: pa.Table, spark: SparkSession) -> DataFrame:
     """
     from pyspark.sql import DataFrame
     from pyspark.sql.pandas.serializers import ArrowStreamSerializer
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-    schema = from_arrow_schema(table.schema)
-    table = table.cast(to_arrow_schema(schema))  # the exact types Spark reads (no dictionaries)
+    schema = spark_schema(table.schema)
+    table = table.cast(arrow_schema(schema))  # the exact types Spark reads (no dictionaries)
     rows = spark._jconf.arrowMaxRecordsPerBatch()
     batches = table.to_batches(max_chunksize=rows if rows > 0 else None)
     if not batches:
@@ -650,7 +699,7 @@ class SparkSource:
             frame, self.num_rows = reduce(lambda a, b: a.union(b), positioned), parquet.num_rows
             file_bytes = sum(f.stat().st_size for f in parquet.files)
             split_bytes = max(1, partition_rows * file_bytes // max(1, self.num_rows))
-        self.schema: pa.Schema = _arrow_schema(frame)
+        self.schema: pa.Schema = _event_schema(frame)
         self.prefetch = prefetch
         self.fetch_timeout_s = fetch_timeout_s
         self._key = uuid.uuid4().hex
@@ -760,11 +809,9 @@ def _file_reads(spark: SparkSession, parquet: ArrowSource) -> list[DataFrame]:
     equal from their footers; Spark gets that schema rather than inferring it (a Spark job:
     seconds in a fresh JVM), unless Spark has no type for one of its columns.
     """
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     files = parquet.files
     try:
-        schema = from_arrow_schema(parquet.schema)
+        schema = spark_schema(parquet.schema)
     except TypeError:
         schema = spark.read.parquet(str(files[0])).schema
     reads = [spark.read.schema(schema).parquet(str(file)) for file in files]
@@ -805,12 +852,10 @@ def _check_free(frame: DataFrame) -> None:
         raise SchemaError(f"input column {POSITION!r} is reserved")
 
 
-def _arrow_schema(frame: DataFrame) -> pa.Schema:
+def _event_schema(frame: DataFrame) -> pa.Schema:
     """The Arrow schema Spark's own conversion gives, without the position column."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     try:
-        schema = to_arrow_schema(frame.schema)
+        schema = arrow_schema(frame.schema)
     except TypeError as exc:
         raise SchemaError(f"a Spark column has no Arrow type: {exc}") from exc
     return schema.remove(schema.get_field_index(POSITION))

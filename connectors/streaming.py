@@ -42,8 +42,8 @@ def foreach_batch(session: Any) -> Callable[[Any, int], None]:
 
 def _to_arrow(frame: Any) -> pa.Table:
     """A (small) micro-batch collected to the driver as Arrow, in partition order."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from txstream.connectors.spark import arrow_schema
 
-    schema = to_arrow_schema(frame.schema)
+    schema = arrow_schema(frame.schema)
     batches = frame._collect_as_arrow()
     return pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
