@@ -864,11 +864,12 @@ def _event_schema(frame: DataFrame) -> pa.Schema:
 def _arrow_batches(
     frame: DataFrame, split_bytes: int | None, schema_json: str, files: Sequence[DataFrame]
 ) -> JavaObject:
-    """`frame` as Spark's RDD of serialized Arrow record batches (its Java view): the union
-    of Parquet reads `files` (`_positioned`) copied column by column if it can be
-    (`_columnar_rdd`), else, like a DataFrame, converted by Spark's `toArrowBatchRdd`, row
-    by row. With `split_bytes`, file splits are at most that large (the session's own limit
-    if smaller), set only while Spark plans `frame`."""
+    """`frame` as Spark's RDD of serialized Arrow record batches (its Java view). When it
+    is the union of the Parquet reads `files` (`_file_reads`, each tagged by `_positioned`),
+    their scans are copied column by column if they can be (`_columnar_rdd`); otherwise
+    Spark's `toArrowBatchRdd` converts `frame` row by row, like a DataFrame. With
+    `split_bytes`, file splits are at most that large (the session's own limit if
+    smaller), set only while Spark plans `frame`."""
     conf, key = frame.sparkSession.conf, "spark.sql.files.maxPartitionBytes"
     before = conf.get(key)
     if split_bytes is not None:
