@@ -4,7 +4,6 @@ import java.io.ByteArrayOutputStream;
 import java.lang.reflect.Field;
 import java.net.URI;
 import java.nio.channels.Channels;
-import java.util.ArrayList;
 import java.util.Iterator;
 import java.util.List;
 import java.util.NoSuchElementException;
