@@ -47,6 +47,17 @@ class Breakdown:
         return {k: round(v, 6) for k, v in asdict(self).items()}
 
 
+def latency_runs(seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Latencies as (value, how many times) per run of equal neighbours: events that
+    arrived together have the same latency, and a histogram bins each run once (a binary
+    search per event cost the Sink 27 ns per event, bench/stages.py)."""
+    seconds = np.asarray(seconds)
+    if not len(seconds):
+        return seconds, np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], seconds[1:] != seconds[:-1])))
+    return seconds[starts], np.diff(np.append(starts, len(seconds)))
+
+
 class LatencyHistogram:
     """Per-event latencies in log-spaced bins: bounded memory, ~1% precision."""
 
@@ -55,17 +66,17 @@ class LatencyHistogram:
     def __init__(self) -> None:
         self.counts = np.zeros(len(self.EDGES) + 1, np.int64)
 
-    def add(self, seconds: np.ndarray) -> None:
-        """Count a batch of latencies. Events that arrived together have the same latency:
-        each run of equal values is binned once (a binary search per event cost the
-        Sink 27 ns per event, bench/stages.py)."""
-        seconds = np.asarray(seconds)
+    def add(self, seconds: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Count latencies ``seconds``, each ``counts`` times (default: once; see
+        `latency_runs`)."""
+        if counts is None:
+            seconds, counts = latency_runs(seconds)
         if not len(seconds):
             return
-        starts = np.flatnonzero(np.concatenate(([True], seconds[1:] != seconds[:-1])))
-        runs = np.diff(np.append(starts, len(seconds)))
-        bins = np.searchsorted(self.EDGES, seconds[starts])
-        self.counts += np.bincount(bins, weights=runs, minlength=len(self.counts)).astype(np.int64)
+        bins = np.searchsorted(self.EDGES, seconds)
+        self.counts += np.bincount(bins, weights=counts, minlength=len(self.counts)).astype(
+            np.int64
+        )
 
     def percentile_ms(self, q: float) -> float | None:
         """The q-th percentile in milliseconds (bin upper edge), None without events."""
@@ -93,13 +104,14 @@ class Timeline:
             "latency_p99_ms": [],
         }
 
-    def add(self, now: float, latencies: np.ndarray) -> None:
-        """Count events that came out at ``now`` (`time.time`) with ``latencies`` (s)."""
+    def add(self, now: float, latencies: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Count events that came out at ``now`` (`time.time`) with ``latencies`` (s),
+        each ``counts`` times (default: once)."""
         second = max(0, int(now - self.start))
         if second != self._second:
             self._close()
             self._second = second
-        self._now.add(latencies)
+        self._now.add(latencies, counts)
 
     def _close(self) -> None:
         events = int(self._now.counts.sum())

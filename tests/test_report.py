@@ -7,9 +7,10 @@ import re
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 from txstream.cli.main import main
-from txstream.monitor.metrics import Timeline
+from txstream.monitor.metrics import LatencyHistogram, Timeline, latency_runs
 
 # Run in the page by the browser: each figure says whether its plot has a size and shapes
 # laid out in it (an SVG the browser could not draw has neither).
@@ -120,6 +121,18 @@ def test_timeline_counts_events_and_latency_per_second():
     assert series["latency_p50_ms"][0] == pytest.approx(10, rel=0.02)
     assert series["latency_p99_ms"][0] == pytest.approx(30, rel=0.02)
     assert series["latency_p50_ms"][1] == pytest.approx(500, rel=0.02)
+
+
+def test_latencies_counted_by_runs_are_counted_as_one_by_one():
+    rng = np.random.default_rng(3)
+    latencies = np.repeat(rng.random(50), rng.integers(1, 20, 50))
+    one_by_one, by_runs = LatencyHistogram(), LatencyHistogram()
+    for value in latencies:
+        one_by_one.add([value])
+    values, counts = latency_runs(latencies)
+    assert len(values) < len(latencies) and counts.sum() == len(latencies)
+    by_runs.add(values, counts)
+    assert np.array_equal(by_runs.counts, one_by_one.counts)
 
 
 def test_report_of_a_folder_without_metrics_is_exit_2_with_one_line(tmp_path, capsys):
