@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from txstream.monitor.metrics import LatencyHistogram, Timeline, latency_runs
+from txstream.monitor.metrics import LatencyHistogram, Timeline, equal_runs
 from txstream.state.operations import STATUS_NAMES
 from txstream.state.shared import ArrayHandle
 from txstream.state.watermark import Watermark
@@ -117,7 +117,8 @@ class Sink:
                 self._open()
             self._writer.write_batch(piece)
             now = time.time()
-            latencies, counts = latency_runs(now - part_arrival)
+            arrivals, counts = equal_runs(part_arrival)  # per run, not per event
+            latencies = now - arrivals
             self.latency.add(latencies, counts)
             self.timeline.add(now, latencies, counts)
             for name, count in zip(STATUS_NAMES, _status_counts(piece), strict=True):

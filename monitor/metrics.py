@@ -47,15 +47,15 @@ class Breakdown:
         return {k: round(v, 6) for k, v in asdict(self).items()}
 
 
-def latency_runs(seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Latencies as (value, how many times) per run of equal neighbours: events that
-    arrived together have the same latency, and a histogram bins each run once (a binary
-    search per event cost the Sink 27 ns per event, bench/stages.py)."""
-    seconds = np.asarray(seconds)
-    if not len(seconds):
-        return seconds, np.zeros(0, np.int64)
-    starts = np.flatnonzero(np.concatenate(([True], seconds[1:] != seconds[:-1])))
-    return seconds[starts], np.diff(np.append(starts, len(seconds)))
+def equal_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as (value, how many times) per run of equal neighbours: events that
+    arrived together have the same arrival time and latency, and a histogram bins each
+    run once (a binary search per event cost the Sink 27 ns per event, bench/stages.py)."""
+    values = np.asarray(values)
+    if not len(values):
+        return values, np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+    return values[starts], np.diff(np.append(starts, len(values)))
 
 
 class LatencyHistogram:
@@ -68,9 +68,9 @@ class LatencyHistogram:
 
     def add(self, seconds: np.ndarray, counts: np.ndarray | None = None) -> None:
         """Count latencies ``seconds``, each ``counts`` times (default: once; see
-        `latency_runs`)."""
+        `equal_runs`)."""
         if counts is None:
-            seconds, counts = latency_runs(seconds)
+            seconds, counts = equal_runs(seconds)
         if not len(seconds):
             return
         bins = np.searchsorted(self.EDGES, seconds)

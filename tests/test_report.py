@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 from txstream.cli.main import main
-from txstream.monitor.metrics import LatencyHistogram, Timeline, latency_runs
+from txstream.monitor.metrics import LatencyHistogram, Timeline, equal_runs
 
 # Run in the page by the browser: each figure says whether its plot has a size and shapes
 # laid out in it (an SVG the browser could not draw has neither).
@@ -129,7 +129,7 @@ def test_latencies_counted_by_runs_are_counted_as_one_by_one():
     one_by_one, by_runs = LatencyHistogram(), LatencyHistogram()
     for value in latencies:
         one_by_one.add([value])
-    values, counts = latency_runs(latencies)
+    values, counts = equal_runs(latencies)
     assert len(values) < len(latencies) and counts.sum() == len(latencies)
     by_runs.add(values, counts)
     assert np.array_equal(by_runs.counts, one_by_one.counts)
