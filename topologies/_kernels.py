@@ -71,30 +71,37 @@ def _emits(statements, s, t):
 
 
 @jit
-def count_operations(rejected, statements, reads):
+def count_operations(rejected, statements, reads, per_event):
     """(operations, parametric reads, most operations of an event, most reads of an
     operation) that `build_operations` makes of these statements for the events whose
-    ``rejected`` reason is 0."""
-    n_ops = 0
+    ``rejected`` reason is 0; ``per_event`` (scratch, one per event) ends with each
+    event's operations. Statement by statement over the events, not event by event: the
+    inner loop is then one statement's and vectorises (SL: 10.9 -> 1.2 ns per event)."""
+    n = len(rejected)
+    for t in range(n):
+        per_event[t] = 0
     n_reads = 0
-    most_ops = 0
     most_reads = 0
-    for t in range(len(rejected)):
-        if rejected[t] != 0:
-            continue
-        event_ops = 0
-        for s in range(statements.shape[1]):
+    for s in range(statements.shape[1]):
+        # the statement's fields held in locals: loaded in the loop, they could alias
+        # ``per_event`` and the loop would not vectorise
+        where = statements[WHERE, s]
+        kind, a = statements[KEY_KIND, s], statements[KEY_A, s]
+        first, last = statements[FIRST_READ, s], statements[FIRST_READ, s] + statements[READS, s]
+        for t in range(n):
             # a count, not a branch: kinds in random order made half the branches mispredict
-            m = _emits(statements, s, t) * _length(statements[KEY_KIND, s], statements[KEY_A, s], t)
-            event_ops += m
-            first = statements[FIRST_READ, s]
+            m = (rejected[t] == 0) * (where == 0 or load_flag(where, t)) * _length(kind, a, t)
+            per_event[t] += m
             op_reads = 0
-            for q in range(first, first + statements[READS, s]):
+            for q in range(first, last):
                 op_reads += _length(reads[q, READ_KIND], reads[q, READ_A], t)
             n_reads += m * op_reads
             most_reads = max(most_reads, op_reads * (m > 0))
-        n_ops += event_ops
-        most_ops = max(most_ops, event_ops)
+    n_ops = 0
+    most_ops = 0
+    for t in range(n):
+        n_ops += per_event[t]
+        most_ops = max(most_ops, per_event[t])
     return n_ops, n_reads, most_ops, most_reads
 
 

@@ -502,7 +502,8 @@ class Transactions:
         """What the operations emitted so far take."""
         if self._counts is None:
             statements, _, reads = self._tables()
-            counts = count_operations(self.events.reason, statements, reads)
+            per_event = np.empty(self.events.n, np.int32)
+            counts = count_operations(self.events.reason, statements, reads, per_event)
             self._counts = tuple(int(c) for c in counts)
         ops, reads, txn_ops, op_reads = self._counts
         return Sizes(ops, reads, self._width, txn_ops, op_reads)
