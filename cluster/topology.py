@@ -119,6 +119,12 @@ def keep_freed_memory() -> None:
     with one arena (serial, threads, 3 runs per process, 2 processes each, interleaved:
     5.98 / 5.69 / 6.44 and 6.43 / 6.54 / 7.59 M events/s with an arena per thread, 6.68 /
     8.13 / 8.03 and 7.21 / 7.65 / 7.24 with one). Nothing happens without glibc.
+
+    The one arena holds only for threads that allocate for the first time after this
+    call: in `txstream run`, pyarrow's threads already have theirs (a 4M SL run used five
+    arenas). Called on import instead, one arena cut a run's page faults from ~97,000 to
+    ~77,000 but not its time (7 interleaved pairs of CLI runs: 5.3-7.2 against 5.3-7.0 M
+    events/s), so it stays where the team starts.
     """
     import ctypes
 
