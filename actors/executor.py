@@ -236,9 +236,12 @@ class Executor:
         r = team.rank
         before = team.shares()[:r]
         first_op, first_read = sum(c.operations for c in before), sum(c.reads for c in before)
-        with breakdown.timing("construct"):
-            views = chunk.share_ops(first, batch.n, first_op, operations, first_read, reads, width)
-            txn.build_into(views, first, first_op, first_read)
+        if not self.scheduler.takes_statements(txn):
+            with breakdown.timing("construct"):
+                views = chunk.share_ops(
+                    first, batch.n, first_op, operations, first_read, reads, width
+                )
+                txn.build_into(views, first, first_op, first_read)
         share = slice(first, first + batch.n)
         chunk.start_share(share, batch.reason)
         self.team.barrier(breakdown)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -26,7 +27,7 @@ from txstream.errors import RuntimeFailure, UsageError
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._kernels import ABORT_NS, run_transactions
 from txstream.schedulers.team.member import Member
-from txstream.state._kernels import SET_FULL_MESSAGE, undo_log
+from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, undo_log
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims, chunk_layout
 from txstream.state.operations import OperationShare
 from txstream.state.segments import GROWTH, RESERVED_BYTES, ArraySpec, SegmentLayout
@@ -34,7 +35,7 @@ from txstream.state.tables import SharedState
 
 if TYPE_CHECKING:
     from txstream.config import RunConfig
-    from txstream.topologies.api import Topology
+    from txstream.topologies.api import Topology, Transactions
 
 
 OPTIONS = ("explore", "granularity", "abort", "placement")
@@ -107,6 +108,12 @@ class Scheduler(ABC):
         """Receive the run segment's arrays (before the first chunk)."""
         self.run = arrays
 
+    def takes_statements(self, statements: Transactions) -> bool:
+        """Whether this executor runs the chunk straight from its share's ``statements``
+        (keeping them for the chunk's batches) instead of from operations built into the
+        chunk, which are then not built (default: False)."""
+        return False
+
     def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """Restructure the chunk's operations before its first batch (default: nothing)."""
         return None
@@ -123,19 +130,35 @@ class Scheduler(ABC):
         """Transactions ``begin..end-1`` one by one in ts order with serial's kernel, on
         this executor alone; the nanoseconds it took, counted in ``breakdown`` as useful
         but for the aborts' rollbacks."""
+        return self.timed_in_order(
+            run_transactions,
+            (begin, end, ops.arrays, self.state.arrays, self.udf),
+            (np.empty(max(1, ops.max_reads), np.int64), undo_log(ops.max_txn_ops)),
+            chunk,
+            breakdown,
+        )[1]
+
+    @staticmethod
+    def timed_in_order(
+        kernel: Callable[..., int],
+        args: tuple,
+        scratch: tuple,
+        chunk: ChunkArrays,
+        breakdown: Breakdown,
+    ) -> tuple[int, int]:
+        """``kernel(*args, *scratch, chunk.outcomes, waited)``, a kernel that runs
+        transactions in order: (what it returned, the nanoseconds it took), counted in
+        ``breakdown`` as useful but for the aborts' rollbacks (``waited[ABORT_NS]``).
+        RuntimeFailure if a distinct set ran out of slots."""
         waited = np.zeros(ABORT_NS + 1, np.int64)
         started = time.perf_counter_ns()
-        error = run_transactions(
-            *(begin, end, ops.arrays, self.state.arrays, self.udf),
-            np.empty(max(1, ops.max_reads), np.int64),
-            *(undo_log(ops.max_txn_ops), chunk.outcomes, waited),
-        )
+        returned = kernel(*args, *scratch, chunk.outcomes, waited)
         spent = time.perf_counter_ns() - started
-        if error:
+        if returned == SET_FULL:
             raise RuntimeFailure(SET_FULL_MESSAGE)
         breakdown.useful += (spent - waited[ABORT_NS]) / 1e9
         breakdown.abort += waited[ABORT_NS] / 1e9
-        return spent
+        return returned, spent
 
     def batches_in_step(self) -> bool:
         """Whether the team waits for one another after every punctuation batch of the

@@ -1,21 +1,38 @@
 """serial: one executor runs each batch's transactions one by one in ts order.
 
 The correctness reference every other scheduler is tested against. With several
-executors, they share pre- and post-processing; executor 0 alone touches state.
+executors, they share pre- and post-processing; executor 0 alone touches state. A
+lone executor runs its transactions straight from the topology's statements, without
+writing the chunk's operations out and reading them back (`run_statements`).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from txstream.errors import TopologyError
 from txstream.monitor.metrics import Breakdown
+from txstream.schedulers._kernels import run_statements, statement_scratch
 from txstream.schedulers.base import Scheduler
 from txstream.state.chunk import ChunkArrays
 from txstream.state.operations import OperationShare
+
+if TYPE_CHECKING:
+    from txstream.topologies.api import Transactions
 
 
 class SerialScheduler(Scheduler):
     """Transactions in ts order, operations in statement order, rollback on abort."""
 
     name = "serial"
+    _statements: Transactions | None = None
+
+    def takes_statements(self, statements: Transactions) -> bool:
+        """A lone executor does, but not on one of several nodes (whose operations'
+        cells are mapped to the node's rows once built)."""
+        alone = self.team.parties == 1 and not statements.layout.share
+        self._statements = statements if alone else None
+        return alone
 
     def batches_in_step(self) -> bool:
         """Executor 0 runs every batch alone: the others wait once, after the chunk."""
@@ -25,5 +42,18 @@ class SerialScheduler(Scheduler):
         self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """Run the batch in one kernel call (executor 0)."""
-        if self.team.rank == 0:
+        if self._statements is not None:
+            self._run_statements(chunk, begin, end, breakdown)
+        elif self.team.rank == 0:
             self.run_in_order(chunk, ops, begin, end, breakdown)
+
+    def _run_statements(
+        self, chunk: ChunkArrays, begin: int, end: int, breakdown: Breakdown
+    ) -> None:
+        """`run_in_order` from the statements (`run_statements`)."""
+        statements = self._statements
+        sizes = statements.sizes()
+        scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
+        args = (begin, end, *statements.tables(), self.state.arrays, self.udf)
+        if self.timed_in_order(run_statements, args, (scratch,), chunk, breakdown)[0]:
+            raise TopologyError(statements.error_message(scratch[-1]))

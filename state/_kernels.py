@@ -111,27 +111,34 @@ def evaluate(o, value, ops, udf, reads, n_reads):
     UDF cost: (ok, result). ok is False when the condition failed; result is what a
     READ returns or a WRITE / READ_MODIFY writes (0 for SET_ADD, which calls no function).
     """
+    return evaluate_fields(
+        ops.kind[o], ops.fun[o], ops.cond[o], ops.args, o, value, udf, reads, n_reads
+    )
+
+
+@inline
+def evaluate_fields(kind, fun, cond, args, row, value, udf, reads, n_reads):
+    """`evaluate` of an operation given by its fields, its arguments being row ``row``
+    of ``args`` (an operation not built in a chunk's arrays has them in a scratch row)."""
     r = element_pointer(reads, 0)
-    a = element_pointer(ops.args, o * ops.args.shape[1])
+    a = element_pointer(args, row * args.shape[1])
     busy_wait(udf.spin_ns)
-    cond = ops.cond[o]
     if cond > 0:
         if udf.cond_inline[cond] == AT_LEAST_ARG:
-            ok = value >= ops.args[o, 0]
+            ok = value >= args[row, 0]
         else:
             ok = call_user(udf.cond_addr[cond], value, a, r, n_reads) != 0
         if not ok:
             return False, 0
-    if ops.kind[o] == SET_ADD:
+    if kind == SET_ADD:
         return True, 0
-    fun = ops.fun[o]
     computes = udf.fun_inline[fun]
     if computes == VALUE_PLUS_ARG:
-        return True, value + ops.args[o, 0]
+        return True, value + args[row, 0]
     if computes == VALUE_MINUS_ARG:
-        return True, value - ops.args[o, 0]
+        return True, value - args[row, 0]
     if computes == ARG:
-        return True, ops.args[o, 0]
+        return True, args[row, 0]
     if computes == VALUE:
         return True, value
     return True, call_user(udf.fun_addr[fun], value, a, r, n_reads)
@@ -146,15 +153,21 @@ def apply_operation(o, ops, state, udf, reads, n_reads, log, n_log):
     Returns (ok, result, n_log): ok is False when the condition failed (nothing
     written) or a distinct set is full (result = SET_FULL).
     """
+    kind, cell, fun, cond = ops.kind[o], ops.cell[o], ops.fun[o], ops.cond[o]
+    return apply_fields(kind, cell, fun, cond, ops.args, o, state, udf, reads, n_reads, log, n_log)
+
+
+@inline
+def apply_fields(kind, c, fun, cond, args, row, state, udf, reads, n_reads, log, n_log):
+    """`apply_operation` of an operation given by its fields (see `evaluate_fields`):
+    its kind, cell ``c``, function, condition and arguments."""
     values = state.values
-    c = ops.cell[o]
     value = values[c]
-    ok, result = evaluate(o, value, ops, udf, reads, n_reads)
-    k = ops.kind[o]
-    if not ok or k == READ:
+    ok, result = evaluate_fields(kind, fun, cond, args, row, value, udf, reads, n_reads)
+    if not ok or kind == READ:
         return ok, result, n_log
-    if k == SET_ADD:
-        slot = set_insert(state, c, ops.args[o, 0])
+    if kind == SET_ADD:
+        slot = set_insert(state, c, args[row, 0])
         if slot == SET_FULL:
             return False, SET_FULL, n_log
         if slot >= 0:

@@ -4,8 +4,10 @@ options, on randomized workloads with hot keys, cascading aborts, parametric rea
 cells written earlier in the batch, and malformed events.
 
 The baselines lock, mvlk and sstore run on intervals {1, 97, 10240}, and only sstore
-places work. The matrix is sampled pairwise (`pairwise`): every value of every axis meets every
-value of every other axis in some case. MorphStream's cases also include every fixed
+places work; so does `serial` itself on 2 and 3 executors, which run the operations
+built into the chunk (a lone executor runs the statements: `run_statements`). The
+matrix is sampled pairwise (`pairwise`): every value of every axis meets every value
+of every other axis in some case. MorphStream's cases also include every fixed
 combination of its three dimensions and all of them on `auto`. A new scheduler adds
 its name and axes to `AXES`.
 """
@@ -33,6 +35,7 @@ TEAM = {
 WHOLE = {"topology": BUNDLED, "executors": (1, 2, 3), "punctuation_interval": (1, 97, 10240)}
 """The baselines that give whole transactions to executors; only sstore places work."""
 AXES = {
+    "serial": {"topology": BUNDLED, "executors": (2, 3), "punctuation_interval": (1, 97, 10240)},
     "tstream": TEAM,
     "lock": WHOLE,
     "mvlk": WHOLE,

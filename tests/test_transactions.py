@@ -10,8 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from txstream.errors import TopologyError
+from txstream.schedulers._kernels import (
+    ABORT_NS,
+    run_statements,
+    run_transactions,
+    statement_scratch,
+)
+from txstream.state._kernels import undo_log
+from txstream.state.chunk import Outcomes
 from txstream.state.layout import Layout
-from txstream.state.operations import READ, READ_MODIFY, WRITE, Ops
+from txstream.state.operations import COMMITTED, READ, READ_MODIFY, REJECTED, WRITE, Ops
+from txstream.state.tables import StateArrays
 from txstream.topologies.api import (
     INT,
     INT_LIST,
@@ -176,20 +185,26 @@ def _reference(n, rejected, statements) -> list[tuple]:
     return ops
 
 
-@settings(deadline=None, max_examples=150)
-@given(_workloads())
-def test_the_built_operations_are_the_statements_in_serial_order(workload):
-    n, rejected, statements = workload
+def _transactions(n, rejected, statements) -> Transactions:
+    """The drawn statements emitted over ``n`` events, ``rejected`` ones rejected."""
     events = _events(n)
     events.reason[rejected] = 1
     txn = Transactions(events, LAYOUT)
-    for s in statements:
+    for i, s in enumerate(statements):
         emit = {READ: txn.read, WRITE: txn.write, READ_MODIFY: txn.read_modify}[s["kind"]]
-        extra = dict(cond=positive, reason="no") if s["conditional"] else {}
+        extra = dict(cond=positive, reason=f"not positive ({i})") if s["conditional"] else {}
         kw = dict(args=s["args"], reads=s["reads"], where=s["where"], **extra)
         emit(s["column"], s["key"], fun=plus, **kw) if s["kind"] == READ else emit(
             s["column"], s["key"], plus, **kw
         )
+    return txn
+
+
+@settings(deadline=None, max_examples=150)
+@given(_workloads())
+def test_the_built_operations_are_the_statements_in_serial_order(workload):
+    n, rejected, statements = workload
+    txn = _transactions(n, rejected, statements)
     expected = _reference(n, rejected, statements)
     built = _built(txn)
     width = built.args.shape[1]
@@ -216,6 +231,37 @@ def test_the_built_operations_are_the_statements_in_serial_order(workload):
     assert txn.sizes()[3:] == (max(counts, default=0), max(reads, default=0))
 
 
+def _outcomes(n: int, rejected: np.ndarray) -> Outcomes:
+    status = np.where(rejected, REJECTED, COMMITTED).astype(np.int8)
+    outputs = np.zeros((n, 1), np.int64), np.zeros((n, 1), bool)
+    return Outcomes(status, np.zeros(n, np.int32), *outputs)
+
+
+def _state(values: list[int]) -> StateArrays:
+    return StateArrays(np.array(values, np.int64), np.zeros(16, np.int64), np.zeros(16, np.int64))
+
+
+@settings(deadline=None, max_examples=150)
+@given(_workloads(), st.lists(st.integers(-3, 3), min_size=LAYOUT.cells, max_size=LAYOUT.cells))
+def test_transactions_run_from_statements_as_from_their_built_operations(workload, values):
+    """A lone serial executor runs the statements without building operations
+    (`run_statements`): the same outcomes and state as `run_transactions` over them."""
+    n, rejected, statements = workload
+    txn = _transactions(n, rejected, statements)
+    udf, sizes = TOPOLOGY.udf(), txn.sizes()
+    built, state, outcomes = _built(txn), _state(values), _outcomes(n, rejected)
+    reads, log = np.empty(max(1, sizes.op_reads), np.int64), undo_log(sizes.txn_ops)
+    waited = np.zeros(ABORT_NS + 1, np.int64)
+    assert run_transactions(0, n, built, state, udf, reads, log, outcomes, waited) == 0
+    direct, direct_outcomes = _state(values), _outcomes(n, rejected)
+    scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
+    tables = txn.tables()
+    assert run_statements(0, n, *tables, direct, udf, scratch, direct_outcomes, waited) == 0
+    assert direct.values.tolist() == state.values.tolist()
+    for got, want in zip(direct_outcomes, outcomes, strict=True):
+        assert got.tolist() == want.tolist()
+
+
 def _one(key=None, args=(), reads=(), column=A["x"]) -> Transactions:
     txn = Transactions(_events(3), LAYOUT)
     txn.write(column, np.array([0, 1, 2]) if key is None else key, plus, args=args, reads=reads)
@@ -238,6 +284,29 @@ def test_a_list_argument_shorter_than_its_key_list_is_a_topology_error():
     short = ListColumn(np.array([0, 1, 1, 2]), np.array([7, 8]))
     with pytest.raises(TopologyError, match="list argument is shorter"):
         _built(_one(key=keys, args=[short]))
+
+
+@pytest.mark.parametrize(
+    "txn",
+    [
+        _one(key=np.array([0, 5, 1]), column=B["z"]),
+        _one(reads=[(B["z"], ListColumn(np.array([0, 1, 1, 3]), np.array([4, 0, 9])))]),
+        _one(
+            key=ListColumn(np.array([0, 2, 2, 3]), np.array([1, 2, 3])),
+            args=[ListColumn(np.array([0, 1, 1, 2]), np.array([7, 8]))],
+        ),
+    ],
+    ids=["key", "read", "argument"],
+)
+def test_running_from_statements_reports_what_building_does(txn):
+    with pytest.raises(TopologyError) as built:
+        _built(txn)
+    sizes = txn.sizes()
+    scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
+    waited = np.zeros(ABORT_NS + 1, np.int64)
+    state, outcomes = _state([1] * LAYOUT.cells), _outcomes(3, np.zeros(3, bool))
+    assert run_statements(0, 3, *txn.tables(), state, TOPOLOGY.udf(), scratch, outcomes, waited)
+    assert txn.error_message(scratch[-1]) == str(built.value)
 
 
 def test_a_list_argument_needs_a_list_key_and_columns_one_value_per_event():

@@ -46,7 +46,7 @@ argument shorter than its key list."""
 
 
 @inline
-def _length(kind, a, t):
+def source_length(kind, a, t):
     """Elements of a source for event ``t``: a list's length, else 1."""
     if kind == LIST_COLUMN:
         return load_int64(a, t + 1) - load_int64(a, t)
@@ -54,7 +54,7 @@ def _length(kind, a, t):
 
 
 @inline
-def _element(kind, a, b, t, e):
+def source_element(kind, a, b, t, e):
     """Element ``e`` of a source for event ``t`` (the value itself unless a list)."""
     if kind == INT_COLUMN:
         return load_int64(a, t)
@@ -64,7 +64,7 @@ def _element(kind, a, b, t, e):
 
 
 @inline
-def _emits(statements, s, t):
+def emits(statements, s, t):
     """Whether statement ``s`` emits for (not rejected) event ``t``: its mask says so."""
     where = statements[WHERE, s]
     return where == 0 or load_flag(where, t)
@@ -90,11 +90,11 @@ def count_operations(rejected, statements, reads, per_event):
         first, last = statements[FIRST_READ, s], statements[FIRST_READ, s] + statements[READS, s]
         for t in range(n):
             # a count, not a branch: kinds in random order made half the branches mispredict
-            m = (rejected[t] == 0) * (where == 0 or load_flag(where, t)) * _length(kind, a, t)
+            m = (rejected[t] == 0) * (where == 0 or load_flag(where, t)) * source_length(kind, a, t)
             per_event[t] += m
             op_reads = 0
             for q in range(first, last):
-                op_reads += _length(reads[q, READ_KIND], reads[q, READ_A], t)
+                op_reads += source_length(reads[q, READ_KIND], reads[q, READ_A], t)
             n_reads += m * op_reads
             most_reads = max(most_reads, op_reads * (m > 0))
     n_ops = 0
@@ -103,6 +103,44 @@ def count_operations(rejected, statements, reads, per_event):
         n_ops += per_event[t]
         most_ops = max(most_ops, per_event[t])
     return n_ops, n_reads, most_ops, most_reads
+
+
+@inline
+def put_args(args_out, row, t, e, s, statements, args, error):
+    """Statement ``s``'s arguments for element ``e`` of event ``t`` into row ``row`` of
+    ``args_out`` (zeros past them); False, with ``error`` filled in, if a list argument
+    is shorter than the key list."""
+    first_arg, n_args = statements[FIRST_ARG, s], statements[ARGS, s]
+    for j in range(n_args):
+        arg = first_arg + j
+        kind, a, b = args[arg, SOURCE_KIND], args[arg, SOURCE_A], args[arg, SOURCE_B]
+        if kind == LIST_COLUMN and e >= source_length(kind, a, t):
+            error[0], error[1] = ARG_SHORTER, s
+            return False
+        args_out[row, j] = source_element(kind, a, b, t, e)
+    for j in range(n_args, args_out.shape[1]):
+        args_out[row, j] = 0
+    return True
+
+
+@inline
+def put_reads(cells, r, t, s, statements, reads, read_target, error):
+    """The cells statement ``s``'s parametric reads read for event ``t``, into
+    ``cells[r:]`` (their targets' indices into ``read_target`` too, if it is not empty);
+    the index after them, or -1 with ``error`` filled in if one is outside its table."""
+    first = statements[FIRST_READ, s]
+    for q in range(first, first + statements[READS, s]):
+        kind, a, b = reads[q, READ_KIND], reads[q, READ_A], reads[q, READ_B]
+        for k in range(source_length(kind, a, t)):
+            value = source_element(kind, a, b, t, k)
+            if value < 0 or value >= reads[q, READ_SIZE]:
+                error[0], error[1], error[2] = READ_OUTSIDE, s, q - first
+                return -1
+            cells[r] = reads[q, READ_BASE] + value
+            if len(read_target):
+                read_target[r] = reads[q, READ_TARGET]
+            r += 1
+    return r
 
 
 @inline
@@ -117,33 +155,13 @@ def _put(o, r, t, e, key, s, statements, args, reads, out, first, targets, error
     out.cond[o] = statements[COND, s]
     out.reason[o] = statements[REASON, s]
     out.out[o] = statements[OUT, s]
-    first_arg, n_args = statements[FIRST_ARG, s], statements[ARGS, s]
-    for j in range(n_args):
-        arg = first_arg + j
-        kind, a, b = args[arg, SOURCE_KIND], args[arg, SOURCE_A], args[arg, SOURCE_B]
-        if kind == LIST_COLUMN and e >= _length(kind, a, t):
-            error[0], error[1] = ARG_SHORTER, s
-            return -1
-        out.args[o, j] = _element(kind, a, b, t, e)
-    for j in range(n_args, out.args.shape[1]):
-        out.args[o, j] = 0
+    if not put_args(out.args, o, t, e, s, statements, args, error):
+        return -1
     op_target, read_target = targets
     if len(op_target):
         op_target[o] = statements[TARGET, s]
     out.dep_ptr[o] = first_read + r
-    first_stmt_read = statements[FIRST_READ, s]
-    for q in range(first_stmt_read, first_stmt_read + statements[READS, s]):
-        kind, a, b = reads[q, READ_KIND], reads[q, READ_A], reads[q, READ_B]
-        for k in range(_length(kind, a, t)):
-            value = _element(kind, a, b, t, k)
-            if value < 0 or value >= reads[q, READ_SIZE]:
-                error[0], error[1], error[2] = READ_OUTSIDE, s, q - first_stmt_read
-                return -1
-            out.dep_cell[r] = reads[q, READ_BASE] + value
-            if len(read_target):
-                read_target[r] = reads[q, READ_TARGET]
-            r += 1
-    return r
+    return put_reads(out.dep_cell, r, t, s, statements, reads, read_target, error)
 
 
 @jit
@@ -168,7 +186,7 @@ def build_operations(rejected, statements, args, reads, out, first, targets, err
         if rejected[t] != 0:
             continue
         for s in range(statements.shape[1]):
-            if not _emits(statements, s, t):
+            if not emits(statements, s, t):
                 continue
             kind, a = statements[KEY_KIND, s], statements[KEY_A, s]
             size = statements[SIZE, s]
@@ -183,8 +201,8 @@ def build_operations(rejected, statements, args, reads, out, first, targets, err
                 o += 1
                 continue
             b = statements[KEY_B, s]
-            for e in range(_length(kind, a, t)):
-                key = _element(kind, a, b, t, e)
+            for e in range(source_length(kind, a, t)):
+                key = source_element(kind, a, b, t, e)
                 if key < 0 or key >= size:
                     error[0], error[1] = KEY_OUTSIDE, s
                     return KEY_OUTSIDE

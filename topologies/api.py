@@ -490,7 +490,7 @@ class Transactions:
         self._alive.append(array)
         return array.ctypes.data
 
-    def _tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The statements (one column each), arguments and reads as the kernels take them."""
         return (
             np.array(self._statements, np.int64).reshape(-1, 16).T.copy(),
@@ -501,7 +501,7 @@ class Transactions:
     def sizes(self) -> Sizes:
         """What the operations emitted so far take."""
         if self._counts is None:
-            statements, _, reads = self._tables()
+            statements, _, reads = self.tables()
             per_event = np.empty(self.events.n, np.int32)
             counts = count_operations(self.events.reason, statements, reads, per_event)
             self._counts = tuple(int(c) for c in counts)
@@ -523,8 +523,8 @@ class Transactions:
         )
         error = np.zeros(3, np.int64)
         first = (first_txn, first_op, first_read)
-        if build_operations(self.events.reason, *self._tables(), out, first, targets, error):
-            raise TopologyError(self._error_message(error))
+        if build_operations(self.events.reason, *self.tables(), out, first, targets, error):
+            raise TopologyError(self.error_message(error))
         if share:
             for index, (table, column) in enumerate(self._targets):
                 base = self.layout.bases[(table, column)]
@@ -532,7 +532,8 @@ class Transactions:
                     at = np.flatnonzero(target == index)
                     cells[at] = base + share.rows(table, cells[at])
 
-    def _error_message(self, error: np.ndarray) -> str:
+    def error_message(self, error: np.ndarray) -> str:
+        """What an error a kernel reported in ``error`` (`build_operations`) says."""
         code, statement, read = (int(e) for e in error)
         if code == ARG_SHORTER:
             return (
