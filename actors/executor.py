@@ -45,6 +45,7 @@ from txstream.topologies.api import (
     Topology,
     Transactions,
     compile_validation,
+    one_batch,
 )
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ class Executor:
 
     def process(
         self,
-        share: pa.RecordBatch,
+        share: pa.Table | pa.RecordBatch,
         seq: int,
         first: int,
         ts0: int,
@@ -199,7 +200,7 @@ class Executor:
 
     def run_share(
         self,
-        share: pa.RecordBatch,
+        share: pa.Table | pa.RecordBatch,
         seq: int,
         first: int,
         ts0: int,
@@ -222,7 +223,9 @@ class Executor:
         events = int(batch_ends[-1]) if len(batch_ends) else 0
         team, topology, layout = self.team, self.topology, self.state.layout
         with breakdown.timing("useful"):
-            batch = EventShare(share, topology, layout.sizes)
+            # a share from a thread of the ProgressController is made one batch here: a
+            # copy when it spans several of the source's batches, on this executor's core
+            batch = EventShare(one_batch(share), topology, layout.sizes)
             topology.pre_process(batch)
         with breakdown.timing("construct"):
             txn = Transactions(batch, layout)

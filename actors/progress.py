@@ -28,12 +28,12 @@ import numpy as np
 import pyarrow as pa
 import ray
 from txstream.actors.punctuation import Chunk, ChunkSizer, Punctuator
-from txstream.cluster.transport import get, wait_all
+from txstream.cluster.transport import LocalActor, get, wait_all
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.shared import ArrayHandle
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.state.watermark import Watermark
-from txstream.topologies.api import Layout, conform_events
+from txstream.topologies.api import Layout, conform_events, one_batch
 
 if TYPE_CHECKING:
     from txstream.config import RunConfig
@@ -89,6 +89,7 @@ class ProgressController:
         self.config = config
         self.schema = schema
         self.executors = executors
+        self._remote = not all(isinstance(e, LocalActor) for e in executors)
         self.sink = sink
         self._handles = (watermark, snapshots)
         self.layout = layout
@@ -270,7 +271,9 @@ class ProgressController:
         for executor, (first, end) in zip(
             self.executors, share_bounds(chunk.size, len(self.executors)), strict=True
         ):
-            share = _record_batch(chunk.events.slice(first, end - first))
+            share = chunk.events.slice(first, end - first)
+            if self._remote:  # pickled whole; a thread makes it one batch on its own core
+                share = one_batch(share)
             arrival = chunk.arrival[first:end]
             calls.append(
                 executor.process.remote(
@@ -347,9 +350,3 @@ class ProgressController:
             watermark, snapshots = self._handles
             self._readers = (Watermark.attach(watermark), SnapshotRing.attach(snapshots))
         return self._readers
-
-
-def _record_batch(table: pa.Table) -> pa.RecordBatch:
-    """One record batch of ``table`` (a copy only if it spans several)."""
-    batches = table.combine_chunks().to_batches()
-    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)

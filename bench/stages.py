@@ -4,9 +4,10 @@ The stages a serial run's events go through, driven directly in this process wit
 engine's own code (no Ray, no threads, one executor, chunks of --chunk events): reading
 the Parquet input, assigning ts and cutting punctuations (conform + Punctuator), the
 dispatch (an executor's share as one record batch), pre-processing (EventShare +
-``pre_process``), constructing operations (``state_access`` + build), copying them into
-the chunk segment, state access (the serial kernel), post-processing to output rows,
-and the Sink (Parquet writing, latency, counts). Each stage is timed over the whole
+``pre_process``), construction (``state_access``'s statements and counting their
+operations), state access (a lone serial executor's kernel, which runs the statements
+without building operations: `run_statements`), post-processing to output rows, and the
+Sink (Parquet writing, latency, counts). Each stage is timed over the whole
 input after one untimed pass (numba caches loaded, pages touched); the figure is the
 median of --repeat passes. Results go to bench/results/stages.json (``--name`` another
 file; ``--label`` names the entry, so that a before and an after sit side by side).
@@ -26,20 +27,18 @@ from pathlib import Path
 import numpy as np
 from common import RESULTS, workload_dirs, write_results
 from txstream.actors.executor import _output_rows, rows_schema
-from txstream.actors.progress import _record_batch
 from txstream.actors.punctuation import CHUNK_EVENTS, Punctuator
 from txstream.actors.sink import Sink
 from txstream.cluster.topology import keep_freed_memory
 from txstream.config import RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
-from txstream.schedulers._kernels import ABORT_NS, run_transactions
-from txstream.state._kernels import undo_log
+from txstream.schedulers._kernels import ABORT_NS, run_statements, statement_scratch
 from txstream.state.chunk import ChunkArrays, ChunkDims, Outcomes, chunk_layout
 from txstream.state.shared import new_run_id, run_prefix
 from txstream.state.tables import SharedState
 from txstream.state.watermark import Watermark
-from txstream.topologies.api import EventShare, Transactions, conform_events
+from txstream.topologies.api import EventShare, Transactions, conform_events, one_batch
 
 STAGES = (
     "read",
@@ -83,7 +82,7 @@ def one_pass(events_file: Path, run: Plan, state: SharedState, chunk_events: int
             punctuator.punctuate()
             chunk = punctuator.take(chunk_events)
             t2 = clock()
-            share = _record_batch(chunk.events)
+            share = one_batch(chunk.events)
             t3 = clock()
             events = EventShare(share, topology, layout.sizes)
             topology.pre_process(events)
@@ -103,23 +102,13 @@ def one_pass(events_file: Path, run: Plan, state: SharedState, chunk_events: int
                 segment.unlink()
             segment.use_chunk(dims, needed)
             t5 = clock()
-            views = segment.share_ops(0, events.n, 0, operations, 0, reads, width)
-            txn.build_into(views, 0, 0, 0)
-            t6 = clock()
             segment.start_share(slice(0, events.n), events.reason)
-            mapped = segment.operations()
+            sizes = txn.sizes()
             waited = np.zeros(ABORT_NS + 1, np.int64)
-            reads = np.empty(max(1, mapped.max_reads), np.int64)
-            run_transactions(
-                0,
-                events.n,
-                mapped.arrays,
-                state.arrays,
-                udf,
-                reads,
-                undo_log(mapped.max_txn_ops),
-                segment.outcomes,
-                waited,
+            run_statements(
+                *(0, events.n, *txn.tables(), state.arrays, udf),
+                statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops),
+                *(segment.outcomes, waited),
             )
             t8 = clock()
             outcomes = Outcomes(*(column.copy() for column in segment.outcomes))
@@ -127,10 +116,9 @@ def one_pass(events_file: Path, run: Plan, state: SharedState, chunk_events: int
             t9 = clock()
             sink.write(rows, chunk.ts0, chunk.arrival)
             t10 = clock()
-            spans = [(t1, t2), (t2, t3), (t3, t4), (t4, t4b), (t6, t8), (t8, t9), (t9, t10)]
+            spans = [(t1, t2), (t2, t3), (t3, t4), (t4, t4b), (t5, t8), (t8, t9), (t9, t10)]
             for stage, (a, b) in zip(STAGES[1:], spans, strict=True):
                 seconds[stage] += b - a
-            seconds["construct"] += t6 - t5  # built in place (the layout is not timed)
         t0 = clock()
         sink.finish()
         seconds["sink"] += clock() - t0

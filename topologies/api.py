@@ -771,6 +771,14 @@ def _is_string(arrow_type: pa.DataType) -> bool:
     return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
 
 
+def one_batch(events: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
+    """``events`` as one record batch (a copy only if they span several)."""
+    if isinstance(events, pa.RecordBatch):
+        return events
+    batches = events.combine_chunks().to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=events.schema)
+
+
 def conform_events(events: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
     """``events`` with exactly the columns of ``schema``, in its order and types (integers
     of any width widened, all-null columns typed); other columns are dropped. Batches of
