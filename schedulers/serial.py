@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 from txstream.errors import TopologyError
 from txstream.monitor.metrics import Breakdown
-from txstream.schedulers._kernels import run_statements, statement_scratch
+from txstream.schedulers._kernels import StatementScratch, run_statements, statement_scratch
 from txstream.schedulers.base import Scheduler
 from txstream.state.chunk import ChunkArrays
 from txstream.state.operations import OperationShare
@@ -26,12 +27,18 @@ class SerialScheduler(Scheduler):
 
     name = "serial"
     _statements: Transactions | None = None
+    _tables: tuple[np.ndarray, np.ndarray, np.ndarray] = ()
+    _scratch: StatementScratch = ()
 
     def takes_statements(self, statements: Transactions) -> bool:
         """A lone executor does, but not on one of several nodes (whose operations'
         cells are mapped to the node's rows once built)."""
         alone = self.team.parties == 1 and not statements.layout.share
         self._statements = statements if alone else None
+        if alone:  # what every batch of the chunk passes its kernel
+            sizes = statements.sizes()
+            self._tables = statements.tables()
+            self._scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
         return alone
 
     def batches_in_step(self) -> bool:
@@ -51,9 +58,6 @@ class SerialScheduler(Scheduler):
         self, chunk: ChunkArrays, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """`run_in_order` from the statements (`run_statements`)."""
-        statements = self._statements
-        sizes = statements.sizes()
-        scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
-        args = (begin, end, *statements.tables(), self.state.arrays, self.udf)
-        if self.timed_in_order(run_statements, args, (scratch,), chunk, breakdown)[0]:
-            raise TopologyError(statements.error_message(scratch[-1]))
+        args = (begin, end, *self._tables, self.state.arrays, self.udf)
+        if self.timed_in_order(run_statements, args, (self._scratch,), chunk, breakdown)[0]:
+            raise TopologyError(self._statements.error_message(self._scratch[-1]))
