@@ -123,8 +123,8 @@ def keep_freed_memory() -> None:
     The one arena holds only for threads that allocate for the first time after this
     call: in `txstream run`, pyarrow's threads already have theirs (a 4M SL run used five
     arenas). Called on import instead, one arena cut a run's page faults from ~97,000 to
-    ~77,000 but not its time (7 interleaved pairs of CLI runs: 5.3-7.2 against 5.3-7.0 M
-    events/s), so it stays where the team starts.
+    ~77,000 but not its time (7 interleaved pairs of CLI runs: 5.3-7.0 M events/s with one
+    arena against 5.3-7.2 with five), so it stays where the team starts.
     """
     import ctypes
 

@@ -8,7 +8,7 @@ writing the chunk's operations out and reading them back (`run_statements`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from txstream.errors import TopologyError
@@ -22,24 +22,31 @@ if TYPE_CHECKING:
     from txstream.topologies.api import Transactions
 
 
+class _Direct(NamedTuple):
+    """A chunk a lone executor runs from its statements: what every batch passes
+    `run_statements`."""
+
+    statements: Transactions
+    tables: tuple[np.ndarray, np.ndarray, np.ndarray]
+    scratch: StatementScratch
+
+
 class SerialScheduler(Scheduler):
     """Transactions in ts order, operations in statement order, rollback on abort."""
 
     name = "serial"
-    _statements: Transactions | None = None
-    _tables: tuple[np.ndarray, np.ndarray, np.ndarray] = ()
-    _scratch: StatementScratch = ()
+    _direct: _Direct | None = None
 
     def takes_statements(self, statements: Transactions) -> bool:
         """A lone executor does, but not on one of several nodes (whose operations'
         cells are mapped to the node's rows once built)."""
-        alone = self.team.parties == 1 and not statements.layout.share
-        self._statements = statements if alone else None
-        if alone:  # what every batch of the chunk passes its kernel
-            sizes = statements.sizes()
-            self._tables = statements.tables()
-            self._scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
-        return alone
+        self._direct = None
+        if self.team.parties > 1 or statements.layout.share:
+            return False
+        sizes = statements.sizes()
+        scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
+        self._direct = _Direct(statements, statements.tables(), scratch)
+        return True
 
     def batches_in_step(self) -> bool:
         """Executor 0 runs every batch alone: the others wait once, after the chunk."""
@@ -49,15 +56,15 @@ class SerialScheduler(Scheduler):
         self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """Run the batch in one kernel call (executor 0)."""
-        if self._statements is not None:
-            self._run_statements(chunk, begin, end, breakdown)
+        if self._direct is not None:
+            self._run_statements(self._direct, chunk, begin, end, breakdown)
         elif self.team.rank == 0:
             self.run_in_order(chunk, ops, begin, end, breakdown)
 
     def _run_statements(
-        self, chunk: ChunkArrays, begin: int, end: int, breakdown: Breakdown
+        self, direct: _Direct, chunk: ChunkArrays, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """`run_in_order` from the statements (`run_statements`)."""
-        args = (begin, end, *self._tables, self.state.arrays, self.udf)
-        if self.timed_in_order(run_statements, args, (self._scratch,), chunk, breakdown)[0]:
-            raise TopologyError(self._statements.error_message(self._scratch[-1]))
+        args = (begin, end, *direct.tables, self.state.arrays, self.udf)
+        if self.timed_in_order(run_statements, args, (direct.scratch,), chunk, breakdown)[0]:
+            raise TopologyError(direct.statements.error_message(direct.scratch[-1]))
