@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import ray
 from txstream.actors.executor import output_schema
 from txstream.cluster.ray_runtime import reachable_address
 from txstream.cluster.transport import RayTransport, ThreadTransport
-from txstream.connectors.outputs import part_first_ts
+from txstream.connectors.outputs import file_stamps, part_first_ts, read_events
 from txstream.connectors.sources import ArrowSource, Source
 from txstream.engine.engine import NAMESPACE, Engine
 from txstream.engine.outbox import Outbox
@@ -348,12 +349,11 @@ class Session:
         seconds = time.perf_counter() - self._started
         tables = engine.state.tables(self.topology)
         output = self.plan.output
-        parts = [pq.read_table(p) for p in output.parts()]
-        events = pa.concat_tables(parts) if parts else output_schema(self.topology).empty_table()
+        schema = output_schema(self.topology)
         if self.recoveries or self.resumed_from:  # the last Sink saw only the last events
-            counts = pc.value_counts(events.column("status")).to_pylist()
-            summary.update(dict.fromkeys(STATUS_NAMES, 0), events=events.num_rows)
-            summary.update({c["values"]: c["counts"] for c in counts})
+            status = read_events(output.parts(), schema, ["status"]).column("status")
+            summary.update(dict.fromkeys(STATUS_NAMES, 0), events=len(status))
+            summary.update({c["values"]: c["counts"] for c in pc.value_counts(status).to_pylist()})
         metrics = session_metrics(
             summary,
             run_info,
@@ -371,13 +371,16 @@ class Session:
             },
         )
         if self.resumed_from and seconds > 0:  # this process ran the events after it only
-            metrics["throughput_eps"] = round((events.num_rows - self.resumed_from) / seconds, 1)
+            metrics["throughput_eps"] = round((metrics["events"] - self.resumed_from) / seconds, 1)
         metrics.update(self.extra_metrics)
         output.commit(tables, json.dumps(metrics, indent=2) + "\n")
         bar.close(metrics["throughput_eps"], metrics["seconds"])  # the summary's figures
         if self.plan.store is not None:
             self.plan.store.mark_complete()
-        return Result(events, tables, metrics)
+        files = output.committed_events()
+        events = partial(read_events, files, schema, stamps=file_stamps(files))
+        # a private output folder goes with the run: its events are read now
+        return Result(events() if self.plan.own_output else events, tables, metrics)
 
     def __enter__(self) -> Session:
         return self

@@ -25,6 +25,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from txstream.actors.sink import events_writer
 from txstream.errors import UsageError
@@ -124,6 +125,11 @@ class OutputDir:
         folder = self.committed_parts if self.progressive else self.staged_parts
         return sorted(folder.glob("part-*.parquet")) if folder.is_dir() else []
 
+    def committed_events(self) -> list[Path]:
+        """The files of the committed events in ts order, once `commit` ran: one file, or
+        a session's parts."""
+        return self.parts() if self.progressive else [self.path / EVENTS]
+
     def drop_parts_from(self, ts: int) -> None:
         """Remove the parts whose first row is at or after ``ts``, and parts being written
         (a recovery replays them)."""
@@ -196,3 +202,31 @@ def _merge(parts: list[Path], target: Path) -> None:
         for part in parts:
             for batch in pq.ParquetFile(part).iter_batches():
                 writer.write_batch(batch)
+
+
+def file_stamps(files: list[Path]) -> list[tuple[int, int]]:
+    """What tells a file from one written in its place later (inode, modification time)."""
+    return [(st.st_ino, st.st_mtime_ns) for st in (f.stat() for f in files)]
+
+
+def read_events(
+    files: list[Path],
+    schema: pa.Schema,
+    columns: list[str] | None = None,
+    stamps: list[tuple[int, int]] | None = None,
+) -> pa.Table:
+    """The output rows in ``files`` (in order) as one table (of ``schema``'s ``columns``,
+    all by default). With ``stamps`` (`file_stamps` when they were committed), files
+    replaced or removed since, say by a later run into the same output, are a UsageError
+    rather than someone else's rows."""
+    try:
+        if stamps is not None and file_stamps(files) != stamps:
+            raise FileNotFoundError
+        tables = [pq.read_table(f, columns=columns) for f in files]
+    except FileNotFoundError as exc:
+        where = files[0].parent if files else "the output"
+        raise UsageError(f"the run's events in {where} were replaced or removed") from exc
+    if tables:
+        return pa.concat_tables(tables)
+    names = schema.names if columns is None else columns
+    return pa.schema([schema.field(n) for n in names]).empty_table()

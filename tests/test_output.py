@@ -110,6 +110,22 @@ def test_a_failed_run_leaves_the_previous_output_untouched(tmp_path):
     assert not (out / "_temporary").exists()
 
 
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_result_reads_its_events_from_the_output_and_not_another_runs(tmp_path):
+    events, init = _sl_tables(30)
+    out = tmp_path / "out"
+    first = Job("sl", progress=False, transport="threads").run(events, init, output=out)
+    assert first.events.equals(pq.read_table(out / "events.parquet"))  # read when asked
+    unread = Job("sl", progress=False, transport="threads").run(events, init, output=out / "b")
+    Job("sl", progress=False, transport="threads", overwrite=True).run(
+        events.slice(0, 10), init, output=out / "b"
+    )
+    with pytest.raises(UsageError, match="replaced or removed"):
+        unread.events  # noqa: B018 - the property is what is tested
+    private = Job("sl", progress=False, transport="threads").run(events, init)
+    assert private.events.equals(first.events)  # its folder is gone: read before it went
+
+
 @pytest.mark.parametrize("transport", ["ray", "threads"])
 def test_ctrl_c_over_an_existing_output_leaves_it_untouched(tmp_path, transport):
     from txstream.topologies.generators import WorkloadSpec, generate, write_workload
