@@ -424,6 +424,10 @@ def command() -> NoReturn:
     modules, which the OS does anyway, and with Ray, RayDP, pyarrow and numba loaded it
     took 0.5-0.6 s of the quick start's ~11.5 s."""
     code = main()
+    if "txstream.connectors.spark" in sys.modules:  # a `run`: perhaps through Spark
+        from txstream.connectors.spark import end_spark_driver
+
+        end_spark_driver()
     for thread in threading.enumerate():  # as the interpreter would: non-daemon threads end
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()

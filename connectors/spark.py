@@ -538,6 +538,25 @@ def _accumulators_stopped_aside() -> None:
         threading.Thread(target=server.shutdown, name="accumulators", daemon=True).start()
 
 
+def end_spark_driver() -> None:
+    """End Spark's driver JVM (pyspark's gateway) if this process launched it, and wait
+    until it has. Left to itself it ends only after this process has (it watches its
+    stdin), then runs Spark's shutdown hooks for ~0.5 s (deleting Spark's local dirs,
+    which txstream's scratch folder removal has already done), holding this process's
+    stdout and stderr meanwhile: a pipeline waited for it, and its last log lines came
+    after the command's end. For a process that ends now (`txstream run`): a Spark of a
+    later run in the same process would have to launch its driver again."""
+    if "pyspark" not in sys.modules:  # no Spark in this process
+        return
+    from pyspark import SparkContext
+
+    driver = getattr(SparkContext._gateway, "proc", None)
+    if driver is None or driver.poll() is not None:
+        return
+    driver.kill()
+    driver.wait()
+
+
 def _executor_cores() -> int:
     """Cores of Spark's one executor: as many as this host has and Ray has free (the
     conversion to Arrow runs a partition per core, while the team, which reserves no CPU

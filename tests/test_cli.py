@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -140,6 +141,8 @@ def _cli(*args, timeout=300, env=(), watch=None):
         env=env,
     )
     watcher = TmpWatch(proc.pid, keep=watch) if watch else None
+    ended: dict = {}
+    threading.Thread(target=_note_exit, args=(proc.pid, ended), daemon=True).start()
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -147,10 +150,51 @@ def _cli(*args, timeout=300, env=(), watch=None):
         proc.communicate()
         raise
     result = SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=stderr, pid=proc.pid)
+    result.outlived = ended.get("outlived")
     if watcher is not None:
         watcher.stop()
         result.held, result.left = watcher.paths, watcher.left()
     return result
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (Z: a zombie), or "gone"."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def _children(pids: set[int]) -> set[int]:
+    """The processes whose parent is one of ``pids``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if parent in pids:
+                found.add(int(entry.name))
+    return found
+
+
+def _note_exit(pid: int, ended: dict) -> None:
+    """Which JVMs process ``pid`` started (seen while it ran, polled every 10 ms) were still
+    alive when it ended (gone, or a zombie not reaped yet)."""
+    seen: set[int] = set()
+    while _state(pid) not in ("Z", "X", "gone"):
+        seen |= _children({pid, *seen})
+        time.sleep(0.01)
+    alive = [p for p in seen if _state(p) not in ("Z", "X", "gone")]
+    ended["outlived"] = [p for p in alive if b"java" in _command_line(p)]
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def test_schema_error_exits_2_with_one_line(tmp_path):
@@ -267,6 +311,7 @@ def test_default_run_goes_through_spark_on_its_own_ray(tmp_path):
     # no JVM joined Ray as a Java driver, which extracts Ray's native library to /tmp/ray
     assert not any("/ray/" in str(p) for p in proc.held)
     assert proc.left == []
+    assert proc.outlived == []  # no JVM it started (Spark's driver) outlives it
     assert "starting Spark: done in" in (out / "_logs" / "txstream.log").read_text()
     assert not txstream_segments(proc.pid)
     assert {"startup_s", "staging_s"} <= json.loads((out / "metrics.json").read_text())[
