@@ -219,13 +219,15 @@ def read_events(
     all by default). With ``stamps`` (`file_stamps` when they were committed), files
     replaced or removed since, say by a later run into the same output, are a UsageError
     rather than someone else's rows."""
+    gone = UsageError(
+        f"the run's events in {files[0].parent if files else 'its output'} were replaced or removed"
+    )
     try:
         if stamps is not None and file_stamps(files) != stamps:
-            raise FileNotFoundError
+            raise gone
         tables = [pq.read_table(f, columns=columns) for f in files]
     except FileNotFoundError as exc:
-        where = files[0].parent if files else "the output"
-        raise UsageError(f"the run's events in {where} were replaced or removed") from exc
+        raise gone from exc
     if tables:
         return pa.concat_tables(tables)
     names = schema.names if columns is None else columns
