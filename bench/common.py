@@ -11,8 +11,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from txstream.state.chunk import ChunkArrays, ChunkDims, chunk_layout
+from txstream.state.shared import new_run_id, run_prefix
 from txstream.topologies.generators import WorkloadSpec, generate, write_workload
+
+if TYPE_CHECKING:
+    from txstream.state.layout import Layout
+    from txstream.topologies.api import EventShare, Topology, Transactions
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -64,3 +71,28 @@ def write_results(name: str, results: dict, folder: Path = RESULTS) -> Path:
     path = folder / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
+
+
+def lone_chunk_segment(
+    segment: ChunkArrays | None,
+    txn: Transactions,
+    events: EventShare,
+    topology: Topology,
+    layout: Layout,
+    label: str,
+) -> ChunkArrays:
+    """The chunk segment of a lone executor's chunk (``events``, its statements ``txn``)
+    laid out for it: ``segment`` if it fits, else a larger one (``segment`` closed)."""
+    sizes = txn.sizes()
+    outputs = max(1, len(topology.outputs))
+    dims = ChunkDims(
+        sizes.operations, sizes.reads, events.n, sizes.arg_width, outputs, 1, 1, layout.rows
+    )
+    needed = chunk_layout(dims, [])
+    if segment is None or not needed.fits(segment.capacity):
+        if segment is not None:
+            segment.close()
+        segment = ChunkArrays.create(f"{run_prefix(new_run_id())}_{label}", needed.grown())
+        segment.unlink()
+    segment.use_chunk(dims, needed)
+    return segment

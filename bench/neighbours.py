@@ -26,14 +26,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, workload_dirs, write_results
+from common import RESULTS, lone_chunk_segment, workload_dirs, write_results
 from txstream.actors.punctuation import CHUNK_EVENTS, Punctuator
 from txstream.config import RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
 from txstream.schedulers._kernels import ABORT_NS, run_statements, statement_scratch
-from txstream.state.chunk import ChunkArrays, ChunkDims, chunk_layout
-from txstream.state.shared import new_run_id, run_prefix
+from txstream.state.shared import new_run_id
 from txstream.state.tables import SharedState
 from txstream.topologies.api import EventShare, Transactions, conform_events, one_batch
 
@@ -82,18 +81,7 @@ def kernel_pass(chunks: list, run: Plan) -> float:
         try:
             for share, txn, ends in chunks:
                 sizes = txn.sizes()
-                dims = ChunkDims(
-                    sizes.operations, sizes.reads, share.n, sizes.arg_width,
-                    max(1, len(topology.outputs)), 1, 1, layout.rows,
-                )  # fmt: skip
-                needed = chunk_layout(dims, [])
-                if segment is None or not needed.fits(segment.capacity):
-                    if segment is not None:
-                        segment.close()
-                    name = f"{run_prefix(new_run_id())}_neighbours"
-                    segment = ChunkArrays.create(name, needed.grown())
-                    segment.unlink()
-                segment.use_chunk(dims, needed)
+                segment = lone_chunk_segment(segment, txn, share, topology, layout, "neighbours")
                 segment.start_share(slice(0, share.n), share.reason)
                 scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
                 tables, begin = txn.tables(), 0

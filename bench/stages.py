@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, workload_dirs, write_results
+from common import RESULTS, lone_chunk_segment, workload_dirs, write_results
 from txstream.actors.executor import _output_rows, rows_schema
 from txstream.actors.punctuation import CHUNK_EVENTS, Punctuator
 from txstream.actors.sink import Sink
@@ -34,8 +34,8 @@ from txstream.config import RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
 from txstream.schedulers._kernels import ABORT_NS, run_statements, statement_scratch
-from txstream.state.chunk import ChunkArrays, ChunkDims, Outcomes, chunk_layout
-from txstream.state.shared import new_run_id, run_prefix
+from txstream.state.chunk import Outcomes
+from txstream.state.shared import new_run_id
 from txstream.state.tables import SharedState
 from txstream.state.watermark import Watermark
 from txstream.topologies.api import EventShare, Transactions, conform_events, one_batch
@@ -89,18 +89,9 @@ def one_pass(events_file: Path, run: Plan, state: SharedState, chunk_events: int
             t4 = clock()
             txn = Transactions(events, layout)
             topology.state_access(events, txn)
-            operations, reads, width = txn.sizes()[:3]
+            txn.sizes()
             t4b = clock()
-            dims = ChunkDims(
-                operations, reads, events.n, width, max(1, len(topology.outputs)), 1, 1, layout.rows
-            )
-            needed = chunk_layout(dims, [])
-            if segment is None or not needed.fits(segment.capacity):
-                if segment is not None:
-                    segment.close()
-                segment = ChunkArrays.create(f"{run_prefix(new_run_id())}_stages", needed.grown())
-                segment.unlink()
-            segment.use_chunk(dims, needed)
+            segment = lone_chunk_segment(segment, txn, events, topology, layout, "stages")
             t5 = clock()
             segment.start_share(slice(0, events.n), events.reason)
             sizes = txn.sizes()
