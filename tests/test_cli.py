@@ -21,6 +21,7 @@ import pytest
 from conftest import TESTS, run_command, txstream_segments, wait_for_team
 from tmp_watch import TmpWatch
 from txstream.cli.main import main
+from txstream.cluster.scratch import descendants
 from txstream.cluster.topology import usable_cores
 from txstream.monitor.console import _si
 
@@ -165,26 +166,12 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def _children(pids: set[int]) -> set[int]:
-    """The processes whose parent is one of ``pids``."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if parent in pids:
-                found.add(int(entry.name))
-    return found
-
-
 def _note_exit(pid: int, ended: dict) -> None:
     """Which JVMs process ``pid`` started (seen while it ran, polled every 10 ms) were still
     alive when it ended (gone, or a zombie not reaped yet)."""
     seen: set[int] = set()
     while _state(pid) not in ("Z", "X", "gone"):
-        seen |= _children({pid, *seen})
+        seen.update(descendants(pid))
         time.sleep(0.01)
     alive = [p for p in seen if _state(p) not in ("Z", "X", "gone")]
     ended["outlived"] = [p for p in alive if b"java" in _command_line(p)]
