@@ -3,7 +3,7 @@ second CPU idle, running a spinning process, or decoding Parquet as a ProgressCo
 
 The SL events (4M generated, or the peers' with ``PEERS_DIR``) are read, cut into chunks
 and punctuation batches and pre-processed once, as a lone serial executor gets them;
-then each pass runs `run_statements` over every batch (the state loaded afresh), pinned to
+then each pass runs the statements' kernel over every batch (the state loaded afresh), pinned to
 CPU 1, while CPU 0 is idle, spins (``while True: pass``) or reads the events' Parquet file
 in a loop. Modes alternate within each round, so that the machine's drift falls on all of
 them alike. A team of two, or a serial run and its feeders, always has both CPUs busy: the
@@ -31,7 +31,8 @@ from txstream.actors.punctuation import CHUNK_EVENTS, Punctuator
 from txstream.config import RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
-from txstream.schedulers._kernels import ABORT_NS, run_statements, statement_scratch
+from txstream.schedulers._kernels import ABORT_NS, statement_scratch
+from txstream.schedulers._statement_kernels import statement_kernel
 from txstream.state.shared import new_run_id
 from txstream.state.tables import SharedState
 from txstream.topologies.api import EventShare, Transactions, conform_events, one_batch
@@ -72,7 +73,7 @@ def prepared_chunks(events: Path, run: Plan) -> list[tuple[EventShare, Transacti
 
 
 def kernel_pass(chunks: list, run: Plan) -> float:
-    """Nanoseconds per event of `run_statements` over every batch, on a fresh state."""
+    """Nanoseconds per event of the statements' kernel over every batch, on a fresh state."""
     topology, layout = run.topology, run.layout
     udf = topology.udf()
     spent, events, segment = 0, 0, None
@@ -85,10 +86,11 @@ def kernel_pass(chunks: list, run: Plan) -> float:
                 segment.start_share(slice(0, share.n), share.reason)
                 scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
                 tables, begin = txn.tables(), 0
+                kernel = statement_kernel(tables[0], tables[1])
                 for end in ends:
                     waited = np.zeros(ABORT_NS + 1, np.int64)
                     started = time.perf_counter_ns()
-                    run_statements(
+                    kernel(
                         begin, int(end), *tables, state.arrays, udf, scratch,
                         segment.outcomes, waited,
                     )  # fmt: skip

@@ -6,7 +6,7 @@ the Parquet input, assigning ts and cutting punctuations (conform + Punctuator),
 dispatch (an executor's share as one record batch), pre-processing (EventShare +
 ``pre_process``), construction (``state_access``'s statements and counting their
 operations), state access (a lone serial executor's kernel, which runs the statements
-without building operations: `run_statements`), post-processing to output rows, and the
+without building operations: `statement_kernel`), post-processing to output rows, and the
 Sink (Parquet writing, latency, counts). Each stage is timed over the whole
 input after one untimed pass (numba caches loaded, pages touched); the figure is the
 median of --repeat passes. Results go to bench/results/stages.json (``--name`` another
@@ -33,7 +33,8 @@ from txstream.cluster.topology import keep_freed_memory
 from txstream.config import RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
-from txstream.schedulers._kernels import ABORT_NS, run_statements, statement_scratch
+from txstream.schedulers._kernels import ABORT_NS, statement_scratch
+from txstream.schedulers._statement_kernels import statement_kernel
 from txstream.state.chunk import Outcomes
 from txstream.state.shared import new_run_id
 from txstream.state.tables import SharedState
@@ -96,8 +97,9 @@ def one_pass(events_file: Path, run: Plan, state: SharedState, chunk_events: int
             segment.start_share(slice(0, events.n), events.reason)
             sizes = txn.sizes()
             waited = np.zeros(ABORT_NS + 1, np.int64)
-            run_statements(
-                *(0, events.n, *txn.tables(), state.arrays, udf),
+            tables = txn.tables()
+            statement_kernel(tables[0], tables[1])(
+                *(0, events.n, *tables, state.arrays, udf),
                 statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops),
                 *(segment.outcomes, waited),
             )

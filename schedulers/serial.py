@@ -3,17 +3,20 @@
 The correctness reference every other scheduler is tested against. With several
 executors, they share pre- and post-processing; executor 0 alone touches state. A
 lone executor runs its transactions straight from the topology's statements, without
-writing the chunk's operations out and reading them back (`run_statements`).
+writing the chunk's operations out and reading them back, with a kernel made for them
+(`txstream.schedulers._statement_kernels`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from txstream.errors import TopologyError
 from txstream.monitor.metrics import Breakdown
-from txstream.schedulers._kernels import StatementScratch, run_statements, statement_scratch
+from txstream.schedulers._kernels import StatementScratch, statement_scratch
+from txstream.schedulers._statement_kernels import statement_kernel
 from txstream.schedulers.base import Scheduler
 from txstream.state.chunk import ChunkArrays
 from txstream.state.operations import OperationShare
@@ -23,9 +26,10 @@ if TYPE_CHECKING:
 
 
 class _Direct(NamedTuple):
-    """A chunk a lone executor runs from its statements: what every batch passes
-    `run_statements`."""
+    """A chunk a lone executor runs from its statements: their kernel, and what every
+    batch passes it."""
 
+    kernel: Callable[..., int]
     statements: Transactions
     tables: tuple[np.ndarray, np.ndarray, np.ndarray]
     scratch: StatementScratch
@@ -45,7 +49,9 @@ class SerialScheduler(Scheduler):
             return False
         sizes = statements.sizes()
         scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
-        self._direct = _Direct(statements, statements.tables(), scratch)
+        tables = statements.tables()
+        kernel = statement_kernel(tables[0], tables[1])
+        self._direct = _Direct(kernel, statements, tables, scratch)
         return True
 
     def batches_in_step(self) -> bool:
@@ -64,7 +70,7 @@ class SerialScheduler(Scheduler):
     def _run_statements(
         self, direct: _Direct, chunk: ChunkArrays, begin: int, end: int, breakdown: Breakdown
     ) -> None:
-        """`run_in_order` from the statements (`run_statements`)."""
+        """`run_in_order` from the statements, with their kernel."""
         args = (begin, end, *direct.tables, self.state.arrays, self.udf)
-        if self.timed_in_order(run_statements, args, (direct.scratch,), chunk, breakdown)[0]:
+        if self.timed_in_order(direct.kernel, args, (direct.scratch,), chunk, breakdown)[0]:
             raise TopologyError(direct.statements.error_message(direct.scratch[-1]))

@@ -4,18 +4,18 @@ state_access gets wrong is a TopologyError naming it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from txstream.errors import TopologyError
-from txstream.schedulers._kernels import (
-    ABORT_NS,
-    run_statements,
-    run_transactions,
-    statement_scratch,
-)
+from txstream.schedulers._kernels import ABORT_NS, run_transactions, statement_scratch
+from txstream.schedulers._statement_kernels import statement_kernel
 from txstream.state._kernels import undo_log
 from txstream.state.chunk import Outcomes
 from txstream.state.layout import Layout
@@ -244,8 +244,9 @@ def _state(values: list[int]) -> StateArrays:
 @settings(deadline=None, max_examples=150)
 @given(_workloads(), st.lists(st.integers(-3, 3), min_size=LAYOUT.cells, max_size=LAYOUT.cells))
 def test_transactions_run_from_statements_as_from_their_built_operations(workload, values):
-    """A lone serial executor runs the statements without building operations
-    (`run_statements`): the same outcomes and state as `run_transactions` over them."""
+    """A lone serial executor runs the statements without building operations, with a
+    kernel made for them (`statement_kernel`): the same outcomes and state as
+    `run_transactions` over them."""
     n, rejected, statements = workload
     txn = _transactions(n, rejected, statements)
     udf, sizes = TOPOLOGY.udf(), txn.sizes()
@@ -256,7 +257,8 @@ def test_transactions_run_from_statements_as_from_their_built_operations(workloa
     direct, direct_outcomes = _state(values), _outcomes(n, rejected)
     scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
     tables = txn.tables()
-    assert run_statements(0, n, *tables, direct, udf, scratch, direct_outcomes, waited) == 0
+    kernel = statement_kernel(tables[0], tables[1])
+    assert kernel(0, n, *tables, direct, udf, scratch, direct_outcomes, waited) == 0
     assert direct.values.tolist() == state.values.tolist()
     for got, want in zip(direct_outcomes, outcomes, strict=True):
         assert got.tolist() == want.tolist()
@@ -305,8 +307,38 @@ def test_running_from_statements_reports_what_building_does(txn):
     scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
     waited = np.zeros(ABORT_NS + 1, np.int64)
     state, outcomes = _state([1] * LAYOUT.cells), _outcomes(3, np.zeros(3, bool))
-    assert run_statements(0, 3, *txn.tables(), state, TOPOLOGY.udf(), scratch, outcomes, waited)
+    tables = txn.tables()
+    kernel = statement_kernel(tables[0], tables[1])
+    assert kernel(0, 3, *tables, state, TOPOLOGY.udf(), scratch, outcomes, waited)
     assert txn.error_message(scratch[-1]) == str(built.value)
+
+
+def test_statements_of_one_shape_share_a_kernel_compiled_once_per_installation():
+    """A statement kernel is made per shape (kinds of operation, keys, arguments, reads),
+    not per column, table or chunk; numba's cache of it serves the next process."""
+    kernel = statement_kernel(*_one().tables()[:2])
+    assert statement_kernel(*_one(key=np.array([4, 0, 3]), column=B["z"]).tables()[:2]) is kernel
+    assert statement_kernel(*_one(args=[np.array([1, 2, 3])]).tables()[:2]) is not kernel
+    reading = Transactions(_events(3), LAYOUT)
+    reading.read(A["x"], np.array([0, 1, 2]))
+    assert statement_kernel(*reading.tables()[:2]) is not kernel
+    source = Path(kernel.py_func.__code__.co_filename)
+    assert source.parent.name == "kernels" and source.read_text().startswith('"""Generated')
+    call = (
+        "import numpy as np, tests.test_transactions as t\n"
+        "from txstream.schedulers._kernels import statement_scratch\n"
+        "txn = t._one()\n"
+        "kernel = t.statement_kernel(*txn.tables()[:2])\n"
+        "state, outcomes = t._state([1] * t.LAYOUT.cells), t._outcomes(3, np.zeros(3, bool))\n"
+        "waited, scratch = np.zeros(3, np.int64), statement_scratch(1, 1, 1)\n"
+        "kernel(0, 3, *txn.tables(), state, t.TOPOLOGY.udf(), scratch, outcomes, waited)\n"
+        "print(sum(kernel.stats.cache_hits.values()), sum(kernel.stats.cache_misses.values()))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", call], cwd=Path(__file__).parents[1], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["1", "0"]  # loaded from the cache, not compiled
 
 
 def test_a_list_argument_needs_a_list_key_and_columns_one_value_per_event():
