@@ -227,14 +227,21 @@ def _load(source: str) -> Callable[..., int]:
 
 def _cache_folder() -> Path:
     """Where generated kernels and numba's cache of them live: the user's cache
-    (``$XDG_CACHE_HOME/txstream/kernels``), else a folder of this user's in the temp dir."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    temporary = Path(tempfile.gettempdir()) / f"txstream-kernels-{os.getuid()}"
-    for folder in (base / "txstream" / "kernels", temporary):
+    (``$XDG_CACHE_HOME/txstream/kernels``, by default under ``~/.cache``), else a folder
+    of this user's in the temp dir."""
+    folders = []
+    if os.environ.get("XDG_CACHE_HOME"):
+        folders.append(Path(os.environ["XDG_CACHE_HOME"]) / "txstream" / "kernels")
+    try:
+        folders.append(Path.home() / ".cache" / "txstream" / "kernels")
+    except RuntimeError:  # no home directory
+        pass
+    folders.append(Path(tempfile.gettempdir()) / f"txstream-kernels-{os.getuid()}")
+    for folder in folders:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError:
             continue
         if os.access(folder, os.W_OK):
             return folder
-    raise OSError(f"no writable folder for txstream's kernels under {base} or the temp dir")
+    raise OSError(f"no writable folder for txstream's kernels among {folders}")
