@@ -241,6 +241,16 @@ def _state(values: list[int]) -> StateArrays:
     return StateArrays(np.array(values, np.int64), np.zeros(16, np.int64), np.zeros(16, np.int64))
 
 
+@pytest.fixture(scope="module")
+def private_kernel_cache(tmp_path_factory):
+    """Kernels of drawn statements (of a new shape nearly every example) made in a
+    folder removed after the tests, not in the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.mark.usefixtures("private_kernel_cache")
 @settings(deadline=None, max_examples=150)
 @given(_workloads(), st.lists(st.integers(-3, 3), min_size=LAYOUT.cells, max_size=LAYOUT.cells))
 def test_transactions_run_from_statements_as_from_their_built_operations(workload, values):
