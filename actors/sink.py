@@ -11,7 +11,6 @@ open for ``PART_SECONDS``, so that committed outputs follow the stream closely.
 from __future__ import annotations
 
 import bisect
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -81,10 +80,6 @@ class Sink:
         self.counts = dict.fromkeys(STATUS_NAMES, 0)
         self._cpu_s = 0.0
         self._publish()
-
-    def pin(self, cpus: set[int]) -> None:
-        """Run this Sink's calls on ``cpus`` (as threads: its calls' thread is pinned)."""
-        os.sched_setaffinity(0, cpus)
 
     def write(self, rows: pa.RecordBatch, ts0: int, arrival: np.ndarray) -> None:
         """Accept a share that starts at ``ts0``; write every share that is now in order."""

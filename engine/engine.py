@@ -71,9 +71,13 @@ def spare_cpus(cores: list[tuple[int, int]]) -> set[int]:
     """The CPUs of this process that no executor is pinned to (``cores``: the plan's
     (socket, cpu) per executor).
 
-    With threads, the ProgressController's and the Sink's threads run there: left to the
-    kernel's scheduler they shared the executor's core now and then (4M SL events, serial,
-    2 cores: 5.6 M events/s unpinned, 6.4 M pinned, three runs each)."""
+    With threads, the ProgressController's thread runs there: left to the kernel's
+    scheduler with the Sink's, it shared the executor's core now and then (4M SL events,
+    serial, 2 cores: 5.6 M events/s unpinned, 6.4 M pinned, three runs each). The Sink's
+    thread is left to the scheduler: since a serial executor runs a kernel made for its
+    statements, it waits for its feeders ~40% of a run, and the Sink then writes on its
+    core (13 interleaved pairs: medians 7.56 -> 8.17 and 7.88 -> 8.42 M events/s; TP,
+    whose executor is the busier, 2.67 -> 2.70; docs/performance.md)."""
     return set(os.sched_getaffinity(0)) - {cpu for _, cpu in cores}
 
 
@@ -227,8 +231,6 @@ class Engine:
             )
         self._pids = pids if transport.separate_processes else []
         feeders = None if pin else spare_cpus(plan.cores)
-        if feeders:
-            sink.pin.remote(feeders)
         # what start-up built lives as long as the run: the collector skips it from now
         # on (a full collection over it stopped every thread of a 4M SL run for 72 ms)
         gc.freeze()
