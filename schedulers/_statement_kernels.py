@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numba
 import numpy as np
+from txstream.schedulers import _kernels as scheduler_kernels
 from txstream.state import _kernels as state_kernels
 from txstream.state import _numba, operations
 from txstream.topologies import _kernels as topology_kernels
@@ -130,7 +131,7 @@ _END = """\
     return 0
 """
 
-_ENGINE_KERNELS = (state_kernels, _numba, operations, topology_kernels)
+_ENGINE_KERNELS = (scheduler_kernels, state_kernels, _numba, operations, topology_kernels)
 """Modules whose kernels a generated kernel calls: numba's cache of a generated kernel does
 not see them change, so their source is part of its file's digest."""
 
