@@ -258,6 +258,37 @@ PHASES = [
 ]
 
 
+SPARK_DRIVER_ENDED = """
+import gc, sys, time
+from pyspark.sql import SparkSession
+from txstream.connectors.spark import end_spark_driver
+spark = SparkSession.builder.master("local[1]").config("spark.local.dir", sys.argv[1])
+spark = spark.config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={sys.argv[1]}")
+spark = spark.getOrCreate()
+held = spark.sparkContext._jvm.java.util.ArrayList()
+spark.stop()
+end_spark_driver()
+del held
+gc.collect()
+time.sleep(1)  # py4j's finalizer thread tells the JVM of dropped objects
+print("ended", file=sys.stderr)
+"""
+
+
+def test_a_java_object_dropped_after_spark_driver_ended_logs_nothing(tmp_path):
+    """`end_spark_driver` shuts py4j's gateway before the driver's JVM: a Java object
+    dropped afterwards is not sent to the dead JVM, whose failure py4j logs with its
+    traceback on stderr (it once reached the output of `txstream run`)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SPARK_DRIVER_ENDED, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0 and "ended" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.usefixtures("ray_cluster")
 def test_default_run_goes_through_spark_on_its_own_ray(tmp_path):
     """The README's main command: Spark source by default, own Ray, all cleaned up;
