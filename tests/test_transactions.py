@@ -344,11 +344,17 @@ def test_statements_of_one_shape_share_a_kernel_compiled_once_per_installation()
         "kernel(0, 3, *txn.tables(), state, t.TOPOLOGY.udf(), scratch, outcomes, waited)\n"
         "print(sum(kernel.stats.cache_hits.values()), sum(kernel.stats.cache_misses.values()))\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", call], cwd=Path(__file__).parents[1], capture_output=True, text=True
-    )
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["1", "0"]  # loaded from the cache, not compiled
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", call],
+            cwd=Path(__file__).parents[1],
+            capture_output=True,
+            text=True,
+        )
+        for _ in range(2)  # the first compiles it if no test did yet
+    ]
+    assert all(run.returncode == 0 for run in runs), runs[-1].stderr
+    assert runs[1].stdout.split() == ["1", "0"]  # loaded from the cache, not compiled
 
 
 def test_a_list_argument_needs_a_list_key_and_columns_one_value_per_event():
