@@ -18,6 +18,7 @@ what it compiles beside it: ~1 s to compile a new topology's kernel once, ~5 ms 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -54,11 +55,11 @@ _HEADER = '''\
 {shape}."""
 from txstream.schedulers._kernels import apply_once, settle
 from txstream.state._kernels import SET_FULL
-from txstream.state._numba import jit, load_flag
+from txstream.state._numba import jit
 from txstream.state.operations import REJECTED
 from txstream.topologies._kernels import (
     ARG_SHORTER, BASE, COND, FIRST_ARG, FUN, KEY_A, KEY_B, KEY_OUTSIDE, OUT, REASON, SIZE,
-    SOURCE_A, SOURCE_B, WHERE, put_reads, source_element, source_length,
+    SOURCE_A, SOURCE_B, WHERE, put_arg, put_reads, selected, source_element, source_length,
 )
 
 
@@ -86,13 +87,11 @@ if key < 0 or key >= size{s}:
     return KEY_OUTSIDE
 """
 
-_LIST_ARG_CHECK = """\
-if e >= source_length({kind}, arg_a{s}_{j}, t):
+_ARG = """\
+if not put_arg(row, 0, {j}, {kind}, arg_a{s}_{j}, arg_b{s}_{j}, t, e):
     error[0], error[1] = ARG_SHORTER, {s}
     return ARG_SHORTER
 """
-
-_ARG = "row[0, {j}] = source_element({kind}, arg_a{s}_{j}, arg_b{s}_{j}, t, e)\n"
 
 _READS = """\
 n_reads = put_reads(cells, 0, t, {s}, statements, reads, no_targets, error)
@@ -169,8 +168,6 @@ def kernel_source(shape: Shape) -> str:
         for j, arg_kind in enumerate(arg_kinds):
             arg = f"statements[FIRST_ARG, {s}] + {j}"
             fields.append(_ARG_FIELDS.format(s=s, j=j, arg=arg))
-            if arg_kind == LIST_COLUMN:
-                body += _LIST_ARG_CHECK.format(kind=arg_kind, s=s, j=j)
             body += _ARG.format(kind=arg_kind, s=s, j=j)
         body += _READS.format(s=s) if has_reads else "n_reads = 0\n"
         body += _APPLY.format(s=s, kind=kind, n_args=len(arg_kinds))
@@ -179,7 +176,7 @@ def kernel_source(shape: Shape) -> str:
             body = loop + textwrap.indent(body, "    ")
         else:
             body = "e = 0\n" + body
-        emits = f"if where{s} == 0 or load_flag(where{s}, t):\n"
+        emits = f"if selected(where{s}, t):\n"
         blocks.append(emits + textwrap.indent(body, "    "))
     return (
         _HEADER.replace("{shape}", repr(shape))
@@ -206,9 +203,7 @@ def statement_kernel(statements: np.ndarray, args: np.ndarray) -> Callable[..., 
 def _load(source: str) -> Callable[..., int]:
     """``run_statements`` of ``source``, from its file in the cache (written if absent)."""
     digest = hashlib.sha256(source.encode())
-    digest.update(numba.__version__.encode())
-    for module in _ENGINE_KERNELS:
-        digest.update(Path(module.__file__).read_bytes())
+    digest.update(_engine_digest())
     name = f"txstream_statements_{digest.hexdigest()[:20]}"
     path = _cache_folder() / f"{name}.py"
     if not path.exists():
@@ -224,6 +219,16 @@ def _load(source: str) -> Callable[..., int]:
         sys.modules[name] = module  # numba's cache finds the kernel's module by name
         spec.loader.exec_module(module)
     return module.run_statements
+
+
+@functools.cache
+def _engine_digest() -> bytes:
+    """Digest of numba's version and the engine's kernels a generated kernel calls (read
+    once per process)."""
+    digest = hashlib.sha256(numba.__version__.encode())
+    for module in _ENGINE_KERNELS:
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.digest()
 
 
 def _cache_folder() -> Path:

@@ -64,10 +64,15 @@ def source_element(kind, a, b, t, e):
 
 
 @inline
+def selected(where, t):
+    """Whether event ``t`` is in a statement's ``where`` mask (its address; 0: every event)."""
+    return where == 0 or load_flag(where, t)
+
+
+@inline
 def emits(statements, s, t):
     """Whether statement ``s`` emits for (not rejected) event ``t``: its mask says so."""
-    where = statements[WHERE, s]
-    return where == 0 or load_flag(where, t)
+    return selected(statements[WHERE, s], t)
 
 
 @jit
@@ -90,7 +95,7 @@ def count_operations(rejected, statements, reads, per_event):
         first, last = statements[FIRST_READ, s], statements[FIRST_READ, s] + statements[READS, s]
         for t in range(n):
             # a count, not a branch: kinds in random order made half the branches mispredict
-            m = (rejected[t] == 0) * (where == 0 or load_flag(where, t)) * source_length(kind, a, t)
+            m = (rejected[t] == 0) * selected(where, t) * source_length(kind, a, t)
             per_event[t] += m
             op_reads = 0
             for q in range(first, last):
@@ -106,6 +111,16 @@ def count_operations(rejected, statements, reads, per_event):
 
 
 @inline
+def put_arg(args_out, row, j, kind, a, b, t, e):
+    """Argument ``j`` (a source: ``kind``, ``a``, ``b``) for element ``e`` of event ``t``
+    into ``args_out[row, j]``; False if it is a list shorter than the key list."""
+    if kind == LIST_COLUMN and e >= source_length(kind, a, t):
+        return False
+    args_out[row, j] = source_element(kind, a, b, t, e)
+    return True
+
+
+@inline
 def put_args(args_out, row, t, e, s, statements, args, error):
     """Statement ``s``'s arguments for element ``e`` of event ``t`` into row ``row`` of
     ``args_out`` (zeros past them); False, with ``error`` filled in, if a list argument
@@ -114,10 +129,9 @@ def put_args(args_out, row, t, e, s, statements, args, error):
     for j in range(n_args):
         arg = first_arg + j
         kind, a, b = args[arg, SOURCE_KIND], args[arg, SOURCE_A], args[arg, SOURCE_B]
-        if kind == LIST_COLUMN and e >= source_length(kind, a, t):
+        if not put_arg(args_out, row, j, kind, a, b, t, e):
             error[0], error[1] = ARG_SHORTER, s
             return False
-        args_out[row, j] = source_element(kind, a, b, t, e)
     for j in range(n_args, args_out.shape[1]):
         args_out[row, j] = 0
     return True
