@@ -135,6 +135,8 @@ class Executor:
             pin_process(cpu)
         self.config = config
         self.topology = topologies.get(config.topology)
+        self._no_rows = pa.RecordBatch.from_pylist([], schema=rows_schema(self.topology))
+        """What an empty share outputs."""
         self.state = SharedState.attach(state)
         self._sync = SharedArray.attach(sync) if isinstance(sync, ArrayHandle) else None
         self.team = Member(seat, self._sync.array if self._sync else sync, config.timeout_s)
@@ -194,7 +196,8 @@ class Executor:
         rows = self.run_share(share, seq, first, ts0, batch_ends, chunk_time, checkpoint)
         self.breakdown.add(chunk_time)
         self.chunks.append({"ts": ts0, "events": events, "breakdown_s": chunk_time.as_dict()})
-        self._pending.append(self.sink.write.remote(rows, ts0 + first, arrival))
+        if rows.num_rows:
+            self._pending.append(self.sink.write.remote(rows, ts0 + first, arrival))
         if len(self._pending) > MAX_PENDING_WRITES:
             self._wait(self._pending.popleft())
 
@@ -226,10 +229,15 @@ class Executor:
             # a share from a thread of the ProgressController is made one batch here: a
             # copy when it spans several of the source's batches, on this executor's core
             batch = EventShare(one_batch(share), topology, layout.sizes)
-            topology.pre_process(batch)
+            # an empty share of a chunk dealt whole to executor 0 (`whole_chunks`) runs no
+            # topology code; the warm-up's empty chunk does, to warm it up
+            idle = batch.n == 0 < events
+            if not idle:
+                topology.pre_process(batch)
         with breakdown.timing("construct"):
             txn = Transactions(batch, layout)
-            topology.state_access(batch, txn)
+            if not idle:
+                topology.state_access(batch, txn)
         sizes = txn.sizes()
         operations, reads, width = sizes.operations, sizes.reads, sizes.arg_width
         self.operations += operations
@@ -239,7 +247,7 @@ class Executor:
         r = team.rank
         before = team.shares()[:r]
         first_op, first_read = sum(c.operations for c in before), sum(c.reads for c in before)
-        if not self.scheduler.takes_statements(txn):
+        if not self.scheduler.takes_statements(txn, batch.n == events, breakdown):
             with breakdown.timing("construct"):
                 views = chunk.share_ops(
                     first, batch.n, first_op, operations, first_read, reads, width
@@ -265,6 +273,8 @@ class Executor:
             self.snapshots.publish(self.state.values, ts0 + events, seq + 1)
             if checkpoint:
                 self.checkpoints.copy_from(self.state, ts0 + events)
+        if idle:
+            return self._no_rows
         outcomes = Outcomes(*(column[share].copy() for column in chunk.outcomes))
         with breakdown.timing("useful"):
             return _output_rows(topology, batch, outcomes, ts0 + first)

@@ -6,8 +6,10 @@ pushed. Punctuation batches are cut by count, by time, and at once when no chunk
 flight (the team would otherwise sit idle until the cut), and handed to the team in
 chunks of whole batches, sized for the latency target (`txstream.actors.punctuation`):
 one Ray call per executor per chunk, never per event or per batch, and a bounded number
-of chunks in flight. Every executor gets a contiguous share of every chunk to pre-process;
-the team executes the chunk together, synchronising in shared memory.
+of chunks in flight. Every executor gets a contiguous share of every chunk to pre-process
+(a team of threads, whose Python steps share one GIL, may ask for the whole chunk on
+executor 0: `Scheduler.whole_chunks`); the team executes the chunk together,
+synchronising in shared memory.
 
 It runs as a Ray actor with three concurrency groups: ``input`` (push, flush, close: one
 thread, so calls keep the order they were made in), ``run`` (the dispatch loop, one long
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import ray
+from txstream import schedulers
 from txstream.actors.punctuation import Chunk, ChunkSizer, Punctuator
 from txstream.cluster.transport import LocalActor, get, wait_all
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
@@ -50,8 +53,11 @@ CONCURRENCY = {"input": 1, "run": 1}
 """Ray concurrency groups (see module docstring)."""
 
 
-def share_bounds(events: int, parties: int) -> list[tuple[int, int]]:
-    """Contiguous, near-equal shares ``(first, end)`` of a chunk, in rank order."""
+def share_bounds(events: int, parties: int, whole: bool = False) -> list[tuple[int, int]]:
+    """Contiguous, near-equal shares ``(first, end)`` of a chunk, in rank order; or, with
+    ``whole``, the whole chunk for executor 0 and an empty share for the others."""
+    if whole:
+        return [(0, events)] + [(events, events)] * (parties - 1)
     cuts = [events * rank // parties for rank in range(parties + 1)]
     return list(zip(cuts[:-1], cuts[1:], strict=True))
 
@@ -90,6 +96,8 @@ class ProgressController:
         self.schema = schema
         self.executors = executors
         self._remote = not all(isinstance(e, LocalActor) for e in executors)
+        self._whole = not self._remote and schedulers.get(config.scheduler).whole_chunks(config)
+        """Executor 0 gets every chunk whole (`Scheduler.whole_chunks`)."""
         self.sink = sink
         self._handles = (watermark, snapshots)
         self.layout = layout
@@ -269,7 +277,7 @@ class ProgressController:
         checkpoint = self._checkpoint_after(chunk)
         calls = []
         for executor, (first, end) in zip(
-            self.executors, share_bounds(chunk.size, len(self.executors)), strict=True
+            self.executors, share_bounds(chunk.size, len(self.executors), self._whole), strict=True
         ):
             share = chunk.events.slice(first, end - first)
             if self._remote:  # pickled whole; a thread makes it one batch on its own core

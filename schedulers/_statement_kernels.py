@@ -1,7 +1,8 @@
-"""A lone executor's statements run by a kernel made for them.
+"""Statements run in order by a kernel made for them.
 
-A lone serial executor runs each transaction straight from its topology's statements
-(`SerialScheduler.takes_statements`). Walked by one kernel for every topology, each
+An executor that holds a whole chunk and runs it in order (serial's, or morphstream's
+walking a chunk) runs each transaction straight from its topology's statements
+(`Scheduler.from_statements`). Walked by one kernel for every topology, each
 statement's fields were read and branched on for every event, at branch sites all the
 statements shared: SL's transactions took ~53 ns per event that way. Here the statements'
 walk is written out as Python source, one block per statement with what the block does

@@ -20,12 +20,18 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import numpy as np
-from txstream.errors import RuntimeFailure, UsageError
+from txstream.errors import RuntimeFailure, TopologyError, UsageError
 from txstream.monitor.metrics import Breakdown
-from txstream.schedulers._kernels import ABORT_NS, run_transactions
+from txstream.schedulers._kernels import (
+    ABORT_NS,
+    StatementScratch,
+    run_transactions,
+    statement_scratch,
+)
+from txstream.schedulers._statement_kernels import statement_kernel
 from txstream.schedulers.team.member import Member
 from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, undo_log
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims, chunk_layout
@@ -40,6 +46,16 @@ if TYPE_CHECKING:
 
 OPTIONS = ("explore", "granularity", "abort", "placement")
 """Options a scheduler may honour; the others apply to every scheduler."""
+
+
+class Direct(NamedTuple):
+    """A chunk one executor runs from its statements (`Scheduler.from_statements`): their
+    kernel, and what every batch passes it."""
+
+    kernel: Callable[..., int]
+    statements: Transactions
+    tables: tuple[np.ndarray, np.ndarray, np.ndarray]
+    scratch: StatementScratch
 
 
 class Scheduler(ABC):
@@ -62,6 +78,14 @@ class Scheduler(ABC):
             if option not in cls.defaults and getattr(config, option) is not None:
                 raise UsageError(f"--{option} does not apply to scheduler {cls.name!r}")
         return {o: getattr(config, o) or cls.defaults.get(o) for o in OPTIONS}
+
+    @classmethod
+    def whole_chunks(cls, config: RunConfig) -> bool:
+        """Whether executor 0 gets every chunk whole (the others an empty share) when the
+        team shares one interpreter (threads): a share's pre- and post-processing costs
+        about as much wall as the whole chunk's under one GIL, so splitting them only
+        pays to a scheduler that builds operations on every executor (default: False)."""
+        return False
 
     @classmethod
     def coordinator_policies(cls, config: RunConfig) -> tuple[str, ...]:
@@ -108,11 +132,39 @@ class Scheduler(ABC):
         """Receive the run segment's arrays (before the first chunk)."""
         self.run = arrays
 
-    def takes_statements(self, statements: Transactions) -> bool:
+    def takes_statements(self, statements: Transactions, whole: bool, breakdown: Breakdown) -> bool:
         """Whether this executor runs the chunk straight from its share's ``statements``
-        (keeping them for the chunk's batches) instead of from operations built into the
-        chunk, which are then not built (default: False)."""
+        (`from_statements`) instead of from operations built into the chunk, which are
+        then not built; ``whole``: the share is the whole chunk (default: False)."""
         return False
+
+    direct: Direct | None = None
+    """The chunk this executor runs from its statements (`from_statements`), if any."""
+
+    def from_statements(self, statements: Transactions) -> bool:
+        """Run the chunk from ``statements`` with a kernel made for them (`run_direct`):
+        not on one of several nodes, whose operations' cells are mapped to the node's
+        rows once built (returns False then)."""
+        self.direct = None
+        if statements.layout.share:
+            return False
+        sizes = statements.sizes()
+        scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
+        tables = statements.tables()
+        self.direct = Direct(statement_kernel(tables[0], tables[1]), statements, tables, scratch)
+        return True
+
+    def run_direct(self, chunk: ChunkArrays, begin: int, end: int, breakdown: Breakdown) -> int:
+        """`run_in_order` from the statements (`from_statements`): the nanoseconds it
+        took."""
+        direct = self.direct
+        args = (begin, end, *direct.tables, self.state.arrays, self.udf)
+        returned, spent = self.timed_in_order(
+            direct.kernel, args, (direct.scratch,), chunk, breakdown
+        )
+        if returned:
+            raise TopologyError(direct.statements.error_message(direct.scratch[-1]))
+        return spent
 
     def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """Restructure the chunk's operations before its first batch (default: nothing)."""

@@ -17,8 +17,10 @@ Per batch, the whole team:
 When operations cost less than linking and exploring them costs the team (`decision.
 ordered`, from the time per operation measured so far), `auto` walks a whole chunk in
 order instead: executor 0 runs its batches one by one with serial's kernel, the others
-only pre- and post-process their shares; no graph is built. The time per operation is
-measured there too, so that costlier operations bring the graph back.
+only pre- and post-process their shares; no graph is built. On threads executor 0 gets
+every chunk whole (`whole_chunks`) and walks it from the statements, as serial does;
+exploring, the team links and explores the operations executor 0 built. The time per
+operation is measured there too, so that costlier operations bring the graph back.
 
 The team's placement decides who may run a unit: its row's pool's executors.
 """
@@ -65,17 +67,19 @@ from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
 from txstream.state.sync import PAUSE, STRIDE, add_to
 from txstream.state.tables import SharedState
-from txstream.topologies.api import Topology
+from txstream.topologies.api import Topology, Transactions
 
 if TYPE_CHECKING:
     from txstream.config import RunConfig
 
-LD, STRATA, MERGED, CYCLIC, EXPLORE_NS, ABORTED = range(LINK_STATS, LINK_STATS + 6)
+LD, STRATA, MERGED, CYCLIC, EXPLORE_NS, ABORTED, WALKED, WALKED_OPS = range(
+    LINK_STATS, LINK_STATS + 8
+)
 """Per executor, after the `link_batch` statistics: operations after the first of
 their transaction, strata, merged rows, cyclic groups, the ns it spent exploring the
-previous batch (or walking the previous chunk in order), and the transactions that
-aborted in that walk."""
-STATS = ABORTED + 1
+previous batch (or walking chunks in order since), and the transactions that aborted,
+the transactions and the operations of that walk."""
+STATS = WALKED_OPS + 1
 
 
 class ChunkView(NamedTuple):
@@ -148,11 +152,23 @@ class MorphStreamScheduler(SpeculativeScheduler):
         self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
         """What executor 0 walked in order since the last chunk's decision."""
 
-    def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
-        """Whether the chunk is walked in order (the whole team, one barrier); if not,
-        the chunk dealt to the executors that link it (`SpeculativeScheduler.prepare`)
-        and what its batches pass their kernels."""
+    @classmethod
+    def whole_chunks(cls, config: RunConfig) -> bool:
+        """With ``--explore auto``: a chunk walked in order then runs from its statements
+        on executor 0, as serial's (`Scheduler.whole_chunks`); exploring, the team links
+        and explores the chunk's operations wherever they were built."""
+        return cls.check_options(config)["explore"] == "auto"
+
+    def takes_statements(self, statements: Transactions, whole: bool, breakdown: Breakdown) -> bool:
+        """Whether the chunk is walked in order (the whole team decides, `_walk_in_order`);
+        if so, executor 0 runs it from the statements when it holds them all."""
         self._ordered = self._walk_in_order(breakdown)
+        self.direct = None
+        return self._ordered and whole and self.team.rank == 0 and self.from_statements(statements)
+
+    def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
+        """A chunk not walked in order: dealt to the executors that link it
+        (`SpeculativeScheduler.prepare`), and what its batches pass their kernels."""
         if not self._ordered:
             super().prepare(chunk, ops, breakdown)
             self._view = self._chunk_view(chunk)
@@ -163,19 +179,20 @@ class MorphStreamScheduler(SpeculativeScheduler):
         decide whether this chunk is walked in order."""
         if self._fixed.explore != "auto":
             return False
-        team, table = self.team, self.run["stats"]
-        table[team.rank, EXPLORE_NS] = self._explore_ns
-        table[team.rank, ABORTED] = self._walked.failed
+        team, table, walked = self.team, self.run["stats"], self._walked
+        row = table[team.rank]
+        row[EXPLORE_NS], row[ABORTED] = self._explore_ns, walked.failed
+        row[WALKED], row[WALKED_OPS] = walked.transactions, walked.operations
         team.barrier(breakdown)
-        totals = table.sum(axis=0)
-        for last in (self._last, self._walked):
+        totals = table.sum(axis=0)  # written again only after the team's next barrier
+        walked.failed, walked.transactions = int(totals[ABORTED]), int(totals[WALKED])
+        walked.operations = int(totals[WALKED_OPS])
+        for last in (self._last, walked):
             if last is not None and last.transactions:
                 last.explore_s = float(totals[EXPLORE_NS]) / 1e9
-                last.failed = int(totals[ABORTED]) if last is self._walked else last.failed
                 self._history.update(last, self.thresholds.memory)
         self._last, self._explore_ns = None, 0
         self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
-        team.barrier(breakdown)  # every executor has read the table
         return ordered(self._history, self.thresholds)
 
     def batches_in_step(self) -> bool:
@@ -236,10 +253,15 @@ class MorphStreamScheduler(SpeculativeScheduler):
     def _walk(
         self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
-        """Executor 0: transactions begin..end-1 in ts order with serial's kernel, timed
-        and counted as an exploration is."""
-        spent = self.run_in_order(chunk, ops, begin, end, breakdown)
-        first, stop = int(ops.txn_ptr[begin]), int(ops.txn_ptr[end])
+        """Executor 0: transactions begin..end-1 in ts order with serial's kernel (from
+        the statements, if it takes them), timed and counted as an exploration is."""
+        if self.direct is not None:
+            spent = self.run_direct(chunk, begin, end, breakdown)
+            offsets = self.direct.statements.operation_offsets()
+        else:
+            spent = self.run_in_order(chunk, ops, begin, end, breakdown)
+            offsets = ops.txn_ptr
+        first, stop = int(offsets[begin]), int(offsets[end])
         failed = int(np.count_nonzero(chunk.status[begin:end] == ABORTED_STATUS))
         self._explore_ns += spent
         walked = self._walked

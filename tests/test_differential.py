@@ -4,8 +4,10 @@ options, on randomized workloads with hot keys, cascading aborts, parametric rea
 cells written earlier in the batch, and malformed events.
 
 The baselines lock, mvlk and sstore run on intervals {1, 97, 10240}, and only sstore
-places work; so does `serial` itself on 2 and 3 executors, which run the operations
-built into the chunk (a lone executor runs the statements: `run_statements`). The
+places work; so does `serial` itself on 2 and 3 executors. serial and morphstream (whose
+`auto` walks chunks of cheap operations in order) run both ways a team deals a chunk:
+whole to executor 0, which runs its statements (threads), or in shares whose operations
+are built into the chunk (a team of processes; `Scheduler.whole_chunks`). The
 matrix is sampled pairwise (`pairwise`): every value of every axis meets every value
 of every other axis in some case. MorphStream's cases also include every fixed
 combination of its three dimensions and all of them on `auto`. A new scheduler adds
@@ -14,6 +16,7 @@ its name and axes to `AXES`.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from itertools import product
 
 import pytest
@@ -22,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from local_engine import run_local
 from pairwise import pairwise
+from txstream import schedulers
 from txstream.config import PLACEMENTS
 from txstream.topologies import BUNDLED
 from workloads import workloads
@@ -32,16 +36,25 @@ TEAM = {
     "executors": (1, 2, 3),
     "punctuation_interval": (1, 7, 97, 10240),
 }
+DEALING = ("whole", "shares")
+"""How a team of threads gets its chunks: as the scheduler asks, or in shares as a team
+of processes does (`Scheduler.whole_chunks`)."""
 WHOLE = {"topology": BUNDLED, "executors": (1, 2, 3), "punctuation_interval": (1, 97, 10240)}
 """The baselines that give whole transactions to executors; only sstore places work."""
 AXES = {
-    "serial": {"topology": BUNDLED, "executors": (2, 3), "punctuation_interval": (1, 97, 10240)},
+    "serial": {
+        "topology": BUNDLED,
+        "executors": (2, 3),
+        "punctuation_interval": (1, 97, 10240),
+        "dealing": DEALING,
+    },
     "tstream": TEAM,
     "lock": WHOLE,
     "mvlk": WHOLE,
     "sstore": {**WHOLE, "placement": PLACEMENTS},
     "morphstream": {
         **TEAM,
+        "dealing": DEALING,
         "explore": ("auto", "bfs", "dfs", "ns"),
         "granularity": ("auto", "fine", "coarse"),
         "abort": ("auto", "eager", "lazy"),
@@ -69,6 +82,7 @@ CASES = [
 def test_equals_serial(scheduler, case, data):
     case = dict(case)
     topology = case.pop("topology")
+    dealing = case.pop("dealing", "whole")
     events, init = data.draw(workloads(topology))
     per_chunk = data.draw(st.integers(1, 3), label="batches_per_chunk")
     sockets = data.draw(st.integers(1, 2), label="sockets")
@@ -76,16 +90,27 @@ def test_equals_serial(scheduler, case, data):
     want = run_local(
         topology, events, init, punctuation_interval=interval, batches_per_chunk=per_chunk
     )
-    got = run_local(
-        topology,
-        events,
-        init,
-        scheduler=scheduler,
-        sockets=sockets,
-        batches_per_chunk=per_chunk,
-        **case,
-    )
+    with dealt(scheduler, dealing):
+        got = run_local(
+            topology,
+            events,
+            init,
+            scheduler=scheduler,
+            sockets=sockets,
+            batches_per_chunk=per_chunk,
+            **case,
+        )
     assert_same_tables(got, want)
+
+
+@contextmanager
+def dealt(scheduler: str, dealing: str):
+    """The team's chunks dealt in shares (as to a team of processes) for ``"shares"``."""
+    with pytest.MonkeyPatch.context() as patch:
+        if dealing == "shares":
+            in_shares = classmethod(lambda cls, config: False)
+            patch.setattr(schedulers.get(scheduler), "whole_chunks", in_shares)
+        yield
 
 
 @pytest.mark.parametrize("scheduler", AXES)
@@ -100,17 +125,19 @@ def test_equals_serial_on_long_streams(scheduler, data):
         for name, values in AXES[scheduler].items()
         if name not in WHOLE
     }
+    dealing = options.pop("dealing", "whole")
     want = run_local(topology, events, init, punctuation_interval=64, batches_per_chunk=2)
     executors = data.draw(st.integers(2, 3), label="executors")
-    got = run_local(
-        topology,
-        events,
-        init,
-        scheduler=scheduler,
-        executors=executors,
-        sockets=2,
-        punctuation_interval=64,
-        batches_per_chunk=2,
-        **options,
-    )
+    with dealt(scheduler, dealing):
+        got = run_local(
+            topology,
+            events,
+            init,
+            scheduler=scheduler,
+            executors=executors,
+            sockets=2,
+            punctuation_interval=64,
+            batches_per_chunk=2,
+            **options,
+        )
     assert_same_tables(got, want)

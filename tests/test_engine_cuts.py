@@ -1,5 +1,6 @@
 """The threads engine (the real ProgressController on ThreadTransport) cuts punctuations
-by time and when the team is idle, not only by count; results stay the model's. No Ray."""
+by time and when the team is idle, not only by count, and deals chunks whole where the
+scheduler asks; results stay the model's. No Ray."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import naive
 import pytest
 import ray
 from compare import assert_same_run
-from txstream import Job
+from txstream import Job, schedulers
+from txstream.actors.progress import share_bounds
 from txstream.cluster.transport import ThreadTransport
+from txstream.config import RunConfig
 from txstream.topologies.generators import WorkloadSpec, generate
 
 TIMEOUT_S = 30.0
@@ -74,3 +77,27 @@ def test_an_open_batch_is_cut_when_the_team_goes_idle():
         result = session.close()
     assert result.metrics["punctuations"] == {"by_count": 0, "by_time": 0}
     assert_same_run(result.events, result.state, *naive.run_model("sl", events, init))
+
+
+def test_a_team_of_threads_gets_its_chunks_whole_on_executor_0_where_the_scheduler_asks():
+    """Under one GIL a share's Python steps cost about as much wall as the whole chunk's:
+    serial and morphstream's `auto` (which walks chunks in order from their statements)
+    ask for whole chunks; the schedulers that build operations on every executor do not."""
+    assert share_bounds(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    assert share_bounds(10, 3, whole=True) == [(0, 10), (10, 10), (10, 10)]
+    asks = {
+        (scheduler, explore): schedulers.get(scheduler).whole_chunks(
+            RunConfig(scheduler=scheduler, explore=explore)
+        )
+        for scheduler, explore in [("serial", None), ("tstream", None)]
+        + [("morphstream", e) for e in (None, "auto", "bfs", "dfs", "ns")]
+    }
+    assert asks == {
+        ("serial", None): True,
+        ("tstream", None): False,
+        ("morphstream", None): True,
+        ("morphstream", "auto"): True,
+        ("morphstream", "bfs"): False,
+        ("morphstream", "dfs"): False,
+        ("morphstream", "ns"): False,
+    }

@@ -391,6 +391,8 @@ class Transactions:
         self._alive: list[np.ndarray] = []
         self._width = 1
         self._counts: tuple[int, ...] | None = None
+        self._per_event = np.zeros(0, np.int32)
+        self._offsets: np.ndarray | None = None
 
     def read(self, column: Column, key: Key, *, fun: UserFunction = identity, **kw: Any) -> None:
         """Read ``column[key]`` through ``fun``; the result is added into output ``out``."""
@@ -505,8 +507,18 @@ class Transactions:
             per_event = np.empty(self.events.n, np.int32)
             counts = count_operations(self.events.reason, statements, reads, per_event)
             self._counts = tuple(int(c) for c in counts)
+            self._per_event = per_event
         ops, reads, txn_ops, op_reads = self._counts
         return Sizes(ops, reads, self._width, txn_ops, op_reads)
+
+    def operation_offsets(self) -> np.ndarray:
+        """Per event, how many operations the events before it emit (and, last, all of
+        them): an event range's operations, as a built chunk's ``txn_ptr`` gives them."""
+        if self._offsets is None:
+            self.sizes()
+            self._offsets = np.zeros(self.events.n + 1, np.int64)
+            np.cumsum(self._per_event, out=self._offsets[1:])
+        return self._offsets
 
     def build_into(self, out: Ops, first_txn: int, first_op: int, first_read: int) -> None:
         """All statements as operations in (txn, statement, list) order, written into
