@@ -242,12 +242,13 @@ class Executor:
         operations, reads, width = sizes.operations, sizes.reads, sizes.arg_width
         self.operations += operations
         team.publish_share(sizes)
+        self.scheduler.publish()
         self.team.barrier(breakdown)
         chunk = self._map_chunk(seq, events, breakdown)
         r = team.rank
         before = team.shares()[:r]
         first_op, first_read = sum(c.operations for c in before), sum(c.reads for c in before)
-        if not self.scheduler.takes_statements(txn, batch.n == events, breakdown):
+        if not self.scheduler.takes_statements(txn, batch.n == events):
             with breakdown.timing("construct"):
                 views = chunk.share_ops(
                     first, batch.n, first_op, operations, first_read, reads, width

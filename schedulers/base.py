@@ -9,8 +9,9 @@ rows; its position words, locks, ... live there). The executor lays those arrays
 out in shared memory and hands them over.
 
 Every executor of the team calls the same methods in the same order (they may
-synchronise inside them): ``prepare`` once the chunk's operations are in shared
-memory, ``execute`` for each punctuation batch (a barrier follows each, unless
+synchronise inside them): ``publish`` before the barrier that follows the shares'
+counts, ``takes_statements`` before its share's operations are built (or not),
+``prepare`` once the chunk's operations are in shared memory, ``execute`` for each punctuation batch (a barrier follows each, unless
 `batches_in_step` says none is needed), ``finish`` after the last batch. Results end up
 in the chunk's per-transaction arrays.
 """
@@ -132,7 +133,12 @@ class Scheduler(ABC):
         """Receive the run segment's arrays (before the first chunk)."""
         self.run = arrays
 
-    def takes_statements(self, statements: Transactions, whole: bool, breakdown: Breakdown) -> bool:
+    def publish(self) -> None:
+        """Write, into the run's arrays, what the team reads after the barrier that
+        follows the executors' share counts (default: nothing)."""
+        return None
+
+    def takes_statements(self, statements: Transactions, whole: bool) -> bool:
         """Whether this executor runs the chunk straight from its share's ``statements``
         (`from_statements`) instead of from operations built into the chunk, which are
         then not built; ``whole``: the share is the whole chunk (default: False)."""

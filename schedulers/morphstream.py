@@ -159,10 +159,10 @@ class MorphStreamScheduler(SpeculativeScheduler):
         and explores the chunk's operations wherever they were built."""
         return cls.check_options(config)["explore"] == "auto"
 
-    def takes_statements(self, statements: Transactions, whole: bool, breakdown: Breakdown) -> bool:
+    def takes_statements(self, statements: Transactions, whole: bool) -> bool:
         """Whether the chunk is walked in order (the whole team decides, `_walk_in_order`);
         if so, executor 0 runs it from the statements when it holds them all."""
-        self._ordered = self._walk_in_order(breakdown)
+        self._ordered = self._walk_in_order()
         self.direct = None
         return self._ordered and whole and self.team.rank == 0 and self.from_statements(statements)
 
@@ -173,18 +173,22 @@ class MorphStreamScheduler(SpeculativeScheduler):
             super().prepare(chunk, ops, breakdown)
             self._view = self._chunk_view(chunk)
 
-    def _walk_in_order(self, breakdown: Breakdown) -> bool:
-        """Fold what was measured since the last decision (the previous batch explored,
-        or the chunk walked in order) into the history, on every executor alike, and
-        decide whether this chunk is walked in order."""
+    def publish(self) -> None:
+        """What this executor measured since the last decision (`_walk_in_order`)."""
+        if self._fixed.explore == "auto" and self.run:  # (mapped with the first chunk)
+            walked, row = self._walked, self.run["stats"][self.team.rank]
+            row[EXPLORE_NS], row[ABORTED] = self._explore_ns, walked.failed
+            row[WALKED], row[WALKED_OPS] = walked.transactions, walked.operations
+
+    def _walk_in_order(self) -> bool:
+        """Fold what the team measured since the last decision (the previous batch
+        explored, or the chunks walked in order; `publish`, read after the barrier that
+        follows it) into the history, on every executor alike, and decide whether this
+        chunk is walked in order."""
         if self._fixed.explore != "auto":
             return False
-        team, table, walked = self.team, self.run["stats"], self._walked
-        row = table[team.rank]
-        row[EXPLORE_NS], row[ABORTED] = self._explore_ns, walked.failed
-        row[WALKED], row[WALKED_OPS] = walked.transactions, walked.operations
-        team.barrier(breakdown)
-        totals = table.sum(axis=0)  # written again only after the team's next barrier
+        walked = self._walked
+        totals = self.run["stats"].sum(axis=0)  # written again only after the next barrier
         walked.failed, walked.transactions = int(totals[ABORTED]), int(totals[WALKED])
         walked.operations = int(totals[WALKED_OPS])
         for last in (self._last, walked):

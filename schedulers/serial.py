@@ -34,7 +34,7 @@ class SerialScheduler(Scheduler):
         as much wall as its own under one GIL (`Scheduler.whole_chunks`)."""
         return True
 
-    def takes_statements(self, statements: Transactions, whole: bool, breakdown: Breakdown) -> bool:
+    def takes_statements(self, statements: Transactions, whole: bool) -> bool:
         """Executor 0 does when it holds the whole chunk (`Scheduler.from_statements`)."""
         self.direct = None
         return whole and self.team.rank == 0 and self.from_statements(statements)
