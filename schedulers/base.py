@@ -11,9 +11,10 @@ out in shared memory and hands them over.
 Every executor of the team calls the same methods in the same order (they may
 synchronise inside them): ``publish`` before the barrier that follows the shares'
 counts, ``takes_statements`` before its share's operations are built (or not),
-``prepare`` once the chunk's operations are in shared memory, ``execute`` for each punctuation batch (a barrier follows each, unless
-`batches_in_step` says none is needed), ``finish`` after the last batch. Results end up
-in the chunk's per-transaction arrays.
+``prepare`` once the chunk's operations are in shared memory, ``execute`` for each
+punctuation batch (a barrier follows each, unless `batches_in_step` says none is
+needed), ``finish`` after the last batch. Results end up in the chunk's per-transaction
+arrays.
 """
 
 from __future__ import annotations

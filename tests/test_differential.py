@@ -16,7 +16,6 @@ its name and axes to `AXES`.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from itertools import product
 
 import pytest
@@ -90,27 +89,27 @@ def test_equals_serial(scheduler, case, data):
     want = run_local(
         topology, events, init, punctuation_interval=interval, batches_per_chunk=per_chunk
     )
-    with dealt(scheduler, dealing):
-        got = run_local(
-            topology,
-            events,
-            init,
-            scheduler=scheduler,
-            sockets=sockets,
-            batches_per_chunk=per_chunk,
-            **case,
-        )
+    got = run_dealt(
+        dealing,
+        topology,
+        events,
+        init,
+        scheduler=scheduler,
+        sockets=sockets,
+        batches_per_chunk=per_chunk,
+        **case,
+    )
     assert_same_tables(got, want)
 
 
-@contextmanager
-def dealt(scheduler: str, dealing: str):
-    """The team's chunks dealt in shares (as to a team of processes) for ``"shares"``."""
+def run_dealt(dealing: str, *args, scheduler: str, **options):
+    """`run_local`, the team's chunks dealt in shares (as to a team of processes) for
+    ``"shares"``, as the scheduler asks for ``"whole"``."""
     with pytest.MonkeyPatch.context() as patch:
         if dealing == "shares":
             in_shares = classmethod(lambda cls, config: False)
             patch.setattr(schedulers.get(scheduler), "whole_chunks", in_shares)
-        yield
+        return run_local(*args, scheduler=scheduler, **options)
 
 
 @pytest.mark.parametrize("scheduler", AXES)
@@ -128,16 +127,16 @@ def test_equals_serial_on_long_streams(scheduler, data):
     dealing = options.pop("dealing", "whole")
     want = run_local(topology, events, init, punctuation_interval=64, batches_per_chunk=2)
     executors = data.draw(st.integers(2, 3), label="executors")
-    with dealt(scheduler, dealing):
-        got = run_local(
-            topology,
-            events,
-            init,
-            scheduler=scheduler,
-            executors=executors,
-            sockets=2,
-            punctuation_interval=64,
-            batches_per_chunk=2,
-            **options,
-        )
+    got = run_dealt(
+        dealing,
+        topology,
+        events,
+        init,
+        scheduler=scheduler,
+        executors=executors,
+        sockets=2,
+        punctuation_interval=64,
+        batches_per_chunk=2,
+        **options,
+    )
     assert_same_tables(got, want)
