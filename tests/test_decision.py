@@ -163,3 +163,25 @@ def test_auto_decides_from_the_measured_graph_of_each_batch():
     aborts = _decisions("sl", WorkloadSpec(events=4000, keys=500, abort_ratio=0.5, seed=1))
     assert aborts["decisions"]["abort"] == {"eager": 0, "lazy": 4}
     assert all(f > 0 for f in aborts["decision_batches"]["failed"])
+
+
+def test_a_team_walking_in_order_builds_graphs_again_once_operations_get_costlier():
+    """Every executor folds the team's walk into its history, so the team turns back to
+    graphs together (one that folded only its own walk, nothing, would keep walking while
+    executor 0 links): deposits cost 20 us of busy work from the middle on."""
+    events, init = generate("sl", WorkloadSpec(events=20_000, keys=500, seed=3))
+    topology, options = "costlier_topology:build", dict(punctuation_ms=None, timeout_s=20)
+    team = run_local(
+        topology,
+        events,
+        init,
+        scheduler="morphstream",
+        executors=2,
+        punctuation_interval=1000,
+        **options,
+    )
+    serial = run_local(topology, events, init, punctuation_interval=1000, **options)
+    assert team.events.equals(serial.events) and team.state == serial.state
+    explore = team.metrics["decision_batches"]["explore"]
+    walked_from = explore.index("ordered")
+    assert any(choice != "ordered" for choice in explore[walked_from:])
