@@ -108,8 +108,8 @@ def test_the_log_counts_every_batch_and_keeps_its_statistics_up_to_a_limit():
     assert report["decision_batches"]["explore"] == ["bfs", "ns"]
 
 
-def _decisions(topology: str, spec: WorkloadSpec, **options) -> dict:
-    events, init = generate(topology, spec)
+def _team(topology: str, events, init, **options):
+    """morphstream (auto) on two executors, batches of 1,000 events cut by count."""
     return run_local(
         topology,
         events,
@@ -118,9 +118,13 @@ def _decisions(topology: str, spec: WorkloadSpec, **options) -> dict:
         executors=2,
         punctuation_interval=1000,
         punctuation_ms=None,
-        udf_cost_us=1,
         **options,
-    ).metrics
+    )
+
+
+def _decisions(topology: str, spec: WorkloadSpec, **options) -> dict:
+    events, init = generate(topology, spec)
+    return _team(topology, events, init, udf_cost_us=1, **options).metrics
 
 
 def test_chunks_are_walked_in_order_while_operations_cost_less_than_a_graph():
@@ -170,17 +174,9 @@ def test_a_team_walking_in_order_builds_graphs_again_once_operations_get_costlie
     graphs together (one that folded only its own walk, nothing, would keep walking while
     executor 0 links): deposits cost 20 us of busy work from the middle on."""
     events, init = generate("sl", WorkloadSpec(events=20_000, keys=500, seed=3))
-    topology, options = "costlier_topology:build", dict(punctuation_ms=None, timeout_s=20)
-    team = run_local(
-        topology,
-        events,
-        init,
-        scheduler="morphstream",
-        executors=2,
-        punctuation_interval=1000,
-        **options,
-    )
-    serial = run_local(topology, events, init, punctuation_interval=1000, **options)
+    topology = "costlier_topology:build"
+    team = _team(topology, events, init, timeout_s=20)
+    serial = run_local(topology, events, init, punctuation_interval=1000, timeout_s=20)
     assert team.events.equals(serial.events) and team.state == serial.state
     explore = team.metrics["decision_batches"]["explore"]
     walked_from = explore.index("ordered")
