@@ -148,12 +148,12 @@ class Scheduler(ABC):
     direct: Direct | None = None
     """The chunk this executor runs from its statements (`from_statements`), if any."""
 
-    def from_statements(self, statements: Transactions) -> bool:
-        """Run the chunk from ``statements`` with a kernel made for them (`run_direct`):
-        not on one of several nodes, whose operations' cells are mapped to the node's
-        rows once built (returns False then)."""
+    def from_statements(self, statements: Transactions, wanted: bool) -> bool:
+        """Whether this executor runs the chunk from ``statements`` with a kernel made
+        for them (`run_direct`): if ``wanted``, and not on one of several nodes, whose
+        operations' cells are mapped to the node's rows once built."""
         self.direct = None
-        if statements.layout.share:
+        if not wanted or statements.layout.share:
             return False
         sizes = statements.sizes()
         scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)

@@ -35,14 +35,4 @@ def _state_access(events, txn):
 
 def build() -> Topology:
     """SL with one more statement per deposit, cheap and then costly."""
-    base = sl_with_state_access("costlier-sl", _state_access)
-    return Topology(
-        name=base.name,
-        tables=base.tables,
-        event_columns=base.event_columns,
-        kinds=base.kinds,
-        functions=(*base.functions, add_after_spinning),
-        conditions=base.conditions,
-        pre_process=base.pre_process,
-        state_access=base.state_access,
-    )
+    return sl_with_state_access("costlier-sl", _state_access, (add_after_spinning,))

@@ -14,15 +14,16 @@ def _failing_state_access(events, txn):
     sl.state_access(events, txn)
 
 
-def sl_with_state_access(name: str, state_access) -> Topology:
-    """SL under another name, with another state_access (test topologies)."""
+def sl_with_state_access(name: str, state_access, functions=()) -> Topology:
+    """SL under another name, with another state_access and, if given, more
+    ``functions`` (test topologies)."""
     base = sl.topology()
     return Topology(
         name=name,
         tables=base.tables,
         event_columns=base.event_columns,
         kinds=base.kinds,
-        functions=base.functions,
+        functions=(*base.functions, *functions),
         conditions=base.conditions,
         pre_process=base.pre_process,
         state_access=state_access,
