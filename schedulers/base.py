@@ -150,10 +150,11 @@ class Scheduler(ABC):
 
     def from_statements(self, statements: Transactions, wanted: bool) -> bool:
         """Whether this executor runs the chunk from ``statements`` with a kernel made
-        for them (`run_direct`): if ``wanted``, and not on one of several nodes, whose
-        operations' cells are mapped to the node's rows once built."""
+        for them (`run_direct`): if ``wanted`` and it is executor 0 (which runs a chunk
+        in order), and not on one of several nodes, whose operations' cells are mapped to
+        the node's rows once built."""
         self.direct = None
-        if not wanted or statements.layout.share:
+        if not wanted or self.team.rank != 0 or statements.layout.share:
             return False
         sizes = statements.sizes()
         scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)

@@ -163,7 +163,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         """Whether the chunk is walked in order (the whole team decides, `_walk_in_order`);
         if so, executor 0 runs it from the statements when it holds them all."""
         self._ordered = self._walk_in_order()
-        return self.from_statements(statements, self._ordered and whole and self.team.rank == 0)
+        return self.from_statements(statements, self._ordered and whole)
 
     def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """A chunk not walked in order: dealt to the executors that link it

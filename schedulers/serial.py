@@ -36,7 +36,7 @@ class SerialScheduler(Scheduler):
 
     def takes_statements(self, statements: Transactions, whole: bool) -> bool:
         """Executor 0 does when it holds the whole chunk (`Scheduler.from_statements`)."""
-        return self.from_statements(statements, whole and self.team.rank == 0)
+        return self.from_statements(statements, whole)
 
     def batches_in_step(self) -> bool:
         """Executor 0 runs every batch alone: the others wait once, after the chunk."""
