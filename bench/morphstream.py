@@ -14,7 +14,8 @@ theta, abort ratios and dependencies, and TP, which the grid lacks), run the sam
 
 Headline: GS, SL and TP at the generator's defaults (theta 0.2, 1% aborts) at C = 10 us,
 and GS and SL at C = 0, on the event counts of the throughput targets (`HEADLINE`):
-serial, tstream and morphstream (auto).
+serial, tstream and morphstream (auto), in ``--repeats`` rounds after an untimed serial
+run (`headline`).
 
 Results go to bench/results/morphstream.{json,png} (the figure marks what auto chose).
 ``--engine threads`` runs the whole engine as threads of this process (`ThreadTransport`:
@@ -170,6 +171,12 @@ def measure(runner: Runner, topology: str, table, init, cost: float, repeats: in
             runs.setdefault(label, []).append(
                 runner(topology, table, init, cost, scheduler, options)
             )
+    return median_runs(runs)
+
+
+def median_runs(runs: dict[str, list[dict]]) -> dict:
+    """Per configuration, its run of median throughput, with every round's figure in
+    ``throughput_runs``."""
     kept = {}
     for label, rounds in runs.items():
         ranked = sorted(rounds, key=lambda r: r["throughput_eps"])
@@ -265,37 +272,60 @@ HEADLINE = [
     ("sl", 0.0, 2_000_000),
 ]
 """(topology, C, events) of the headline: the workloads of the team's throughput targets."""
+HEADLINE_CONFIGS = [("serial", {}), ("tstream", {}), ("morphstream", AUTO)]
 
 
 def headline(
-    runner: Runner, scale: float, only: list[str] | None = None, tstream: bool = True
+    runner: Runner,
+    scale: float,
+    repeats: int,
+    only: list[str] | None = None,
+    tstream: bool = True,
 ) -> list[dict]:
     """morphstream (auto) and tstream against serial at the generator's defaults, on
-    `HEADLINE`'s event counts times ``scale``; ``only`` keeps the workloads named
-    ``<topology>:<C>`` (``gs:10``)."""
+    `HEADLINE`'s event counts times ``scale``, in ``repeats`` rounds (as `measure` runs
+    the study's workloads) after an untimed serial run of the workload: one run of GS at
+    C = 0 (~0.2 s) took serial 0.18-0.32 s in nine single-round headlines, and its ratios
+    read 0.71-1.38. ``vs_serial`` are ratios of the medians; each round's own ratio is
+    kept. ``only`` keeps the workloads named ``<topology>:<C>`` (``gs:10``)."""
     rows = []
+    configs = [(s, o) for s, o in HEADLINE_CONFIGS if tstream or s != "tstream"]
     for topology, cost, events in HEADLINE:
         if only and f"{topology}:{cost:g}" not in only:
             continue
         n = int(events * scale)
         table, init = generate(topology, WorkloadSpec(events=n, seed=1))
-        configs = [("serial", {}), ("tstream", {}), ("morphstream", AUTO)]
-        runs = {
-            _label(s, o): runner(topology, table, init, cost, s, o)
-            for s, o in configs
-            if tstream or s != "tstream"
-        }
-        base = runs["serial"]["throughput_eps"]
-        ratios = {k: round(r["throughput_eps"] / base, 3) for k, r in runs.items()}
+        runner(topology, table, init, cost, "serial", {})
+        rounds: dict[str, list[dict]] = {}
+        for _ in range(repeats):
+            for s, o in configs:
+                rounds.setdefault(_label(s, o), []).append(
+                    runner(topology, table, init, cost, s, o)
+                )
+        runs = median_runs(rounds)
+        base = runs["serial"]
         row = {
             "topology": topology,
             "udf_cost_us": cost,
             "events": n,
             "runs": runs,
-            "vs_serial": ratios,
+            "vs_serial": {
+                k: round(r["throughput_eps"] / base["throughput_eps"], 3) for k, r in runs.items()
+            },
+            "vs_serial_rounds": {
+                k: [
+                    round(a / b, 3)
+                    for a, b in zip(r["throughput_runs"], base["throughput_runs"], strict=True)
+                ]
+                for k, r in runs.items()
+            },
         }
         rows.append(row)
-        print(f"headline {topology} C={cost:g} {n:,} events: {row['vs_serial']}", flush=True)
+        print(
+            f"headline {topology} C={cost:g} {n:,} events: {row['vs_serial']} "
+            f"(rounds: {row['vs_serial_rounds']})",
+            flush=True,
+        )
     return rows
 
 
@@ -365,7 +395,7 @@ def main() -> None:
         tops = (
             []
             if args.no_headline
-            else headline(runner, args.headline_scale, args.only, not args.no_tstream)
+            else headline(runner, args.headline_scale, args.repeats, args.only, not args.no_tstream)
         )
     summary = {
         "auto_vs_best_min": min(
