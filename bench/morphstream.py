@@ -137,19 +137,27 @@ def _choice(run: dict) -> str:
     )
 
 
-CONFIGS = [("serial", {}), ("tstream", {}), ("morphstream", AUTO)] + [
-    ("morphstream", f) for f in FIXED
-]
+HEADLINE_CONFIGS = [("serial", {}), ("tstream", {}), ("morphstream", AUTO)]
+CONFIGS = HEADLINE_CONFIGS + [("morphstream", f) for f in FIXED]
 CONTENDER = 0.5
 """After the first round, a fixed strategy runs again only while its figure is at least
 this share of the round's best fixed one (the others cannot be the best; eager aborts
 at 50% take seconds a run)."""
 
 
-def measure(runner: Runner, topology: str, table, init, cost: float, repeats: int) -> dict:
-    """Every configuration on one workload, in ``repeats`` rounds (each round runs them
-    all back to back, so drift of the machine meets every one alike); each keeps the run
-    of median throughput, with every round's figure in ``throughput_runs``. One run of
+def measure(
+    runner: Runner,
+    topology: str,
+    table,
+    init,
+    cost: float,
+    repeats: int,
+    configs: list[tuple[str, dict]] = CONFIGS,
+) -> dict:
+    """Every configuration of ``configs`` on one workload, in ``repeats`` rounds (each
+    round runs them all back to back, so drift of the machine meets every one alike); each
+    keeps the run of median throughput, with every round's figure in ``throughput_runs``
+    (a fixed strategy only while it contends, `CONTENDER`). One run of
     ~0.1-0.2 s at C = 0 varies by up to 1.45x from its median on a quiet host (measured
     on GS theta 0 r4 l4: dfs/fine/eager 0.92 M vs 0.64 M ev/s), and the best of 12 single
     runs is biased upwards by such outliers."""
@@ -163,7 +171,7 @@ def measure(runner: Runner, topology: str, table, init, cost: float, repeats: in
             ),
             default=0.0,
         )
-        for scheduler, options in CONFIGS:
+        for scheduler, options in configs:
             label = _label(scheduler, options)
             fixed = label.count("/") == 2 and "auto" not in label
             if round_ and fixed and runs[label][0]["throughput_eps"] < CONTENDER * best:
@@ -171,12 +179,6 @@ def measure(runner: Runner, topology: str, table, init, cost: float, repeats: in
             runs.setdefault(label, []).append(
                 runner(topology, table, init, cost, scheduler, options)
             )
-    return median_runs(runs)
-
-
-def median_runs(runs: dict[str, list[dict]]) -> dict:
-    """Per configuration, its run of median throughput, with every round's figure in
-    ``throughput_runs``."""
     kept = {}
     for label, rounds in runs.items():
         ranked = sorted(rounds, key=lambda r: r["throughput_eps"])
@@ -272,7 +274,6 @@ HEADLINE = [
     ("sl", 0.0, 2_000_000),
 ]
 """(topology, C, events) of the headline: the workloads of the team's throughput targets."""
-HEADLINE_CONFIGS = [("serial", {}), ("tstream", {}), ("morphstream", AUTO)]
 
 
 def headline(
@@ -283,8 +284,8 @@ def headline(
     tstream: bool = True,
 ) -> list[dict]:
     """morphstream (auto) and tstream against serial at the generator's defaults, on
-    `HEADLINE`'s event counts times ``scale``, in ``repeats`` rounds (as `measure` runs
-    the study's workloads) after an untimed serial run of the workload: one run of GS at
+    `HEADLINE`'s event counts times ``scale``, in ``repeats`` rounds (`measure`) after an
+    untimed serial run of the workload: one run of GS at
     C = 0 (~0.2 s) took serial 0.18-0.32 s in nine single-round headlines, and its ratios
     read 0.71-1.38. ``vs_serial`` are ratios of the medians; each round's own ratio is
     kept. ``only`` keeps the workloads named ``<topology>:<C>`` (``gs:10``)."""
@@ -296,13 +297,7 @@ def headline(
         n = int(events * scale)
         table, init = generate(topology, WorkloadSpec(events=n, seed=1))
         runner(topology, table, init, cost, "serial", {})
-        rounds: dict[str, list[dict]] = {}
-        for _ in range(repeats):
-            for s, o in configs:
-                rounds.setdefault(_label(s, o), []).append(
-                    runner(topology, table, init, cost, s, o)
-                )
-        runs = median_runs(rounds)
+        runs = measure(runner, topology, table, init, cost, repeats, configs)
         base = runs["serial"]
         row = {
             "topology": topology,
