@@ -20,6 +20,7 @@ before the first is done the sizer hands out `START_EVENTS`, and a chunk is at m
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -184,12 +185,18 @@ class ChunkSizer:
             return self._bounded(START_EVENTS)
         return self._bounded(self.rate * self.latency_target_s / 2)
 
+    @property
+    def target_events(self) -> float:
+        """Events the team serves in one latency target (unbounded before any
+        measurement)."""
+        return math.inf if self.rate is None else self.rate * self.latency_target_s
+
     def limit(self, backlog: int) -> int:
         """Events for the next chunk when ``backlog`` events wait: the `step`, or twice it
         while the backlog alone takes longer than the latency target to serve."""
-        if self.rate is None or backlog <= self.rate * self.latency_target_s:
+        if backlog <= self.target_events:
             return self.step
-        return self._bounded(self.rate * self.latency_target_s)
+        return self._bounded(self.target_events)
 
     def _bounded(self, events: float) -> int:
         grown = max(START_EVENTS, GROWTH * self._measured)

@@ -230,6 +230,13 @@ def test_the_limit_is_what_the_team_serves_in_half_the_latency_target():
     assert sizer.limit(0) == sizer.limit(200) == 100
 
 
+def test_the_events_served_in_a_target_are_unbounded_until_measured():
+    sizer = ChunkSizer(0.2, largest=5000)
+    assert sizer.target_events == float("inf")
+    sizer.observe(1000, 1.0)
+    assert sizer.target_events == pytest.approx(200)
+
+
 def test_a_backlog_larger_than_the_target_gets_a_whole_targets_worth():
     sizer = ChunkSizer(0.2, largest=5000)
     sizer.observe(1000, 1.0)  # 1000 events/s: 200 within the target
