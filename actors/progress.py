@@ -51,9 +51,8 @@ step within what the team serves in a latency target; past that, one step at a t
 when the team has room for a chunk (`ProgressController._may_read`). So an event read
 waits for at most the chunk being executed before its own, a one-shot run's latency
 means what a session's does (events arrive when they are read), and memory stays
-bounded. Read further ahead, events waited for their turn: 40k SL events at 40 us per
-function had latency p50 1,514 ms against a 500 ms target, and chunks of a whole target
-(read-ahead counted as backlog, `ChunkSizer.limit`); now p50 ~500 ms."""
+bounded. Read further ahead at costly operations, events waited for their turn and were
+counted as a backlog (`ChunkSizer.limit`): latency ~3 targets (docs/performance.md)."""
 CONCURRENCY = {"input": 1, "run": 1}
 """Ray concurrency groups (see module docstring)."""
 
