@@ -151,6 +151,18 @@ def test_file_splits_follow_partition_rows(spark, event_files, consumer):
     assert table.equals(expected.slice(FILE_ROWS[0], FILE_ROWS[1]))
 
 
+def test_file_splits_hold_a_row_group_at_least(spark, event_files, consumer, tmp_path):
+    """Splits smaller than a row group would be tasks that read nothing."""
+    folder, expected = event_files
+    rows = expected.slice(FILE_ROWS[0], FILE_ROWS[1])
+    file = tmp_path / "groups.parquet"
+    pq.write_table(rows, file, row_group_size=5_000)  # 10 row groups, smaller than any
+    with SparkSource(str(file), partition_rows=1_000) as source:  # split limit of Spark's
+        assert 10 <= source.num_partitions <= 11  # at most one split holds no row group
+        table, _ = ray.get(consumer.consume.remote(source, 3_000), timeout=TIMEOUT_S)
+    assert table.equals(rows)
+
+
 def test_dataframe_keeps_its_own_order_not_value_order(spark, consumer):
     from pyspark.sql import functions as F
 
