@@ -16,9 +16,6 @@ import os
 import subprocess
 import sys
 
-from txstream.cluster.scratch import sweep_abandoned_outputs, sweep_abandoned_rays
-from txstream.state.shared import sweep_stale_segments
-
 _pipe: int | None = None
 """This process's end of its reaper's pipe (None: no reaper started yet)."""
 _process: subprocess.Popen | None = None
@@ -47,6 +44,10 @@ def main() -> None:
     """The reaper: wait for the driver's end (its end of the pipe closes), then sweep."""
     driver = int(sys.argv[1])
     sys.stdin.buffer.read()
+    # imported only now: numpy and the rest took ~0.1 CPU-s while the driver's run starts
+    from txstream.cluster.scratch import sweep_abandoned_outputs, sweep_abandoned_rays
+    from txstream.state.shared import sweep_stale_segments
+
     sweep_stale_segments(dead=driver)
     sweep_abandoned_rays(dead=driver)
     sweep_abandoned_outputs(dead=driver)
