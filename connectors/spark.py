@@ -688,10 +688,9 @@ class SparkSource:
     it is full, so memory is bounded whatever the input's size. File splits are sized to
     about `partition_rows` rows, and no smaller than the largest row group (Parquet row
     groups are not split, their chunks are: a task holds at most a chunk); a DataFrame
-    keeps its partitions. Smaller chunks give the
-    first events sooner but read a whole input slower (docs/performance.md, stop 29). The
-    source pickles without its Spark side; `close()` (in the driver) stops the conversion
-    and frees the chunks.
+    keeps its partitions. Smaller chunks give the first events sooner but read a whole
+    input slower (docs/performance.md, stop 29). The source pickles without its Spark
+    side; `close()` (in the driver) stops the conversion and frees the chunks.
     """
 
     def __init__(

@@ -156,8 +156,10 @@ def test_file_splits_hold_a_row_group_at_least(spark, event_files, consumer, tmp
     folder, expected = event_files
     rows = expected.slice(FILE_ROWS[0], FILE_ROWS[1])
     file = tmp_path / "groups.parquet"
-    pq.write_table(rows, file, row_group_size=5_000)  # 10 row groups, smaller than any
-    with SparkSource(str(file), partition_rows=1_000) as source:  # split limit of Spark's
+    # 10 row groups of ~120 KB: larger than 1,000 rows' worth, smaller than the splits
+    # Spark allows itself (200 KB under `small_splits`, which other tests of this module set)
+    pq.write_table(rows, file, row_group_size=5_000)
+    with SparkSource(str(file), partition_rows=1_000) as source:
         assert 10 <= source.num_partitions <= 11  # at most one split holds no row group
         table, _ = ray.get(consumer.consume.remote(source, 3_000), timeout=TIMEOUT_S)
     assert table.equals(rows)
