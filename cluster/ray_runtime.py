@@ -12,12 +12,16 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
+import sys
 import threading
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from pathlib import Path
 
 from txstream.cluster.scratch import scratch, sweep_abandoned_rays
 from txstream.cluster.topology import usable_cores
@@ -92,6 +96,8 @@ def ray_session(
                     _temp_dir=str(folder),
                     **options,
                 )
+                if job_config is not None and job_config.jvm_options:  # Java workers to come
+                    java_library_placed(Path(_session_folder()))
             stack.enter_context(watch_cluster(_gcs_address(), "this run's local Ray"))
         yield True
 
@@ -234,6 +240,62 @@ def _registration_polled() -> Iterator[None]:
         yield
     finally:
         services.get_node = get_node
+
+
+JAVA_LIBRARY = "native/linux/libcore_worker_library_java.so"
+"""Ray's native library for its Java workers, in Ray's jar."""
+KEPT_LIBRARIES = Path(sys.prefix) / "share" / "txstream"
+"""Where the library is kept once extracted: this installation's prefix (the virtualenv),
+beside Spark's class archive."""
+
+
+def java_library_placed(
+    session: Path, jar: Path | None = None, kept: Path = KEPT_LIBRARIES
+) -> None:
+    """Link Ray's native library for Java into the ``session`` folder, where Ray's Java
+    workers load it from: the first of them (RayDP's app master, on the way to Spark's
+    first event) would otherwise extract it from Ray's jar, 41 MB inflated in ~0.2 CPU-s
+    (docs/performance.md, stop 46). It is extracted once, into ``kept``, under a name that
+    carries the jar's size and time; with no such entry in the jar, or nowhere to keep it,
+    Ray extracts it as before. ``jar``: Ray's own by default."""
+    import ray
+
+    if not sys.platform.startswith("linux"):
+        return
+    jar = jar or Path(ray.__file__).parent / "jars" / "ray_dist.jar"
+    try:
+        stat = jar.stat()
+        library = kept / f"ray-java-{stat.st_size}-{int(stat.st_mtime)}.so"
+        if not library.is_file():
+            _extract(jar, library)
+        target = session / Path(JAVA_LIBRARY).name
+        if not target.exists():
+            target.symlink_to(library)
+    except (OSError, KeyError, zipfile.BadZipFile):  # Ray's own extraction then
+        logging.getLogger(__name__).debug("Ray's Java library not placed", exc_info=True)
+
+
+def _extract(jar: Path, library: Path) -> None:
+    """The jar's `JAVA_LIBRARY` written to ``library`` (whole or not at all), in place of
+    those extracted from other jars."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    for stale in library.parent.glob("ray-java-*.so"):
+        stale.unlink(missing_ok=True)
+    partial = library.with_name(f"{library.name}.{os.getpid()}.partial")
+    try:
+        with zipfile.ZipFile(jar) as archive, archive.open(JAVA_LIBRARY) as src:
+            with open(partial, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        os.replace(partial, library)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _session_folder() -> str:
+    """The session folder of the local Ray this process started."""
+    import ray
+
+    return ray._private.worker._global_node.get_session_dir_path()
 
 
 def _gcs_address() -> str:
