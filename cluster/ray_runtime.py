@@ -258,10 +258,10 @@ def java_library_placed(
     (docs/performance.md, stop 46). It is extracted once, into ``kept``, under a name that
     carries the jar's size and time; with no such entry in the jar, or nowhere to keep it,
     Ray extracts it as before. ``jar``: Ray's own by default."""
-    import ray
-
     if not sys.platform.startswith("linux"):
         return
+    import ray
+
     jar = jar or Path(ray.__file__).parent / "jars" / "ray_dist.jar"
     try:
         stat = jar.stat()
@@ -280,7 +280,8 @@ def _extract(jar: Path, library: Path) -> None:
     those extracted from other jars."""
     library.parent.mkdir(parents=True, exist_ok=True)
     for stale in library.parent.glob("ray-java-*.so"):
-        stale.unlink(missing_ok=True)
+        if stale != library:  # another run may have just made this one
+            stale.unlink(missing_ok=True)
     partial = library.with_name(f"{library.name}.{os.getpid()}.partial")
     try:
         with zipfile.ZipFile(jar) as archive, archive.open(JAVA_LIBRARY) as src:
