@@ -242,15 +242,15 @@ def _registration_polled() -> Iterator[None]:
         services.get_node = get_node
 
 
+INSTALLATION_FILES = Path(sys.prefix) / "share" / "txstream"
+"""What txstream makes once per installation, in its prefix (the virtualenv): Spark's class
+archive and converter jar (``./setup``), Ray's native library for Java (the first run)."""
 JAVA_LIBRARY = "native/linux/libcore_worker_library_java.so"
 """Ray's native library for its Java workers, in Ray's jar."""
-KEPT_LIBRARIES = Path(sys.prefix) / "share" / "txstream"
-"""Where the library is kept once extracted: this installation's prefix (the virtualenv),
-beside Spark's class archive."""
 
 
 def java_library_placed(
-    session: Path, jar: Path | None = None, kept: Path = KEPT_LIBRARIES
+    session: Path, jar: Path | None = None, kept: Path = INSTALLATION_FILES
 ) -> None:
     """Link Ray's native library for Java into the ``session`` folder, where Ray's Java
     workers load it from: the first of them (RayDP's app master, on the way to Spark's

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 import ray
 from ray.job_config import JobConfig
 from txstream.actors.fetcher import PartitionFetcher
-from txstream.cluster.ray_runtime import ray_session
+from txstream.cluster.ray_runtime import INSTALLATION_FILES, ray_session
 from txstream.cluster.scratch import JavaDriverLibraries, scratch
 from txstream.cluster.topology import usable_cores
 from txstream.connectors import spark_converter
@@ -78,7 +78,7 @@ as it configures itself, in each JVM (a JVM with Spark's class path initialising
 193-216 -> 155-167 ms, 3 runs each; the quick start's first converted chunk ~0.15-0.2 s
 sooner, docs/performance.md)."""
 
-CLASS_ARCHIVE = Path(sys.prefix) / "share" / "txstream" / "spark-classes.jsa"
+CLASS_ARCHIVE = INSTALLATION_FILES / "spark-classes.jsa"
 """The class data sharing archive of Spark's JVMs, in this installation's prefix (the
 virtualenv): ``./setup`` makes it (`txstream.connectors.spark_classes`)."""
 
@@ -851,7 +851,8 @@ def _largest_row_group_bytes(files: Sequence[Path]) -> int:
     Spark reads a whole row group in the split that holds its middle, so a split smaller
     than its row group is a task that reads nothing: on the peers' 4M events (row groups
     of 1M rows) 12 of 16 tasks, ~40-350 ms each, on the cores the conversion needs
-    (docs/performance.md, stop 46)."""
+    (docs/performance.md, stop 46). The footers are read again here, once per file while
+    the input is staged, rather than by every `ArrowSource`: a pyarrow run needs none of it."""
     largest = 0
     for file in files:
         meta = pq.ParquetFile(file).metadata

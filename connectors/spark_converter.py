@@ -23,7 +23,9 @@ import time
 import zipfile
 from pathlib import Path
 
-CONVERTER_JAR = Path(sys.prefix) / "share" / "txstream" / "txstream-spark.jar"
+from txstream.cluster.ray_runtime import INSTALLATION_FILES
+
+CONVERTER_JAR = INSTALLATION_FILES / "txstream-spark.jar"
 """The compiled converter, in this installation's prefix (the virtualenv)."""
 CONVERTER_CLASS = "txstream.spark.ArrowColumns"
 CHUNKS_CLASS = "txstream.spark.RayChunks"
