@@ -148,7 +148,7 @@ class Job:
         source = events if hasattr(events, "iter_batches") else ArrowSource(events)
         topology.check_event_schema(source.schema)
         if isinstance(source, ArrowSource) and source.files and self.config.source == "spark":
-            from txstream.connectors.spark import java_available
+            from txstream.connectors.spark_driver import java_available
 
             problem = java_available()
             if problem:

@@ -254,6 +254,12 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    if args.source == "spark" and not (args.address or os.environ.get("RAY_ADDRESS")):
+        from txstream.connectors.spark_driver import launch_early
+
+        # Spark's driver boots on the core that idles while the engine is imported and the
+        # run planned; its Spark session then takes it (docs/performance.md, stop 47)
+        launch_early(args.log_level)
     with _uncollected():
         from txstream.job import Job
 
@@ -423,11 +429,13 @@ def command() -> NoReturn:
     outputs and run the exit handlers below; the teardown only frees memory and unloads
     modules, which the OS does anyway, and with Ray, RayDP, pyarrow and numba loaded it
     took 0.5-0.6 s of the quick start's ~11.5 s."""
-    code = main()
-    if "txstream.connectors.spark" in sys.modules:  # a `run`: perhaps through Spark
-        from txstream.connectors.spark import end_spark_driver
+    try:
+        code = main()
+    finally:
+        if "txstream.connectors.spark_driver" in sys.modules:  # a `run`: perhaps through Spark
+            from txstream.connectors.spark_driver import end_spark_driver
 
-        end_spark_driver()
+            end_spark_driver()
     for thread in threading.enumerate():  # as the interpreter would: non-daemon threads end
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()

@@ -94,9 +94,10 @@ def _holds(proc: Path, folder: Path) -> bool:
 
 
 @contextmanager
-def scratch(what: str) -> Iterator[Path]:
-    """A private folder (`private_dir`) for the duration, then removed."""
-    path = private_dir(what)
+def scratch(what: str, made: Path | None = None) -> Iterator[Path]:
+    """A private folder (`private_dir`, or ``made`` earlier) for the duration, then
+    removed."""
+    path = made or private_dir(what)
     try:
         yield path
     finally:

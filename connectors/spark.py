@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import shutil
-import subprocess
 import sys
 import threading
 import uuid
@@ -33,105 +30,35 @@ import pyarrow.parquet as pq
 import ray
 from ray.job_config import JobConfig
 from txstream.actors.fetcher import PartitionFetcher
-from txstream.cluster.ray_runtime import INSTALLATION_FILES, ray_session
+from txstream.cluster.ray_runtime import ray_session
 from txstream.cluster.scratch import JavaDriverLibraries, scratch
 from txstream.cluster.topology import usable_cores
 from txstream.connectors import spark_converter
 from txstream.connectors.sources import ArrowSource
 from txstream.connectors.spark_converter import CHUNKS_CLASS, CONVERTER_CLASS, CONVERTER_JAR
+from txstream.connectors.spark_driver import (
+    LOG4J_LEVELS,
+    driver_configs,
+    java_available,
+    jvm_flags,
+    launch_driver,
+    spark_class_path,
+    spark_configs,
+    take_early,
+)
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.logs import level_number
 
 if TYPE_CHECKING:  # pyspark is imported only when Spark is used
     from py4j.java_gateway import JavaObject
-    from pyspark import SparkConf
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
-
-_OPENED_PACKAGES = """
-    java.lang java.lang.invoke java.lang.reflect java.io java.net java.nio java.math java.text
-    java.time java.util java.util.concurrent java.util.concurrent.atomic java.util.regex
-    java.security jdk.internal.misc jdk.internal.ref sun.nio.ch sun.nio.cs sun.security.action
-    sun.util.calendar
-""".split()
-
-JVM_OPTIONS: tuple[str, ...] = tuple(
-    f"--add-opens=java.base/{package}=ALL-UNNAMED" for package in _OPENED_PACKAGES
-)
-"""Flags every JVM of Spark-on-Ray needs on Java 17, else `InaccessibleObjectException`."""
-_NO_PERF_DATA = "-XX:-UsePerfData"
-"""No /tmp/hsperfdata_<user>/<pid> file (left behind by a JVM that is killed)."""
-_NO_VERIFY = ("-XX:+UnlockDiagnosticVMOptions", "-XX:-BytecodeVerificationRemote")
-"""The JVMs load Spark's, RayDP's and Ray's jars (installed with pyspark and ray) without
-verifying their bytecode again: most of a fresh JVM's class loading (1M SL events through
-Spark, one run each: Spark's start 6.1 -> 4.5 s, staging 2.0 -> 1.4 s, reading 5.6 -> 4.8 s)."""
-_QUICK_JIT = "-XX:TieredStopAtLevel=1"
-"""JIT with C1 only: a run's JVMs live for one run, and C2's compiler threads took the
-cores from everything else while they start (side by side on 2 shared cores, 1M SL
-events: Spark's start 22 s instead of 33 s, staging 3.7 s instead of 6.2 s, conversion
-unchanged at 14 s)."""
-
-_NO_LOG4J_JMX = "-Dlog4j2.disable.jmx=true"
-"""log4j2 does not register its MBeans, for which it creates the platform's MBean server
-as it configures itself, in each JVM (a JVM with Spark's class path initialising slf4j:
-193-216 -> 155-167 ms, 3 runs each; the quick start's first converted chunk ~0.15-0.2 s
-sooner, docs/performance.md)."""
-
-CLASS_ARCHIVE = INSTALLATION_FILES / "spark-classes.jsa"
-"""The class data sharing archive of Spark's JVMs, in this installation's prefix (the
-virtualenv): ``./setup`` makes it (`txstream.connectors.spark_classes`)."""
-
-
-def _archive_flags() -> list[str]:
-    """Map the class archive if this installation has one. A JVM checks it against its
-    class path, jars and Java build, and ignores one that does not match, silently."""
-    return [f"-XX:SharedArchiveFile={CLASS_ARCHIVE}"] if CLASS_ARCHIVE.is_file() else []
-
 
 POSITION = "__txstream_position"
 """Column that carries each row's input position through Spark; never handed to the engine."""
 
 _FILE_SHIFT = 40  # position of a file row = file index << 40 | row index within the file
-
-
-def java_available() -> str | None:
-    """Say why Spark cannot start here, or None when Java 17+ is usable.
-
-    RayDP's app master runs `java` from PATH and spark-submit prefers `$JAVA_HOME/bin/java`,
-    so both must be Java 17 or newer.
-    """
-    javas = {"on PATH": shutil.which("java")}
-    if os.environ.get("JAVA_HOME"):
-        javas["in $JAVA_HOME"] = os.path.join(os.environ["JAVA_HOME"], "bin", "java")
-    for where, java in javas.items():
-        major = _java_major(java) if java else None
-        if major is None or major < 17:
-            found = "no working java" if major is None else f"Java {major}"
-            return (
-                f"Spark input needs Java 17 or newer, found {found} {where}; install it "
-                "(Debian/Ubuntu: apt-get install openjdk-17-jre-headless)"
-            )
-    return None
-
-
-def _java_major(java: str) -> int | None:
-    """The major version of a `java` (8 for "1.8.0_392"): from its installation's
-    `release` file, else from `java -version` (a JVM start, ~0.5 s); None if it fails."""
-    release = Path(os.path.realpath(java)).parent.parent / "release"
-    try:
-        found = re.search(r'^JAVA_VERSION="(\d+)(?:\.(\d+))?', release.read_text(), re.M)
-    except OSError:
-        found = None
-    if found is None:
-        try:
-            run = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        found = re.search(r'version "(\d+)(?:\.(\d+))?', run.stderr)
-    if not found:
-        return None
-    return int(found[2] or 0) if found[1] == "1" else int(found[1])
 
 
 def ray_job_config(java_options: Sequence[str] = ()) -> JobConfig:
@@ -140,38 +67,7 @@ def ray_job_config(java_options: Sequence[str] = ()) -> JobConfig:
     (`spark_class_path`), with which `spark_session` starts RayDP's app master as a Java
     actor of this job (`_AppMaster`); then ``java_options``. Every Java worker of the job
     (the app master, Spark's executors) gets them."""
-    return JobConfig(
-        jvm_options=[
-            *JVM_OPTIONS,
-            *_NO_VERIFY,
-            _NO_PERF_DATA,
-            _QUICK_JIT,
-            _NO_LOG4J_JMX,
-            *_archive_flags(),
-            "-cp",
-            spark_class_path(),
-            *java_options,
-        ]
-    )
-
-
-def spark_class_path() -> str:
-    """The class path of Spark's JVMs on Ray, as RayDP gives its app master (RayDP's jars,
-    Spark's, Ray's; the class archive is made for it): found without importing RayDP or
-    pyspark, so that it is known before Ray starts."""
-    import glob
-    from importlib.util import find_spec
-
-    def jars(package: str, home: str | None = None) -> str:
-        if home is None:
-            spec = find_spec(package)
-            if spec is None or not spec.submodule_search_locations:
-                raise UsageError(f"Spark input needs the Python package {package}")
-            home = list(spec.submodule_search_locations)[0]
-        return os.path.abspath(os.path.join(home, "jars/*"))
-
-    spark = jars("pyspark", os.environ.get("SPARK_HOME") or None)
-    return ":".join([*glob.glob(jars("raydp")), spark, *glob.glob(jars("ray", ray.__path__[0]))])
+    return JobConfig(jvm_options=[*jvm_flags(), "-cp", spark_class_path(), *java_options])
 
 
 @contextmanager
@@ -185,24 +81,6 @@ def ray_for_spark(java_options: Sequence[str] = ()) -> Iterator[None]:
     config = ray_job_config(java_options)
     with ray_session(job_config=config, logging_level=logging.ERROR, log_to_driver=False):
         yield
-
-
-_LOG4J_LEVELS = {"debug": "DEBUG", "info": "INFO", "warning": "WARN", "error": "ERROR"}
-_LOG4J_CONFIG = """\
-status = error
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.follow = true
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss.SSS} %p %c{1}: %m%n%ex
-rootLogger.level = LEVEL
-rootLogger.appenderRef.console.ref = console
-"""
-"""A log4j2 configuration for the Spark driver: RayDP otherwise names a file that does not
-exist, and log4j2 says so on stdout. The console follows stderr: RayDP's agent points
-stderr at a file of its own while log4j2 first configures itself, then closes it (pyspark
-then sets the level to WARN: the run's level is set once Spark runs, with `setLogLevel`)."""
 
 
 @contextmanager
@@ -228,7 +106,8 @@ def spark_session(
     maps this installation's class archive if it has one
     (`txstream.connectors.spark_classes`); the driver and the executors get
     ``java_options`` last (RayDP's app master, when started as a Java actor of this job,
-    `_AppMaster`, those of the job only).
+    `_AppMaster`, those of the job only). A driver JVM launched before Ray started
+    (`spark_driver.launch_early`) is the session's driver, its folder the session's.
     """
     active = _active_session()
     if active is not None:
@@ -251,10 +130,11 @@ def spark_session(
                 master = _AppMaster.start() if _AppMaster.possible() else None
                 if master is not None:
                     stack.callback(master.stop)
-                folder = stack.enter_context(scratch("spark"))
-                configs = _configs(folder, log_level, java_options)
                 name, fetcher = _start_fetcher()  # its process starts while Spark does
                 stack.callback(ray.kill, fetcher)
+                # a driver launched before Ray (`txstream run`) keeps its folder
+                folder = stack.enter_context(scratch("spark", take_early()))
+                configs = spark_configs(folder, log_level, java_options)
                 cores = _executor_cores()
                 if master is not None:
                     session = master.session(app_name, cores, executor_memory, configs)
@@ -275,7 +155,7 @@ def spark_session(
                             fault_tolerant_mode=False,
                             configs=configs,
                         )
-                session.sparkContext.setLogLevel(_LOG4J_LEVELS[log_level])  # pyspark's: WARN
+                session.sparkContext.setLogLevel(LOG4J_LEVELS[log_level])  # pyspark's: WARN
                 app = session.sparkContext.applicationId
                 _FETCHERS[app] = name, fetcher
                 stack.callback(_FETCHERS.pop, app)
@@ -291,41 +171,6 @@ def spark_session(
                     import raydp
 
                     raydp.stop_spark()
-
-
-def _configs(folder: Path, log_level: str, java_options: Sequence[str]) -> dict[str, str]:
-    """The Spark configs of `spark_session`: every JVM's flags (the class archive,
-    ``java_options`` last), temporary files in ``folder``, the driver's log4j2 settings
-    at ``log_level``, this interpreter for Python workers, no UI."""
-    log4j = folder / "log4j2.properties"
-    log4j.write_text(_LOG4J_CONFIG.replace("LEVEL", _LOG4J_LEVELS[log_level]))
-    flags = " ".join(
-        [
-            *JVM_OPTIONS,
-            *_NO_VERIFY,
-            _NO_PERF_DATA,
-            _QUICK_JIT,
-            _NO_LOG4J_JMX,
-            *_archive_flags(),
-            f"-Djava.io.tmpdir={folder}",
-            *java_options,
-        ]
-    )
-    # RayDP's agent in the driver logs to ray.logging.dir, by default the logs of
-    # whichever Ray session is the latest in /tmp/ray (not necessarily this one)
-    logs = ray._private.worker._global_node.get_logs_dir_path()
-    python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return {
-        "spark.ray.raydp_app_master.extraJavaOptions": flags,
-        "spark.executor.extraJavaOptions": flags,
-        "spark.driver.extraJavaOptions": f"{flags} -Dray.logging.dir={logs}",
-        "spark.local.dir": str(folder),
-        "spark.log4j.config.file.name": str(log4j),
-        "spark.pyspark.python": python,
-        "spark.executorEnv.PYSPARK_PYTHON": python,
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-    }
 
 
 MASTER_TIMEOUT_S = 300.0
@@ -392,7 +237,7 @@ class _AppMaster:
 
         configs = _driver_configs(configs, cores, executor_memory)
         conf = SparkConf(loadDefaults=False).setAll(list(configs.items()))
-        launch = threading.Thread(target=_launch_driver, args=(conf,), daemon=True)
+        launch = threading.Thread(target=launch_driver, args=(conf,), daemon=True)
         launch.start()
         try:
             url = ray.get(self._url, timeout=MASTER_TIMEOUT_S)
@@ -429,15 +274,9 @@ class _AppMaster:
 
 def _driver_configs(configs: dict[str, str], cores: int, executor_memory: str) -> dict[str, str]:
     """``configs`` with those RayDP gives Spark's driver for one executor of ``cores`` and
-    ``executor_memory`` (`SparkCluster._prepare_spark_configs` of RayDP 1.6, whose module
-    would import RayDP, and with it Ray Data: 0.3 s): the executors' size, the driver's
-    address, RayDP's agent, its log4j settings and the class path of Spark's JVMs."""
-    import glob
-
-    class_path = spark_class_path()
-    raydp_jars = os.path.dirname(class_path.split(":", 1)[0])
-    agent = glob.glob(os.path.join(raydp_jars, "raydp-agent*.jar"))[0]
-    configs = dict(configs)
+    ``executor_memory`` (`SparkCluster._prepare_spark_configs` of RayDP 1.6): those of its
+    JVM's launch (`driver_configs`), the executors' size and the driver's address."""
+    configs = driver_configs(configs)
     configs["spark.executor.instances"] = "1"
     configs["spark.executor.cores"] = str(cores)
     configs["spark.executor.memory"] = executor_memory
@@ -445,27 +284,6 @@ def _driver_configs(configs: dict[str, str], cores: int, executor_memory: str) -
         configs["spark.driver.host"] = configs["spark.driver.bindAddress"] = str(
             ray.util.get_node_ip_address()
         )
-    configs["spark.javaagent"] = agent
-    configs["spark.ray.log4j.factory.class"] = "log4j2"
-    configs.setdefault(
-        "spark.log4j.config.file.name",
-        os.environ.get("SPARK_LOG4J_CONFIG_FILE_NAME", "log4j2-default.properties"),
-    )
-    configs.setdefault(
-        "spark.ray.log4j.config.file.name",
-        os.environ.get("RAY_LOG4J_CONFIG_FILE_NAME", "log4j2.xml"),
-    )
-    if configs.get("spark.driver.extraClassPath"):
-        class_path = f"{configs['spark.driver.extraClassPath']}:{class_path}"
-    configs["spark.driver.extraClassPath"] = class_path
-    agent_options = (
-        f"-javaagent:{agent} -Dspark.ray.log4j.factory.class=log4j2 "
-        f"-Dlog4j2.configurationFile={configs['spark.log4j.config.file.name']}"
-    )
-    driver_options = configs.get("spark.driver.extraJavaOptions", "")
-    configs["spark.driver.extraJavaOptions"] = (
-        f"{driver_options} {agent_options}" if driver_options else agent_options
-    )
     return configs
 
 
@@ -482,17 +300,6 @@ def _cross_language() -> Iterator[None]:
         yield
     finally:
         worker.set_load_code_from_local(before)
-
-
-def _launch_driver(conf: SparkConf) -> None:
-    """Launch Spark's driver JVM (pyspark's gateway) with ``conf``; if that fails,
-    creating the SparkContext launches it again and says why."""
-    from pyspark.context import SparkContext
-
-    try:
-        SparkContext._ensure_initialized(conf=conf)  # under pyspark's own lock
-    except Exception:
-        logging.getLogger(__name__).debug("early launch of Spark's driver failed")
 
 
 @contextmanager
@@ -512,7 +319,7 @@ def _driver_launched_early() -> Iterator[None]:
     def set_up_master_and_driver(cluster: SparkCluster, *args: object, **kwargs: object):
         if SparkContext._gateway is None:
             conf = SparkConf(loadDefaults=False).setAll(list(cluster._configs.items()))
-            launches.append(threading.Thread(target=_launch_driver, args=(conf,), daemon=True))
+            launches.append(threading.Thread(target=launch_driver, args=(conf,), daemon=True))
             launches[-1].start()
         return set_up_master(cluster, *args, **kwargs)
 
@@ -537,29 +344,6 @@ def _accumulators_stopped_aside() -> None:
     if server is not None:
         context._accumulatorServer = None  # stop() then leaves it alone
         threading.Thread(target=server.shutdown, name="accumulators", daemon=True).start()
-
-
-def end_spark_driver() -> None:
-    """End Spark's driver JVM (pyspark's gateway) if this process launched it, and wait
-    until it has. Left to itself it ends only after this process has (it watches its
-    stdin), then runs Spark's shutdown hooks for ~0.5 s (deleting Spark's local dirs,
-    which txstream's scratch folder removal has already done), holding this process's
-    stdout and stderr meanwhile: a pipeline waited for it, and its last log lines came
-    after the command's end. For a process that ends now (`txstream run`): a Spark of a
-    later run in the same process would have to launch its driver again."""
-    if "pyspark" not in sys.modules:  # no Spark in this process
-        return
-    from pyspark import SparkContext
-
-    gateway = SparkContext._gateway
-    driver = getattr(gateway, "proc", None)
-    if driver is None or driver.poll() is not None:
-        return
-    # first the gateway: a Java object dropped later would tell the dead JVM so and log
-    # an error with its traceback on stderr (py4j's finalizers; seen once in 5 test runs)
-    gateway.shutdown()
-    driver.kill()
-    driver.wait()
 
 
 def _executor_cores() -> int:

@@ -12,9 +12,9 @@ Spark, two runs each at load < 0.7: Spark's start 4.7 -> 3.6 s, planning the inp
 
 It is made in two steps: a small Spark read whose JVMs log every class they load
 (``-Xlog:class+load``), then ``java -Xshare:dump`` over those classes, with the class path
-those JVMs had. `txstream.connectors.spark` gives every Spark JVM
+those JVMs had. `txstream.connectors.spark_driver` gives every Spark JVM
 ``-XX:SharedArchiveFile`` when the archive exists (`CLASS_ARCHIVE
-<txstream.connectors.spark.CLASS_ARCHIVE>`). The JVM checks it against its own
+<txstream.connectors.spark_driver.CLASS_ARCHIVE>`). The JVM checks it against its own
 class path, jars and Java build: an archive that does not match (a jar or Java updated, a
 class path that differs) is ignored without a word, and classes load as without it.
 
@@ -35,8 +35,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from txstream.connectors.spark import CLASS_ARCHIVE as ARCHIVE
-from txstream.connectors.spark import SparkSource, ray_for_spark, spark_class_path, spark_session
+from txstream.connectors.spark import SparkSource, ray_for_spark, spark_session
+from txstream.connectors.spark_driver import CLASS_ARCHIVE as ARCHIVE
+from txstream.connectors.spark_driver import spark_class_path
 from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 
 CLASS_PATH = ARCHIVE.with_suffix(".classpath")

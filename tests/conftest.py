@@ -76,7 +76,8 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def spark(ray_cluster):
     """One Spark (RayDP) for the whole test session, on the session's Ray."""
-    from txstream.connectors.spark import java_available, spark_session
+    from txstream.connectors.spark import spark_session
+    from txstream.connectors.spark_driver import java_available
 
     problem = java_available()
     if problem:

@@ -185,9 +185,13 @@ def _command_line(pid: int) -> bytes:
 
 
 def test_schema_error_exits_2_with_one_line(tmp_path):
+    """Refused before Spark starts: the driver launched early (a Spark run by default)
+    ends with the command, its folder removed, and it said nothing."""
     data = _generate(tmp_path, "sl", events=100)
     table = pq.read_table(data / "events.parquet").drop_columns(["asset"])
     pq.write_table(table, tmp_path / "bad.parquet")
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
     proc = _cli(
         "run",
         "sl",
@@ -197,9 +201,11 @@ def test_schema_error_exits_2_with_one_line(tmp_path):
         str(data / "init"),
         "--output",
         str(tmp_path / "out"),
+        env={"TMPDIR": str(private_tmp)},
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "missing column 'asset'" in proc.stderr
+    assert list(private_tmp.iterdir()) == [] and proc.outlived == []
 
 
 def test_unreadable_input_and_bad_usage_exit_2(tmp_path):
@@ -261,7 +267,7 @@ PHASES = [
 SPARK_DRIVER_ENDED = """
 import gc, sys, time
 from pyspark.sql import SparkSession
-from txstream.connectors.spark import end_spark_driver
+from txstream.connectors.spark_driver import end_spark_driver
 spark = SparkSession.builder.master("local[1]").config("spark.local.dir", sys.argv[1])
 spark = spark.config("spark.driver.extraJavaOptions", f"-Djava.io.tmpdir={sys.argv[1]}")
 spark = spark.getOrCreate()

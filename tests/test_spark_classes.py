@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from txstream.connectors import spark
+from txstream.connectors import spark, spark_driver
 from txstream.connectors.spark_classes import class_names
 
 LOG = "\n".join(
@@ -32,10 +32,10 @@ def test_class_names_keeps_what_the_jvms_own_loaders_load():
 
 
 def test_no_archive_no_flag(monkeypatch, tmp_path):
-    monkeypatch.setattr(spark, "CLASS_ARCHIVE", tmp_path / "missing.jsa")
-    assert spark._archive_flags() == []
+    monkeypatch.setattr(spark_driver, "CLASS_ARCHIVE", tmp_path / "missing.jsa")
+    assert spark_driver._archive_flags() == []
     (tmp_path / "missing.jsa").write_bytes(b"")
-    assert spark._archive_flags() == [f"-XX:SharedArchiveFile={tmp_path / 'missing.jsa'}"]
+    assert spark_driver._archive_flags() == [f"-XX:SharedArchiveFile={tmp_path / 'missing.jsa'}"]
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="no java")
@@ -62,7 +62,7 @@ def test_the_class_path_is_the_one_raydp_gives_its_app_master():
     bare = master.__new__(master)
     bare._configs = {}
     class_path = os.pathsep.join(bare._prepare_jvm_classpath())
-    assert spark.spark_class_path() == class_path
+    assert spark_driver.spark_class_path() == class_path
     options = spark.ray_job_config(["-Dx=1"]).jvm_options
     assert options[options.index("-cp") + 1] == class_path
     assert options[-1] == "-Dx=1"

@@ -288,7 +288,8 @@ import logging, sys
 import pyarrow as pa, pyarrow.parquet as pq
 from ray.job_config import JobConfig
 from txstream.cluster.ray_runtime import ray_session
-from txstream.connectors.spark import JVM_OPTIONS, SparkSource, _AppMaster, spark_session
+from txstream.connectors.spark import SparkSource, _AppMaster, spark_session
+from txstream.connectors.spark_driver import JVM_OPTIONS
 
 pq.write_table(pa.table({"x": list(range(1000))}), sys.argv[1])
 with ray_session(job_config=JobConfig(jvm_options=list(JVM_OPTIONS)), log_to_driver=False):

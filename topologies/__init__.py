@@ -1,22 +1,31 @@
-"""The topology API and the bundled topologies SL, GS, OB and TP."""
+"""The topology API and the bundled topologies SL, GS, OB and TP.
+
+The API's names are imported from `txstream.topologies.api` on first use: it imports
+numba, and the command line needs only the bundled names before it has parsed its
+arguments (`txstream run` launches Spark's driver first, `connectors.spark_driver`).
+"""
 
 from __future__ import annotations
 
 import importlib
 from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from txstream.errors import UsageError
-from txstream.topologies.api import (
-    EventShare,
-    Outputs,
-    Table,
-    Topology,
-    Transactions,
-    condition,
-    function,
-)
+
+if TYPE_CHECKING:
+    from txstream.topologies.api import (
+        EventShare,
+        Outputs,
+        Table,
+        Topology,
+        Transactions,
+        condition,
+        function,
+    )
 
 BUNDLED = ("sl", "gs", "ob", "tp")
+_API = ("EventShare", "Outputs", "Table", "Topology", "Transactions", "condition", "function")
 
 __all__ = [
     "BUNDLED",
@@ -30,6 +39,12 @@ __all__ = [
     "get",
     "is_valid_name",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        return getattr(importlib.import_module("txstream.topologies.api"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_valid_name(name: str) -> bool:
@@ -52,6 +67,8 @@ def get(name: str) -> Topology:
         topology = getattr(importlib.import_module(module), factory)()
     except (ImportError, AttributeError) as exc:
         raise UsageError(f"cannot load topology factory {name!r}: {exc}") from exc
+    from txstream.topologies.api import Topology
+
     if not isinstance(topology, Topology):
         raise UsageError(f"{name!r} returned {type(topology).__name__}, not a Topology")
     return topology
