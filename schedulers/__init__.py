@@ -1,29 +1,50 @@
-"""Schedulers: strategies that execute batches of operations serial-equivalently."""
+"""Schedulers: strategies that execute batches of operations serial-equivalently.
+
+Each is imported on first use (`SCHEDULERS`, `get`): their kernels import numba, and the
+command line needs only their names before it has parsed its arguments (`txstream run`
+launches Spark's driver first, `connectors.spark_driver`).
+"""
 
 from __future__ import annotations
 
-from txstream.errors import UsageError
-from txstream.schedulers.base import Scheduler
-from txstream.schedulers.lock import LockScheduler
-from txstream.schedulers.morphstream import MorphStreamScheduler
-from txstream.schedulers.mvlk import MultiVersionLockScheduler
-from txstream.schedulers.nolock import NoLockScheduler
-from txstream.schedulers.serial import SerialScheduler
-from txstream.schedulers.sstore import SStoreScheduler
-from txstream.schedulers.tstream import TStreamScheduler
+import importlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
-SCHEDULERS: dict[str, type[Scheduler]] = {
-    "serial": SerialScheduler,
-    "tstream": TStreamScheduler,
-    "morphstream": MorphStreamScheduler,
-    "sstore": SStoreScheduler,
-    "lock": LockScheduler,
-    "mvlk": MultiVersionLockScheduler,
-    "nolock": NoLockScheduler,
+from txstream.errors import UsageError
+
+if TYPE_CHECKING:
+    from txstream.schedulers.base import Scheduler
+
+_CLASSES = {
+    "serial": ("serial", "SerialScheduler"),
+    "tstream": ("tstream", "TStreamScheduler"),
+    "morphstream": ("morphstream", "MorphStreamScheduler"),
+    "sstore": ("sstore", "SStoreScheduler"),
+    "lock": ("lock", "LockScheduler"),
+    "mvlk": ("mvlk", "MultiVersionLockScheduler"),
+    "nolock": ("nolock", "NoLockScheduler"),
 }
+
+
+class _Schedulers(Mapping[str, "type[Scheduler]"]):
+    """The scheduler classes by `--scheduler` name, each imported when first looked up."""
+
+    def __getitem__(self, name: str) -> type[Scheduler]:
+        module, cls = _CLASSES[name]
+        return getattr(importlib.import_module(f"txstream.schedulers.{module}"), cls)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_CLASSES)
+
+    def __len__(self) -> int:
+        return len(_CLASSES)
+
+
+SCHEDULERS: Mapping[str, type[Scheduler]] = _Schedulers()
 """Schedulers this build can run, by `--scheduler` name."""
 
-__all__ = ["SCHEDULERS", "Scheduler", "get"]
+__all__ = ["SCHEDULERS", "get"]
 
 
 def get(name: str) -> type[Scheduler]:
