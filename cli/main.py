@@ -254,20 +254,25 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    if args.source == "spark" and not (args.address or os.environ.get("RAY_ADDRESS")):
-        from txstream.connectors.spark_driver import launch_early
+    early = args.source == "spark" and not (args.address or os.environ.get("RAY_ADDRESS"))
+    if early:
+        from txstream.connectors import spark_driver
 
         # Spark's driver boots on the core that idles while the engine is imported and the
         # run planned; its Spark session then takes it (docs/performance.md, stop 47)
-        launch_early(args.log_level)
-    with _uncollected():
-        from txstream.job import Job
+        spark_driver.launch_early(args.log_level)
+    try:
+        with _uncollected():
+            from txstream.job import Job
 
-    job = Job(args.topology, **_config_options(args))
-    if args.follow:
-        m = _follow(job, args).metrics
-    else:
-        m = job.run(args.input, args.init_state, output=args.output, name=args.name).metrics
+        job = Job(args.topology, **_config_options(args))
+        if args.follow:
+            m = _follow(job, args).metrics
+        else:
+            m = job.run(args.input, args.init_state, output=args.output, name=args.name).metrics
+    finally:
+        if early:
+            spark_driver.abandon_early()  # if no Spark session took it: a run refused early
     print(summary(args.topology, args.scheduler, m, args.output))
 
 

@@ -308,11 +308,17 @@ _early: _EarlyDriver | None = None
 
 def launch_early(log_level: str) -> None:
     """Launch Spark's driver JVM now, for a Spark session of this process to take
-    (`take_early`), if Java is usable and none was launched; `end_spark_driver` ends it
-    if none does."""
+    (`take_early`; `abandon_early` if none will), unless Java is not usable, or this
+    process already runs Ray or a Spark driver (whose session would be used instead)."""
     global _early
-    if _early is None and java_available() is None:
-        _early = _EarlyDriver(log_level)
+    if _early is not None or java_available() is not None:
+        return
+    ray, pyspark = sys.modules.get("ray"), sys.modules.get("pyspark")
+    if ray is not None and ray.is_initialized():
+        return
+    if pyspark is not None and pyspark.SparkContext._gateway is not None:
+        return
+    _early = _EarlyDriver(log_level)
 
 
 def take_early() -> Path | None:
@@ -324,6 +330,15 @@ def take_early() -> Path | None:
     return early.take() if early is not None else None
 
 
+def abandon_early() -> None:
+    """End the driver launched early if no Spark session took it (a run refused before
+    Spark started), and remove its folder."""
+    global _early
+    early, _early = _early, None
+    if early is not None:
+        early.abandon()
+
+
 def end_spark_driver() -> None:
     """End Spark's driver JVM (pyspark's gateway) if this process launched it, and wait
     until it has; one launched early that no session took too, with its folder. Left to
@@ -333,12 +348,8 @@ def end_spark_driver() -> None:
     meanwhile: a pipeline waited for it, and its last log lines came after the command's
     end. For a process that ends now (`txstream run`): a Spark of a later run in the same
     process would have to launch its driver again."""
-    global _early
-    early, _early = _early, None
-    if early is not None:
-        early.abandon()
-    else:
-        _end_gateway()
+    abandon_early()
+    _end_gateway()
 
 
 def _end_gateway() -> None:

@@ -77,3 +77,43 @@ def test_an_early_driver_nobody_takes_is_ended_with_its_folder(tmp_path):
     )
     assert run.returncode == 0 and run.stdout == "ended\n", run.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+REFUSED_IN_PROCESS = """
+import os, sys
+from pathlib import Path
+from txstream.cli.main import main
+from txstream.cluster.scratch import descendants
+from txstream.cluster.topology import usable_cores
+
+data = sys.argv[1]
+code = main([
+    "run", "sl", "--input", f"{data}/events.parquet", "--init-state", f"{data}/init",
+    "--output", f"{data}/out", "--executors", str(4 * usable_cores() + 1),
+])
+assert code == 2
+java = [p for p in descendants(os.getpid()) if b"java" in Path(f"/proc/{p}/cmdline").read_bytes()]
+assert java == [], java
+print("refused")
+"""
+
+
+def test_a_run_refused_in_process_leaves_no_early_driver(tmp_path):
+    """`main` (the command line called in a Python process) ends the driver it launched
+    early when the run is refused before Spark starts, and removes its folder: no JVM
+    and no folder outlive the call, though the process goes on."""
+    from txstream.cli.main import main
+
+    data = tmp_path / "data"
+    assert main(["generate", "sl", "--out", str(data), "--events", "10"]) == 0
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-c", REFUSED_IN_PROCESS, str(data)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "TMPDIR": str(scratch), "RAY_ADDRESS": ""},
+    )
+    assert run.returncode == 0 and run.stdout == "refused\n", run.stderr
+    assert list(scratch.iterdir()) == []
