@@ -190,22 +190,24 @@ def test_schema_error_exits_2_with_one_line(tmp_path):
     data = _generate(tmp_path, "sl", events=100)
     table = pq.read_table(data / "events.parquet").drop_columns(["asset"])
     pq.write_table(table, tmp_path / "bad.parquet")
-    private_tmp = tmp_path / "tmp"
-    private_tmp.mkdir()
-    proc = _cli(
-        "run",
-        "sl",
-        "--input",
-        str(tmp_path / "bad.parquet"),
-        "--init-state",
-        str(data / "init"),
-        "--output",
-        str(tmp_path / "out"),
-        env={"TMPDIR": str(private_tmp)},
-    )
-    assert proc.returncode == 2
+    private_tmp = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))  # short: used as it is
+    try:
+        proc = _cli(
+            "run",
+            "sl",
+            "--input",
+            str(tmp_path / "bad.parquet"),
+            "--init-state",
+            str(data / "init"),
+            "--output",
+            str(tmp_path / "out"),
+            env={"TMPDIR": str(private_tmp)},
+        )
+        assert list(private_tmp.iterdir()) == []
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
+    assert proc.returncode == 2 and proc.outlived == []
     assert proc.stderr.strip().count("\n") == 0 and "missing column 'asset'" in proc.stderr
-    assert list(private_tmp.iterdir()) == [] and proc.outlived == []
 
 
 def test_unreadable_input_and_bad_usage_exit_2(tmp_path):

@@ -7,13 +7,26 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="no java")
 
+
+@pytest.fixture
+def short_tmp():
+    """A private TMPDIR short enough to be used as it is (`scratch._base`): the early
+    driver's folder is made in it."""
+    path = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 TAKEN = """
 import os, sys, time
+from pathlib import Path
 from pyspark import SparkContext
 from txstream.cluster.scratch import remove_tree
 from txstream.connectors import spark_driver
@@ -27,6 +40,7 @@ log = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
 os.dup2(log, 2)  # as a run's log does
 folder = spark_driver.take_early()
 assert folder is not None and folder.is_dir() and (folder / "log4j2.properties").is_file()
+assert folder.parent == Path(os.environ["TMPDIR"])
 assert spark_driver.take_early() is None  # taken once
 SparkContext._gateway.jvm.System.err.println("said after it was taken")
 time.sleep(0.5)
@@ -35,7 +49,7 @@ remove_tree(folder)
 """
 
 
-def test_an_early_driver_says_what_it_said_where_stderr_is_when_taken(tmp_path):
+def test_an_early_driver_says_what_it_said_where_stderr_is_when_taken(tmp_path, short_tmp):
     """Until a session takes it, the driver's output is held (the command's stderr is the
     terminal then); taken, it goes where stderr points: the run's log."""
     log = tmp_path / "log"
@@ -44,13 +58,13 @@ def test_an_early_driver_says_what_it_said_where_stderr_is_when_taken(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
+        env={**os.environ, "TMPDIR": str(short_tmp)},
     )
     assert run.returncode == 0, run.stderr
     assert "said" not in run.stderr
     said = log.read_text()
     assert 0 <= said.index("said before it was taken") < said.index("said after it was taken")
-    assert not list(tmp_path.glob("txs-spark-*"))
+    assert list(short_tmp.iterdir()) == []
 
 
 ABANDONED = """
@@ -59,13 +73,14 @@ from txstream.connectors import spark_driver
 
 spark_driver.launch_early("info")
 folder = spark_driver._early.folder
+assert folder.is_dir() and folder.parent.name.startswith("t")
 spark_driver.end_spark_driver()  # while it launches: once launched, ended
 assert SparkContext._gateway.proc.poll() is not None and not folder.exists()
 print("ended")
 """
 
 
-def test_an_early_driver_nobody_takes_is_ended_with_its_folder(tmp_path):
+def test_an_early_driver_nobody_takes_is_ended_with_its_folder(short_tmp):
     """A run that fails before Spark starts (its input refused) ends the driver it
     launched early and removes its folder."""
     run = subprocess.run(
@@ -73,10 +88,10 @@ def test_an_early_driver_nobody_takes_is_ended_with_its_folder(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
+        env={**os.environ, "TMPDIR": str(short_tmp)},
     )
     assert run.returncode == 0 and run.stdout == "ended\n", run.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert list(short_tmp.iterdir()) == []
 
 
 REFUSED_IN_PROCESS = """
@@ -92,13 +107,14 @@ code = main([
     "--output", f"{data}/out", "--executors", str(4 * usable_cores() + 1),
 ])
 assert code == 2
+assert list(Path(os.environ["TMPDIR"]).iterdir()) == []
 java = [p for p in descendants(os.getpid()) if b"java" in Path(f"/proc/{p}/cmdline").read_bytes()]
 assert java == [], java
 print("refused")
 """
 
 
-def test_a_run_refused_in_process_leaves_no_early_driver(tmp_path):
+def test_a_run_refused_in_process_leaves_no_early_driver(tmp_path, short_tmp):
     """`main` (the command line called in a Python process) ends the driver it launched
     early when the run is refused before Spark starts, and removes its folder: no JVM
     and no folder outlive the call, though the process goes on."""
@@ -106,14 +122,12 @@ def test_a_run_refused_in_process_leaves_no_early_driver(tmp_path):
 
     data = tmp_path / "data"
     assert main(["generate", "sl", "--out", str(data), "--events", "10"]) == 0
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
     run = subprocess.run(
         [sys.executable, "-c", REFUSED_IN_PROCESS, str(data)],
         capture_output=True,
         text=True,
         timeout=180,
-        env={**os.environ, "TMPDIR": str(scratch), "RAY_ADDRESS": ""},
+        env={**os.environ, "TMPDIR": str(short_tmp), "RAY_ADDRESS": ""},
     )
     assert run.returncode == 0 and run.stdout == "refused\n", run.stderr
-    assert list(scratch.iterdir()) == []
+    assert list(short_tmp.iterdir()) == []
