@@ -8,7 +8,6 @@ checked before anything starts (schema errors cost no Ray or Spark start-up).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 from txstream import topologies
-from txstream.cluster.ray_runtime import ray_session
+from txstream.cluster.ray_runtime import ray_address, ray_session
 from txstream.cluster.topology import check_executors
 from txstream.cluster.transport import RayTransport, ThreadTransport
 from txstream.config import RunConfig
@@ -125,7 +124,7 @@ class Job:
         cfg = self.config
         if cfg.nodes == 1:
             return
-        if not (cfg.address or os.environ.get("RAY_ADDRESS")):
+        if ray_address(cfg.address) is None:
             raise UsageError(f"--nodes {cfg.nodes} runs on a Ray cluster: give its --address")
         if follow:
             raise UsageError("--nodes N > 1 takes no --follow (yet)")

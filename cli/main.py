@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from txstream.cli.watchdog import watchdog
+from txstream.cluster.ray_runtime import ray_address
 from txstream.config import RunConfig
 from txstream.errors import RuntimeFailure, SchemaError, TxstreamError, UsageError
 from txstream.monitor.logs import log_of, version
@@ -254,7 +255,7 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    early = args.source == "spark" and not (args.address or os.environ.get("RAY_ADDRESS"))
+    early = args.source == "spark" and ray_address(args.address) is None
     if early:
         from txstream.connectors import spark_driver
 

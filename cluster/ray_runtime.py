@@ -43,6 +43,12 @@ _LABELS: dict[str, str] = {}
 """Name of each actor txstream started (``"Executor 1"``), by actor id, for error messages."""
 
 
+def ray_address(address: str | None) -> str | None:
+    """The Ray a run is told to use: ``address``, else ``$RAY_ADDRESS``; None when it
+    starts a Ray of its own."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
 @contextmanager
 def ray_session(
     address: str | None = None,
@@ -63,7 +69,7 @@ def ray_session(
         yield False
         return
     phase = phase or (lambda _name: nullcontext())
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    address = ray_address(address)
     options = dict(
         include_dashboard=False,
         logging_level=logging_level,

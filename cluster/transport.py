@@ -10,7 +10,6 @@ the GIL.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -20,7 +19,14 @@ from concurrent.futures import wait as futures_wait
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from txstream.cluster.ray_runtime import Phase, describe, ray_session, start_actor, stop_actors
+from txstream.cluster.ray_runtime import (
+    Phase,
+    describe,
+    ray_address,
+    ray_session,
+    start_actor,
+    stop_actors,
+)
 from txstream.cluster.topology import keep_freed_memory, yield_to_executors
 from txstream.errors import PeerFailed, RuntimeFailure, TxstreamError
 
@@ -201,7 +207,7 @@ def transport_for(
     a dead actor's team is recovered without the driver); threads otherwise (no Ray
     start-up for a local run)."""
     if choice == "auto":
-        ray_needed = address or os.environ.get("RAY_ADDRESS") or named or checkpoints
+        ray_needed = ray_address(address) or named or checkpoints
         choice = "ray" if ray_needed else "threads"
     return RayTransport() if choice == "ray" else ThreadTransport()
 
