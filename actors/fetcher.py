@@ -10,6 +10,7 @@ application).
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -47,9 +48,11 @@ class PartitionFetcher:
     """Keeps every source's converted chunks in the object store (owning them, so they
     outlive the Spark task that made them) and hands them out in input order, many calls at
     a time. One per Spark application, started with it, under the name its Spark tasks look
-    it up by. A chunk's bytes go from the Spark executor to this actor as a call's argument
-    (through the object store), then into the object store once more as the chunk the
-    consumer reads without copying; the chunks of a source are freed when it is removed."""
+    it up by. A Spark task on this actor's node writes a chunk into a file, which this actor
+    copies into the object store as the chunk the consumer reads without copying, then
+    removes; a task on another node sends the chunk's bytes as a call's argument (through
+    the object store, then a copy in this process). The chunks of a source are freed when
+    it is removed."""
 
     def __init__(self) -> None:
         self._conversions: dict[str, _Conversion] = {}
@@ -57,6 +60,11 @@ class PartitionFetcher:
 
     def ready(self) -> None:
         """Return once the actor runs."""
+
+    def node(self) -> str:
+        """This actor's Ray node (its id in hex): Spark's tasks there hand chunks over in
+        files (`stored_file`)."""
+        return ray.get_runtime_context().get_node_id()
 
     def add(self, source: str, partitions: int) -> None:
         """Take the chunks of ``source``, made by a job of ``partitions`` tasks."""
@@ -72,7 +80,20 @@ class PartitionFetcher:
     def stored(self, source: str, partition: int, chunk: int, stream: bytes) -> None:
         """A Spark task's ``chunk``-th Arrow IPC stream of ``partition`` (the first one kept
         when a task runs again)."""
-        ref = ray.put(pa.py_buffer(stream))  # out of band: the reader maps it
+        self._keep(source, partition, chunk, ray.put(pa.py_buffer(stream)))
+
+    def stored_file(self, source: str, partition: int, chunk: int, path: str) -> None:
+        """`stored`, the stream written by a task on this node into the file ``path``,
+        which is removed once its bytes are in the object store."""
+        try:
+            with pa.memory_map(path) as file:  # written whole before this call
+                ref = ray.put(file.read_buffer())
+        finally:
+            os.unlink(path)
+        self._keep(source, partition, chunk, ref)
+
+    def _keep(self, source: str, partition: int, chunk: int, ref: ray.ObjectRef) -> None:
+        """Keep a chunk (out of band in the object store: the reader maps it)."""
         with self._changed:
             conversion = self._conversions.get(source)
             if conversion is not None:

@@ -517,7 +517,12 @@ class SparkSource:
         batches = _arrow_batches(frame, split_bytes, schema_json, files)
         rows_per_batch = _rows_per_batch(self._spark)
         chunks = _spark_object(self._spark, CHUNKS_CLASS).deliver(
-            batches, name, self._key, schema_json, -(-chunk_rows // rows_per_batch)
+            batches,
+            name,
+            _chunk_files_node(self._fetcher),
+            self._key,
+            schema_json,
+            -(-chunk_rows // rows_per_batch),
         )
         self.num_partitions = chunks.getNumPartitions()
         ray.get(self._fetcher.add.remote(self._key, self.num_partitions))
@@ -810,6 +815,12 @@ def _fetcher(spark: SparkSession) -> tuple[str, ray.actor.ActorHandle]:
     if app not in _FETCHERS:
         _FETCHERS[app] = _start_fetcher()
     return _FETCHERS[app]
+
+
+def _chunk_files_node(fetcher: ray.actor.ActorHandle) -> str:
+    """The Ray node (its id in hex) whose Spark tasks hand their chunks to ``fetcher`` in
+    files rather than as a call's argument: the fetcher's own."""
+    return ray.get(fetcher.node.remote())
 
 
 def _start_fetcher() -> tuple[str, ray.actor.ActorHandle]:

@@ -14,6 +14,7 @@ and with it the class archive (`txstream.connectors.spark_classes`), stays the s
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -25,11 +26,21 @@ from pathlib import Path
 
 from txstream.cluster.ray_runtime import INSTALLATION_FILES
 
-CONVERTER_JAR = INSTALLATION_FILES / "txstream-spark.jar"
-"""The compiled converter, in this installation's prefix (the virtualenv)."""
 CONVERTER_CLASS = "txstream.spark.ArrowColumns"
 CHUNKS_CLASS = "txstream.spark.RayChunks"
 SOURCES = sorted((Path(__file__).parent / "java").glob("*.java"))
+
+
+def _sources_digest() -> str:
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+CONVERTER_JAR = INSTALLATION_FILES / f"txstream-spark-{_sources_digest()}.jar"
+"""The compiled converter, in this installation's prefix (the virtualenv), named after its
+sources: where they changed since ``./setup``, the first Spark source compiles them again."""
 _COMPILE_TIMEOUT_S = 300
 
 

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
-from txstream.actors.fetcher import _Conversion
+from txstream.actors.fetcher import PartitionFetcher, _Conversion
+from txstream.connectors import spark as spark_module
 from txstream.connectors.spark import (
     POSITION,
     SparkSource,
@@ -261,6 +262,66 @@ def test_a_row_group_is_handed_over_in_chunks(spark, tmp_path):
         chunks = [partition_table(ray.get(ref), source.schema)[0] for ref in source.partitions()]
     assert [chunk.num_rows for chunk in chunks] == [10_000] * 4
     assert pa.concat_tables(chunks).column("event_id").to_pylist() == list(range(rows))
+
+
+def _chunk_files(spark) -> list[str]:
+    """Chunk files (`RayChunks`) left in the folders where Spark's executor keeps its
+    temporary files: Spark's scratch folder and, under RayDP, this Ray session's."""
+    folders = [
+        spark.conf.get("spark.local.dir"),
+        ray._private.worker._global_node.get_session_dir_path(),
+    ]
+    return [
+        os.path.join(folder, name)
+        for top in folders
+        for folder, _, names in os.walk(top)
+        for name in names
+        if name.startswith("txstream-chunk-")
+    ]
+
+
+def test_a_row_group_read_beside_the_fetcher_leaves_no_chunk_file(spark, tmp_path):
+    """Spark's executor runs on the fetcher's node here: its tasks hand every chunk over in
+    a file, which the fetcher removes once the chunk is in the object store."""
+    rows = 40_000
+    pq.write_table(pa.table({"event_id": np.arange(rows)}), tmp_path / "one.parquet")
+    with SparkSource(tmp_path, chunk_rows=10_000) as source:
+        table = pa.Table.from_batches(source.iter_batches(rows), schema=source.schema)
+    assert table.column("event_id").to_pylist() == list(range(rows))
+    assert _chunk_files(spark) == []
+
+
+def test_a_task_on_another_node_sends_its_chunks_as_a_calls_argument(spark, tmp_path, monkeypatch):
+    """A task that is not on the fetcher's node cannot hand it a file: it sends the chunk's
+    bytes instead, and the chunks read the same."""
+    monkeypatch.setattr(spark_module, "_chunk_files_node", lambda fetcher: "ff" * 28)
+    rows = 40_000
+    pq.write_table(pa.table({"event_id": np.arange(rows)}), tmp_path / "one.parquet")
+    with SparkSource(tmp_path, chunk_rows=10_000) as source:
+        chunks = [partition_table(ray.get(ref), source.schema)[0] for ref in source.partitions()]
+    assert [chunk.num_rows for chunk in chunks] == [10_000] * 4
+    assert pa.concat_tables(chunks).column("event_id").to_pylist() == list(range(rows))
+
+
+def test_a_chunk_in_a_file_is_kept_and_the_file_removed(tmp_path):
+    """`stored_file` copies the file's stream into the object store and removes the file,
+    also when a task's chunk arrives twice (the first is kept)."""
+    table = pa.table({"event_id": np.arange(1_000)})
+    files = []
+    for attempt in range(2):
+        files.append(tmp_path / f"chunk-{attempt}.arrows")
+        with pa.ipc.new_stream(files[-1], table.schema) as writer:
+            writer.write_table(table.slice(attempt))
+    fetcher = PartitionFetcher.remote()
+    try:
+        ray.get(fetcher.add.remote("source", 1))
+        for path in files:
+            ray.get(fetcher.stored_file.remote("source", 0, 0, str(path)))
+        assert not any(path.exists() for path in files)
+        [ref] = ray.get(fetcher.fetch.remote("source", 0))
+        assert pa.ipc.open_stream(ray.get(ref)).read_all().equals(table)
+    finally:
+        ray.kill(fetcher)
 
 
 def test_the_app_master_is_a_java_actor_of_this_job(spark):

@@ -1,6 +1,8 @@
 package txstream.spark;
 
 import java.io.ByteArrayOutputStream;
+import java.io.File;
+import java.io.FileOutputStream;
 import java.io.IOException;
 import java.nio.channels.Channels;
 import java.util.ArrayList;
@@ -26,12 +28,15 @@ import org.apache.spark.api.java.function.FlatMapFunction;
 /**
  * Hands each task's serialized Arrow record batches (what {@code toArrowBatchRdd} or {@link
  * ArrowColumns} make) to txstream's partition fetcher, a Python actor of the same Ray job, as
- * they are made: every {@code batchesPerChunk} batches become one Arrow IPC stream, the
- * argument of a call {@code stored(source, partition, chunk, stream)}; the task ends with
- * {@code ended(source, partition, chunks)} once every call has returned. The consumer reads a
- * partition's first chunk while Spark converts the rest, and no converted batch goes through
- * Spark's block manager (written to disk, read back, copied into one array per partition).
- * The task's one output row is its number of chunks.
+ * they are made: every {@code batchesPerChunk} batches become one Arrow IPC stream. A task on
+ * the fetcher's node writes the stream into a file of its temporary folder and calls {@code
+ * stored_file(source, partition, chunk, path)} (the fetcher copies it into the object store
+ * and removes it); a task elsewhere sends it as the argument of {@code stored(source,
+ * partition, chunk, stream)}, which costs two more copies of it on the way. The task ends
+ * with {@code ended(source, partition, chunks)} once every call has returned. The consumer
+ * reads a partition's first chunk while Spark converts the rest, and no converted batch goes
+ * through Spark's block manager (written to disk, read back, copied into one array per
+ * partition). The task's one output row is its number of chunks.
  *
  * <p>Plain Java without lambdas or generics, so that Janino compiles it as well as javac.
  */
@@ -39,17 +44,20 @@ public final class RayChunks implements FlatMapFunction {
   private static final long serialVersionUID = 1L;
 
   private final String fetcher;
+  private final String fetcherNode;
   private final String source;
   private final String schemaJson;
   private final int batchesPerChunk;
 
   /** The driver's entry point (made by reflection, then called through Py4J). */
   public RayChunks() {
-    this(null, null, null, 1);
+    this(null, null, null, null, 1);
   }
 
-  private RayChunks(String fetcher, String source, String schemaJson, int batchesPerChunk) {
+  private RayChunks(
+      String fetcher, String fetcherNode, String source, String schemaJson, int batchesPerChunk) {
     this.fetcher = fetcher;
+    this.fetcherNode = fetcherNode;
     this.source = source;
     this.schemaJson = schemaJson;
     this.batchesPerChunk = batchesPerChunk;
@@ -57,12 +65,18 @@ public final class RayChunks implements FlatMapFunction {
 
   /**
    * {@code batches} (serialized record batches of schema {@code schemaJson}) delivered to the
-   * actor named {@code fetcher} as the chunks of {@code source}, when the result is computed.
+   * actor named {@code fetcher}, which runs on the Ray node {@code fetcherNode} (its id in
+   * hex), as the chunks of {@code source}, when the result is computed.
    */
   public JavaRDD deliver(
-      JavaRDD batches, String fetcher, String source, String schemaJson, int batchesPerChunk) {
+      JavaRDD batches,
+      String fetcher,
+      String fetcherNode,
+      String source,
+      String schemaJson,
+      int batchesPerChunk) {
     return batches.mapPartitions(
-        new RayChunks(fetcher, source, schemaJson, Math.max(1, batchesPerChunk)));
+        new RayChunks(fetcher, fetcherNode, source, schemaJson, Math.max(1, batchesPerChunk)));
   }
 
   @Override
@@ -76,16 +90,25 @@ public final class RayChunks implements FlatMapFunction {
     PyActorHandle actor = (PyActorHandle) found.get();
     byte[] schema = schemaMessage();
     byte[] end = endOfStream();
+    boolean besideFetcher = Ray.getRuntimeContext().getCurrentNodeId().toString()
+        .equals(fetcherNode);
     List pending = new ArrayList();
     ObjectRef inFlight = null;
     int chunk = 0;
     while (batches.hasNext()) {
       pending.add(batches.next());
       if (pending.size() == batchesPerChunk || !batches.hasNext()) {
-        byte[] stream = stream(schema, pending, end);
+        ObjectRef sent;
+        if (besideFetcher) {
+          String path = written(schema, pending, end);
+          Object[] args = {source, Integer.valueOf(partition), Integer.valueOf(chunk), path};
+          sent = call(actor, "stored_file", args);
+        } else {
+          byte[] stream = stream(schema, pending, end);
+          Object[] args = {source, Integer.valueOf(partition), Integer.valueOf(chunk), stream};
+          sent = call(actor, "stored", args);
+        }
         pending.clear();
-        Object[] args = {source, Integer.valueOf(partition), Integer.valueOf(chunk), stream};
-        ObjectRef sent = call(actor, "stored", args);
         chunk++;
         if (inFlight != null) {
           inFlight.get(); // one chunk in flight while the next is converted
@@ -121,6 +144,31 @@ public final class RayChunks implements FlatMapFunction {
     WriteChannel channel = new WriteChannel(Channels.newChannel(out));
     ArrowStreamWriter.writeEndOfStream(channel, new IpcOption());
     return out.toByteArray();
+  }
+
+  /**
+   * One IPC stream (as {@link #stream}) written into a new file of this JVM's temporary
+   * folder (under a Ray session's, or a Spark application's, scratch folder); its path.
+   */
+  private static String written(byte[] schema, List batches, byte[] end) throws IOException {
+    File file = File.createTempFile("txstream-chunk-", ".arrows");
+    FileOutputStream out = new FileOutputStream(file);
+    boolean complete = false;
+    try {
+      out.write(schema);
+      for (int i = 0; i < batches.size(); i++) {
+        out.write((byte[]) batches.get(i));
+      }
+      out.write(end);
+      out.close();
+      complete = true;
+    } finally {
+      if (!complete) {
+        out.close();
+        file.delete();
+      }
+    }
+    return file.getPath();
   }
 
   /** One IPC stream: the schema, the batches' messages as they are, the end of stream. */
