@@ -10,9 +10,9 @@ application).
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow as pa
 import ray
@@ -89,7 +89,7 @@ class PartitionFetcher:
             with pa.memory_map(path) as file:  # written whole before this call
                 ref = ray.put(file.read_buffer())
         finally:
-            os.unlink(path)
+            Path(path).unlink(missing_ok=True)  # a missing file's error is memory_map's
         self._keep(source, partition, chunk, ref)
 
     def _keep(self, source: str, partition: int, chunk: int, ref: ray.ObjectRef) -> None:
