@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 from ray.job_config import JobConfig
-from txstream.actors.fetcher import PartitionFetcher
+from txstream.actors.fetcher import Chunk, PartitionFetcher
 from txstream.cluster.ray_runtime import ray_session
 from txstream.cluster.scratch import JavaDriverLibraries, scratch
 from txstream.cluster.topology import usable_cores
@@ -542,20 +542,22 @@ class SparkSource:
     def _chunks_in_order(self) -> Iterator[pa.Table]:
         """The chunks in input order, each as soon as Spark has converted it."""
         last_position = -1
-        for ipc in self.partitions():
-            table, first, last = partition_table(self._get(ipc), self.schema)
+        for chunk in self.partitions():
+            table, first, last = partition_table(chunk, self.schema)
             last_position = follow(last_position, first, last)
             yield table
 
-    def partitions(self) -> Iterator[ray.ObjectRef]:
-        """References to the converted chunks (Arrow IPC streams) in input order, each once
-        Spark has converted it, at most `prefetch` asked for ahead: to read one where it
-        lies (`partition_table`), the reader checking their order (`follow`)."""
+    def partitions(self) -> Iterator[Chunk]:
+        """The converted chunks (Arrow IPC streams) in input order, each once Spark has
+        converted it, at most `prefetch` asked for ahead: to read one where it lies
+        (`partition_table`, on this node: a chunk file is given as its path to a consumer
+        on the fetcher's node), the reader checking their order (`follow`)."""
+        node = ray.get_runtime_context().get_node_id()
         pending: deque[ray.ObjectRef] = deque()
         requested = 0
         while True:
             while len(pending) <= self.prefetch:
-                pending.append(self._fetcher.fetch.remote(self._key, requested))
+                pending.append(self._fetcher.fetch.remote(self._key, requested, node))
                 requested += 1
             found = self._get(pending.popleft())
             if not found:
@@ -840,10 +842,18 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
-def partition_table(ipc: pa.Buffer | bytes, schema: pa.Schema) -> tuple[pa.Table, int, int]:
-    """A converted chunk (its Arrow IPC stream) as a table of ``schema`` in input
-    order, with the first and last input positions of its rows (-1 if it has none)."""
-    table, first, last = _in_position_order(pa.ipc.open_stream(ipc).read_all())
+def partition_table(
+    chunk: Chunk | pa.Buffer | bytes, schema: pa.Schema
+) -> tuple[pa.Table, int, int]:
+    """A converted chunk (`SparkSource.partitions`, or its Arrow IPC stream) as a table of
+    ``schema`` in input order, with the first and last input positions of its rows (-1 if
+    it has none). A chunk file is mapped, not read: its rows stay in the page cache."""
+    if isinstance(chunk, ray.ObjectRef):
+        chunk = ray.get(chunk)
+    elif isinstance(chunk, str):
+        with pa.memory_map(chunk) as file:  # its buffer keeps the mapping
+            chunk = file.read_buffer()
+    table, first, last = _in_position_order(pa.ipc.open_stream(chunk).read_all())
     return (table if table.schema.equals(schema) else table.cast(schema)), first, last
 
 

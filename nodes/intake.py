@@ -42,14 +42,14 @@ class Prepared:
 
 
 def prepare_partition(
-    topology: str, sizes: dict[str, int], nodes: int, schema: pa.Schema, ipc: bytes
+    topology: str, sizes: dict[str, int], nodes: int, schema: pa.Schema, chunk: pa.Buffer | str
 ) -> tuple:
-    """A Spark partition's Arrow IPC stream (``ipc``) as `Prepared`, followed by one table
-    per node: the events it takes part in, in input order (a Ray task, see the module
-    docstring)."""
+    """A Spark source's chunk (its Arrow IPC stream, or its file's path on this node:
+    `SparkSource.partitions`) as `Prepared`, followed by one table per node: the events it
+    takes part in, in input order (a Ray task, see the module docstring)."""
     spec = topologies.get(topology)
     layout = Layout.of(spec.tables, sizes)
-    table, first, last = partition_table(ipc, schema)
+    table, first, last = partition_table(chunk, schema)
     events = conform_events(table, spec.event_schema)
     txn, cells = touched_cells(spec, layout, events)
     mask = participants(layout, nodes, events.num_rows, txn, cells)

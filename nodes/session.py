@@ -366,9 +366,11 @@ class NodesSession:
         last_position = -1
         partitions = source.partitions()
         while True:
-            for ipc in partitions:
+            for chunk in partitions:
                 pending.append(
-                    prepare.remote(plan.topology.name, plan.layout.sizes, nodes, source.schema, ipc)
+                    prepare.remote(
+                        plan.topology.name, plan.layout.sizes, nodes, source.schema, chunk
+                    )
                 )
                 if len(pending) > PREPARED_AHEAD:
                     break

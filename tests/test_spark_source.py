@@ -259,7 +259,7 @@ def test_a_row_group_is_handed_over_in_chunks(spark, tmp_path):
     rows = 40_000
     pq.write_table(pa.table({"event_id": np.arange(rows)}), tmp_path / "one.parquet")
     with SparkSource(tmp_path, chunk_rows=10_000) as source:
-        chunks = [partition_table(ray.get(ref), source.schema)[0] for ref in source.partitions()]
+        chunks = [partition_table(c, source.schema)[0] for c in source.partitions()]
     assert [chunk.num_rows for chunk in chunks] == [10_000] * 4
     assert pa.concat_tables(chunks).column("event_id").to_pylist() == list(range(rows))
 
@@ -280,15 +280,20 @@ def _chunk_files(spark) -> list[str]:
     ]
 
 
-def test_a_row_group_read_beside_the_fetcher_leaves_no_chunk_file(spark, tmp_path):
-    """Spark's executor runs on the fetcher's node here: its tasks hand every chunk over in
-    a file, which the fetcher removes once the chunk is in the object store."""
+def test_a_row_group_read_beside_the_fetcher_is_mapped_from_files_removed_with_the_source(
+    spark, tmp_path
+):
+    """Spark's executor and the reader run on the fetcher's node here: every chunk is handed
+    over as a file, read where it lies, and removed when the source is closed."""
     rows = 40_000
     pq.write_table(pa.table({"event_id": np.arange(rows)}), tmp_path / "one.parquet")
     with SparkSource(tmp_path, chunk_rows=10_000) as source:
-        table = pa.Table.from_batches(source.iter_batches(rows), schema=source.schema)
-    assert table.column("event_id").to_pylist() == list(range(rows))
+        chunks = list(source.partitions())
+        assert all(isinstance(chunk, str) for chunk in chunks)
+        assert sorted(_chunk_files(spark)) == sorted(chunks)
+        tables = [partition_table(chunk, source.schema)[0] for chunk in chunks]
     assert _chunk_files(spark) == []
+    assert pa.concat_tables(tables).column("event_id").to_pylist() == list(range(rows))
 
 
 def test_a_task_on_another_node_sends_its_chunks_as_a_calls_argument(spark, tmp_path, monkeypatch):
@@ -298,14 +303,17 @@ def test_a_task_on_another_node_sends_its_chunks_as_a_calls_argument(spark, tmp_
     rows = 40_000
     pq.write_table(pa.table({"event_id": np.arange(rows)}), tmp_path / "one.parquet")
     with SparkSource(tmp_path, chunk_rows=10_000) as source:
-        chunks = [partition_table(ray.get(ref), source.schema)[0] for ref in source.partitions()]
-    assert [chunk.num_rows for chunk in chunks] == [10_000] * 4
-    assert pa.concat_tables(chunks).column("event_id").to_pylist() == list(range(rows))
+        chunks = list(source.partitions())
+        assert all(isinstance(chunk, ray.ObjectRef) for chunk in chunks)
+        tables = [partition_table(chunk, source.schema)[0] for chunk in chunks]
+    assert [table.num_rows for table in tables] == [10_000] * 4
+    assert pa.concat_tables(tables).column("event_id").to_pylist() == list(range(rows))
 
 
-def test_a_chunk_in_a_file_is_kept_and_the_file_removed(tmp_path):
-    """`stored_file` copies the file's stream into the object store and removes the file,
-    also when a task's chunk arrives twice (the first is kept)."""
+def test_a_chunk_file_is_mapped_on_its_node_and_copied_for_another(tmp_path):
+    """A chunk file stays until its source is removed: a consumer on the fetcher's node gets
+    its path, one elsewhere a copy in the object store. The file of a chunk made twice is
+    removed at once (the first one is kept)."""
     table = pa.table({"event_id": np.arange(1_000)})
     files = []
     for attempt in range(2):
@@ -314,12 +322,16 @@ def test_a_chunk_in_a_file_is_kept_and_the_file_removed(tmp_path):
             writer.write_table(table.slice(attempt))
     fetcher = PartitionFetcher.remote()
     try:
+        here = ray.get(fetcher.node.remote())
         ray.get(fetcher.add.remote("source", 1))
         for path in files:
             ray.get(fetcher.stored_file.remote("source", 0, 0, str(path)))
-        assert not any(path.exists() for path in files)
-        [ref] = ray.get(fetcher.fetch.remote("source", 0))
-        assert pa.ipc.open_stream(ray.get(ref)).read_all().equals(table)
+        assert [path.exists() for path in files] == [True, False]
+        assert ray.get(fetcher.fetch.remote("source", 0, here)) == [str(files[0])]
+        [copy] = ray.get(fetcher.fetch.remote("source", 0, "ff" * 28))
+        assert pa.ipc.open_stream(ray.get(copy)).read_all().equals(table)
+        ray.get(fetcher.remove.remote("source"))
+        assert not files[0].exists()
     finally:
         ray.kill(fetcher)
 
