@@ -30,9 +30,9 @@ import org.apache.spark.api.java.function.FlatMapFunction;
  * ArrowColumns} make) to txstream's partition fetcher, a Python actor of the same Ray job, as
  * they are made: every {@code batchesPerChunk} batches become one Arrow IPC stream. A task on
  * the fetcher's node writes the stream into a file of its temporary folder and calls {@code
- * stored_file(source, partition, chunk, path)} (the fetcher copies it into the object store
- * and removes it); a task elsewhere sends it as the argument of {@code stored(source,
- * partition, chunk, stream)}, which costs two more copies of it on the way. The task ends
+ * stored_file(source, partition, chunk, path)} (the fetcher keeps the file, which readers on
+ * its node map); a task elsewhere sends it as the argument of {@code stored(source,
+ * partition, chunk, stream)}, which costs three more copies of it on the way. The task ends
  * with {@code ended(source, partition, chunks)} once every call has returned. The consumer
  * reads a partition's first chunk while Spark converts the rest, and no converted batch goes
  * through Spark's block manager (written to disk, read back, copied into one array per
