@@ -284,12 +284,14 @@ def test_a_row_group_read_beside_the_fetcher_is_mapped_from_files_removed_with_t
     spark, tmp_path
 ):
     """Spark's executor and the reader run on the fetcher's node here: every chunk is handed
-    over as a file, read where it lies, and removed when the source is closed."""
+    over as a file in Ray's session folder (which a killed run's reaper removes), read where
+    it lies, and removed when the source is closed."""
     rows = 40_000
     pq.write_table(pa.table({"event_id": np.arange(rows)}), tmp_path / "one.parquet")
+    session = ray._private.worker._global_node.get_session_dir_path()
     with SparkSource(tmp_path, chunk_rows=10_000) as source:
         chunks = list(source.partitions())
-        assert all(isinstance(chunk, str) for chunk in chunks)
+        assert all(isinstance(chunk, str) and chunk.startswith(session) for chunk in chunks)
         assert sorted(_chunk_files(spark)) == sorted(chunks)
         tables = [partition_table(chunk, source.schema)[0] for chunk in chunks]
     assert _chunk_files(spark) == []

@@ -147,11 +147,13 @@ public final class RayChunks implements FlatMapFunction {
   }
 
   /**
-   * One IPC stream (as {@link #stream}) written into a new file of this JVM's temporary
-   * folder (under a Ray session's, or a Spark application's, scratch folder); its path.
+   * One IPC stream (as {@link #stream}) written into a new file of the folder that {@code
+   * java.io.tmpdir} names now (RayDP points it at the executor's working folder, in the Ray
+   * session's folder: a local Ray's is removed with it, also after a killed run); its path.
    */
   private static String written(byte[] schema, List batches, byte[] end) throws IOException {
-    File file = File.createTempFile("txstream-chunk-", ".arrows");
+    File folder = new File(System.getProperty("java.io.tmpdir"));
+    File file = File.createTempFile("txstream-chunk-", ".arrows", folder);
     FileOutputStream out = new FileOutputStream(file);
     boolean complete = false;
     try {
