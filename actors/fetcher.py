@@ -63,12 +63,9 @@ class PartitionFetcher:
         self._changed = threading.Condition()
         self._node = ray.get_runtime_context().get_node_id()
 
-    def ready(self) -> None:
-        """Return once the actor runs."""
-
     def node(self) -> str:
-        """This actor's Ray node (its id in hex): Spark's tasks there hand chunks over in
-        files (`stored_file`)."""
+        """This actor's Ray node (its id in hex), once the actor runs: Spark's tasks there
+        hand chunks over in files (`stored_file`)."""
         return self._node
 
     def add(self, source: str, partitions: int) -> None:

@@ -159,7 +159,7 @@ def spark_session(
                 app = session.sparkContext.applicationId
                 _FETCHERS[app] = name, fetcher
                 stack.callback(_FETCHERS.pop, app)
-                ray.get(fetcher.ready.remote())
+                ray.get(fetcher.node.remote())  # the fetcher runs
             yield session
         finally:
             libraries.note()  # while the JVMs that extracted them still run

@@ -253,11 +253,17 @@ def test_chunks_come_in_partition_then_chunk_order_past_empty_partitions():
     assert conversion.chunk(2) == []  # past the last chunk
 
 
+def _one_row_group(folder) -> int:
+    """A Parquet file of one row group (40,000 event ids) in ``folder``; its rows."""
+    rows = 40_000
+    pq.write_table(pa.table({"event_id": np.arange(rows)}), folder / "one.parquet")
+    return rows
+
+
 def test_a_row_group_is_handed_over_in_chunks(spark, tmp_path):
     """Spark does not split a Parquet row group; its task hands it over in chunks of about
     `chunk_rows` rows (whole Arrow batches), so reading starts before it is converted."""
-    rows = 40_000
-    pq.write_table(pa.table({"event_id": np.arange(rows)}), tmp_path / "one.parquet")
+    rows = _one_row_group(tmp_path)
     with SparkSource(tmp_path, chunk_rows=10_000) as source:
         chunks = [partition_table(c, source.schema)[0] for c in source.partitions()]
     assert [chunk.num_rows for chunk in chunks] == [10_000] * 4
@@ -286,8 +292,7 @@ def test_a_row_group_read_beside_the_fetcher_is_mapped_from_files_removed_with_t
     """Spark's executor and the reader run on the fetcher's node here: every chunk is handed
     over as a file in Ray's session folder (which a killed run's reaper removes), read where
     it lies, and removed when the source is closed."""
-    rows = 40_000
-    pq.write_table(pa.table({"event_id": np.arange(rows)}), tmp_path / "one.parquet")
+    rows = _one_row_group(tmp_path)
     session = ray._private.worker._global_node.get_session_dir_path()
     with SparkSource(tmp_path, chunk_rows=10_000) as source:
         chunks = list(source.partitions())
@@ -302,8 +307,7 @@ def test_a_task_on_another_node_sends_its_chunks_as_a_calls_argument(spark, tmp_
     """A task that is not on the fetcher's node cannot hand it a file: it sends the chunk's
     bytes instead, and the chunks read the same."""
     monkeypatch.setattr(spark_module, "_chunk_files_node", lambda fetcher: "ff" * 28)
-    rows = 40_000
-    pq.write_table(pa.table({"event_id": np.arange(rows)}), tmp_path / "one.parquet")
+    rows = _one_row_group(tmp_path)
     with SparkSource(tmp_path, chunk_rows=10_000) as source:
         chunks = list(source.partitions())
         assert all(isinstance(chunk, ray.ObjectRef) for chunk in chunks)
