@@ -4,8 +4,9 @@ A local Ray's raylet starts every worker through a setup script run by Python. R
 imports Ray (0.4-0.6 s of CPU) only to read the runtime environment's context and exec the
 worker (``RuntimeEnvContext.exec_worker``): once for every Python worker and every Java
 worker (RayDP's app master, Spark's executors, each on the way to Spark's first event). This
-does the same with the standard library only (Ray 2.60's logic on Linux, ~0.03 s);
-`txstream.cluster.ray_runtime` gives it to the local Rays it starts.
+does the same with the standard library only (Ray 2.60's logic on Linux, ~0.03 s), and
+gives Java workers `JAVA_ENVIRONMENT`; `txstream.cluster.ray_runtime` gives it to the local
+Rays it starts.
 """
 
 import sys
@@ -20,6 +21,15 @@ import shlex  # noqa: E402
 from importlib.util import find_spec  # noqa: E402
 
 _OPTIONS = ("--serialized-runtime-env-context", "--language")
+
+JAVA_ENVIRONMENT = {"GRPC_EXPERIMENTS": "work_stealing"}
+"""gRPC's work-stealing thread pool in Java workers (unless the environment names gRPC's
+experiments itself). A Java worker's first call, to its raylet for the system config, is
+made on a channel of its own, the process's only one then; destroying it shuts gRPC's
+event engine down, and its original thread pool then waits for a thread it started while
+busy, which first sleeps a whole second: 15 of 420 Java workers started a second late
+(RayDP's app master, or Spark's executor, on the way to Spark's first event), none of 420
+with this pool (docs/performance.md, stop 49)."""
 
 
 def split(argv: list[str]) -> tuple[dict[str, str | None], list[str]]:
@@ -45,6 +55,8 @@ def command(argv: list[str]) -> str:
         os.environ[key] = re.sub(r"\$\{[A-Z0-9_]+\}", "", os.path.expandvars(value))
     language = options.get("--language")
     if language == "JAVA":
+        for key, value in JAVA_ENVIRONMENT.items():
+            os.environ.setdefault(key, value)
         ray = list(find_spec("ray").submodule_search_locations)[0]
         jars = [path for jar in context.get("java_jars") or [] for path in (f"{jar}/*", jar)]
         executable = ["java"]

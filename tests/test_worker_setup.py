@@ -37,6 +37,7 @@ def rays_command(args: list[str], monkeypatch) -> str:
 @pytest.mark.parametrize("language", ["PYTHON", "JAVA", "CPP"])
 @pytest.mark.parametrize("context", [CONTEXT, "{}"])
 def test_the_command_is_rays(language, context, monkeypatch):
+    monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)  # a Java worker's is set below
     monkeypatch.setenv("TXS_SETUP_B", "b")
     monkeypatch.setenv("TXS_SETUP_A", "")  # restored (removed) after the test
     monkeypatch.delenv("TXS_SETUP_A")
@@ -53,6 +54,18 @@ def test_the_command_is_rays(language, context, monkeypatch):
     ours_env = os.environ.pop("TXS_SETUP_A", None)
     assert ours == rays_command(args, monkeypatch)
     assert ours_env == os.environ.get("TXS_SETUP_A")
+
+
+@pytest.mark.parametrize("language", ["PYTHON", "JAVA"])
+def test_java_workers_get_grpcs_work_stealing_pool(language, monkeypatch):
+    """Only Java workers, and a user's own choice of gRPC's experiments stays."""
+    monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)
+    worker_setup.command([f"--language={language}", "/w/worker"])
+    expected = "work_stealing" if language == "JAVA" else None
+    assert os.environ.get("GRPC_EXPERIMENTS") == expected
+    monkeypatch.setenv("GRPC_EXPERIMENTS", "-work_stealing")
+    worker_setup.command([f"--language={language}", "/w/worker"])
+    assert os.environ["GRPC_EXPERIMENTS"] == "-work_stealing"
 
 
 def test_it_imports_no_ray_and_execs_the_worker(tmp_path):
