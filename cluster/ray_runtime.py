@@ -147,8 +147,9 @@ the system config to its raylet, then to the GCS) stalled exactly 1.0 s in 2 of 
 starts, none of 8 with it (a stall put RayDP's app master's address, or Spark's executor,
 a second late). In the environment while Ray starts, not in its system config: every
 process of it, workers included, reads them as it starts, before its first connection (a
-worker gets the system config only once connected to the raylet). A Java worker's second
-at that first call that remained was gRPC's own (`worker_setup.JAVA_ENVIRONMENT`)."""
+worker gets the system config only once connected to the raylet). The second a Java
+worker still lost at that first call with these was gRPC's own
+(`worker_setup.JAVA_ENVIRONMENT`)."""
 
 
 @contextmanager
