@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from txstream.cluster.ray_runtime import INSTALLATION_FILES
 from txstream.cluster.scratch import private_dir, remove_tree
+from txstream.connectors.spark_converter import CONVERTER_JAR, WARMUP_SAMPLE
 from txstream.errors import UsageError
 
 if TYPE_CHECKING:  # pyspark is imported only when a driver is launched
@@ -68,6 +69,15 @@ def _archive_flags() -> list[str]:
     """Map the class archive if this installation has one. A JVM checks it against its
     class path, jars and Java build, and ignores one that does not match, silently."""
     return [f"-XX:SharedArchiveFile={CLASS_ARCHIVE}"] if CLASS_ARCHIVE.is_file() else []
+
+
+def _warmup_flags() -> list[str]:
+    """The executor's warm-up (the converter's jar as a Java agent, `Warmup`), if this
+    installation has the jar and its sample: the executor's first tasks, cold, took 0.9-1.1
+    s for a row group of 1M events against 0.4-0.6 s warm (docs/performance.md, stop 50)."""
+    if CONVERTER_JAR.is_file() and WARMUP_SAMPLE.is_file():
+        return [f"-javaagent:{CONVERTER_JAR}={WARMUP_SAMPLE}"]
+    return []
 
 
 def jvm_flags() -> list[str]:
@@ -155,17 +165,18 @@ then sets the level to WARN: the run's level is set once Spark runs, with `setLo
 
 def spark_configs(folder: Path, log_level: str, java_options: Sequence[str]) -> dict[str, str]:
     """The Spark configs of `spark_session`: every JVM's flags (`jvm_flags`, then
-    ``java_options``), temporary files in ``folder``, the driver's log4j2 settings at
-    ``log_level``, this interpreter for Python workers, no UI. RayDP's agent in the driver
-    writes its log into ``folder`` too (by default, into the logs of whichever Ray
-    session is the latest in /tmp/ray, not necessarily this one)."""
+    ``java_options``), the executors' warm-up (`_warmup_flags`), temporary files in
+    ``folder``, the driver's log4j2 settings at ``log_level``, this interpreter for Python
+    workers, no UI. RayDP's agent in the driver writes its log into ``folder`` too (by
+    default, into the logs of whichever Ray session is the latest in /tmp/ray, not
+    necessarily this one)."""
     log4j = folder / "log4j2.properties"
     log4j.write_text(_LOG4J_CONFIG.replace("LEVEL", LOG4J_LEVELS[log_level]))
     flags = " ".join([*jvm_flags(), f"-Djava.io.tmpdir={folder}", *java_options])
     python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return {
         "spark.ray.raydp_app_master.extraJavaOptions": flags,
-        "spark.executor.extraJavaOptions": flags,
+        "spark.executor.extraJavaOptions": " ".join([flags, *_warmup_flags()]),
         "spark.driver.extraJavaOptions": f"{flags} -Dray.logging.dir={folder}",
         "spark.local.dir": str(folder),
         "spark.log4j.config.file.name": str(log4j),
