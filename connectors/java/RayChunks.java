@@ -150,11 +150,15 @@ public final class RayChunks implements FlatMapFunction {
    * One IPC stream (as {@link #stream}) written into a new file of the folder that {@code
    * java.io.tmpdir} names now (RayDP points it at the executor's working folder, in the Ray
    * session's folder: a local Ray's is removed with it, also after a killed run); its path.
+   * Its pages stay in the page cache until the kernel's writeback takes them (after 30 s by
+   * default, or when memory runs short).
    */
   private static String written(byte[] schema, List batches, byte[] end) throws IOException {
     File folder = new File(System.getProperty("java.io.tmpdir"));
     File file = File.createTempFile("txstream-chunk-", ".arrows", folder);
-    FileOutputStream out = new FileOutputStream(file);
+    // appended to, not truncated: ext4 writes a file truncated to nothing back to disk as it
+    // is closed (its auto_da_alloc heuristic), ~25 ms per 75 MB on the task's thread
+    FileOutputStream out = new FileOutputStream(file, true);
     boolean complete = false;
     try {
       out.write(schema);
