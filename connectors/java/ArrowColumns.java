@@ -209,15 +209,15 @@ public final class ArrowColumns implements FlatMapFunction {
     private final FieldVector[] vectors;
     private final Decoded[] decoded;
     private final Split split = new Split();
-    private final Configuration hadoop;
+    private final Configuration conf;
     private ColumnarBatch pending;
     private int pendingFrom;
     private boolean closed;
 
-    Batches(ArrowColumns spec, Iterator input, Configuration hadoop) {
+    Batches(ArrowColumns spec, Iterator input, Configuration conf) {
       this.spec = spec;
       this.input = input;
-      this.hadoop = hadoop;
+      this.conf = conf;
       allocator =
           ArrowUtils.rootAllocator().newChildAllocator("txstream columns", 0, Long.MAX_VALUE);
       try {
@@ -266,7 +266,7 @@ public final class ArrowColumns implements FlatMapFunction {
         }
         pending = (ColumnarBatch) input.next();
         pendingFrom = 0;
-        split.enter(hadoop);
+        split.enter(conf);
       }
       return true;
     }
@@ -416,8 +416,8 @@ public final class ArrowColumns implements FlatMapFunction {
     private int group;
     private long inGroup;
 
-    /** Take the split of the batch just read, if it is a new one. */
-    void enter(Configuration hadoop) {
+    /** Take the split of the batch just read, if it is a new one (its footer read with conf). */
+    void enter(Configuration conf) {
       String now = InputFileBlockHolder.getInputFilePath().toString();
       long nowStart = InputFileBlockHolder.getStartOffset();
       long nowLength = InputFileBlockHolder.getLength();
@@ -425,7 +425,7 @@ public final class ArrowColumns implements FlatMapFunction {
         return;
       }
       leave();
-      List blocks = footer(hadoop, now, nowStart, nowLength);
+      List blocks = footer(conf, now, nowStart, nowLength);
       firstRows = new long[blocks.size()];
       rows = new long[blocks.size()];
       for (int i = 0; i < rows.length; i++) {
@@ -476,11 +476,11 @@ public final class ArrowColumns implements FlatMapFunction {
   private static Configuration hadoop;
 
   /** The row groups of a file's split (its footer's, as Spark's reader keeps them). */
-  private static List footer(Configuration hadoop, String urlPath, long start, long length) {
+  private static List footer(Configuration conf, String urlPath, long start, long length) {
     try {
       Path path = new Path(new URI(urlPath));
       return ParquetFileReader.readFooter(
-              hadoop, path, ParquetMetadataConverter.range(start, start + length))
+              conf, path, ParquetMetadataConverter.range(start, start + length))
           .getBlocks();
     } catch (Exception e) {
       throw new IllegalStateException("cannot read the Parquet footer of " + urlPath, e);

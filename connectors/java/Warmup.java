@@ -39,8 +39,8 @@ public final class Warmup implements Runnable {
     long begin = System.nanoTime();
     try {
       long rows = ArrowColumns.warm(sample, BATCH_ROWS);
-      LoggerFactory.getLogger(Warmup.class)
-          .info("warmed up: " + rows + " rows in " + (System.nanoTime() - begin) / 1000000 + " ms");
+      long ms = (System.nanoTime() - begin) / 1000000;
+      LoggerFactory.getLogger(Warmup.class).info("warmed up: " + rows + " rows in " + ms + " ms");
     } catch (Throwable e) {
       System.err.println("txstream: Spark executor's warm-up on " + sample + " failed: " + e);
     }
