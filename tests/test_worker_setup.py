@@ -34,13 +34,19 @@ def rays_command(args: list[str], monkeypatch) -> str:
     return seen[0]
 
 
+def _cleared_after(name: str, monkeypatch) -> None:
+    """No ``name`` in the environment now, and none after the test, whatever the code under
+    test sets (``delenv`` of a variable that is not set records nothing to restore)."""
+    monkeypatch.setenv(name, "")
+    monkeypatch.delenv(name)
+
+
 @pytest.mark.parametrize("language", ["PYTHON", "JAVA", "CPP"])
 @pytest.mark.parametrize("context", [CONTEXT, "{}"])
 def test_the_command_is_rays(language, context, monkeypatch):
-    monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)  # a Java worker's is set below
+    _cleared_after("GRPC_EXPERIMENTS", monkeypatch)  # a Java worker's is set below
+    _cleared_after("TXS_SETUP_A", monkeypatch)  # set from the context below
     monkeypatch.setenv("TXS_SETUP_B", "b")
-    monkeypatch.setenv("TXS_SETUP_A", "")  # restored (removed) after the test
-    monkeypatch.delenv("TXS_SETUP_A")
     args = [
         "-s",
         f"--language={language}",
@@ -59,7 +65,7 @@ def test_the_command_is_rays(language, context, monkeypatch):
 @pytest.mark.parametrize("language", ["PYTHON", "JAVA"])
 def test_java_workers_get_grpcs_work_stealing_pool(language, monkeypatch):
     """Only Java workers, and a user's own choice of gRPC's experiments stays."""
-    monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)
+    _cleared_after("GRPC_EXPERIMENTS", monkeypatch)
     worker_setup.command([f"--language={language}", "/w/worker"])
     expected = "work_stealing" if language == "JAVA" else None
     assert os.environ.get("GRPC_EXPERIMENTS") == expected
