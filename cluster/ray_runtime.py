@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
-from txstream.cluster.scratch import scratch, sweep_abandoned_rays
+from txstream.cluster.scratch import scratch, sweep_abandoned_rays, written_whole
 from txstream.cluster.topology import usable_cores
 from txstream.cluster.watch import watch_cluster
 from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
@@ -290,14 +290,10 @@ def _extract(jar: Path, library: Path) -> None:
     for stale in library.parent.glob("ray-java-*.so"):
         if stale != library:  # another run may have just made this one
             stale.unlink(missing_ok=True)
-    partial = library.with_name(f"{library.name}.{os.getpid()}.partial")
-    try:
+    with written_whole(library) as partial:
         with zipfile.ZipFile(jar) as archive, archive.open(JAVA_LIBRARY) as src:
             with open(partial, "wb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
-        os.replace(partial, library)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def _session_folder() -> str:

@@ -106,6 +106,19 @@ def scratch(what: str, made: Path | None = None) -> Iterator[Path]:
         atexit.register(remove_tree, path, 1)
 
 
+@contextmanager
+def written_whole(target: Path) -> Iterator[Path]:
+    """A path beside ``target`` to write it to: it replaces ``target`` in one rename if the
+    block completes, and is removed either way, so a reader never sees ``target`` half
+    written (another process's, a failed write's)."""
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    try:
+        yield partial
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def remove_tree(path: Path, attempts: int = 5) -> None:
     """Remove ``path`` entirely; processes still stopping may add files meanwhile, so
     try a few times."""

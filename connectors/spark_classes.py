@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from txstream.cluster.scratch import written_whole
 from txstream.connectors.spark import SparkSource, ray_for_spark, spark_session
 from txstream.connectors.spark_driver import CLASS_ARCHIVE as ARCHIVE
 from txstream.connectors.spark_driver import spark_class_path
@@ -78,23 +79,19 @@ def build() -> Path:
         listing = folder / "classes.txt"
         listing.write_text("".join(f"{name}\n" for name in sorted(classes)))
         ARCHIVE.parent.mkdir(parents=True, exist_ok=True)
-        partial = ARCHIVE.with_name(f".{ARCHIVE.name}.{os.getpid()}")
-        dump = [
-            java,
-            "-Xshare:dump",
-            f"-XX:SharedClassListFile={listing}",
-            f"-XX:SharedArchiveFile={partial}",
-            "-Xlog:cds=error",
-            "-cp",
-            class_path,
-        ]
-        try:
+        with written_whole(ARCHIVE) as partial:
+            dump = [
+                java,
+                "-Xshare:dump",
+                f"-XX:SharedClassListFile={listing}",
+                f"-XX:SharedArchiveFile={partial}",
+                "-Xlog:cds=error",
+                "-cp",
+                class_path,
+            ]
             done = subprocess.run(dump, capture_output=True, text=True, timeout=_DUMP_TIMEOUT_S)
             if done.returncode or not partial.is_file():
                 raise RuntimeError(f"java -Xshare:dump failed: {done.stderr.strip()[-500:]}")
-            partial.replace(ARCHIVE)
-        finally:
-            partial.unlink(missing_ok=True)
         CLASS_PATH.write_text(class_path)
     return ARCHIVE
 

@@ -27,6 +27,7 @@ import zipfile
 from pathlib import Path
 
 from txstream.cluster.ray_runtime import INSTALLATION_FILES
+from txstream.cluster.scratch import written_whole
 
 CONVERTER_CLASS = "txstream.spark.ArrowColumns"
 CHUNKS_CLASS = "txstream.spark.RayChunks"
@@ -107,15 +108,11 @@ def build(target: Path = CONVERTER_JAR) -> Path:
         if done.returncode or not classes:
             raise RuntimeError(f"{Path(command[0]).name} failed: {done.stderr.strip()[-500:]}")
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{os.getpid()}")
-        try:
+        with written_whole(target) as partial:
             with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
                 jar.writestr("META-INF/MANIFEST.MF", _MANIFEST)
                 for found in classes:
                     jar.write(found, found.relative_to(out).as_posix())
-            partial.replace(target)
-        finally:
-            partial.unlink(missing_ok=True)
     return target
 
 
@@ -138,12 +135,8 @@ def write_warmup_sample(target: Path = WARMUP_SAMPLE) -> Path:
             "flag": rows % 5 == 0,
         }
     )
-    partial = target.with_name(f".{target.name}.{os.getpid()}")
-    try:
+    with written_whole(target) as partial:
         pq.write_table(table, partial, use_dictionary=["key", "amount", "count", "kind"])
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
     return target
 
 

@@ -7,7 +7,9 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from txstream.cluster import scratch
+from txstream.cluster.scratch import written_whole
 
 
 def _library(folder: Path) -> Path:
@@ -44,3 +46,16 @@ def test_a_library_folder_a_live_process_maps_is_kept(monkeypatch):
         scratch.remove_tree(library.parent)
         if not root_existed:
             scratch._JAVA_DRIVER_ROOT.rmdir()
+
+
+def test_a_file_written_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "kept.bin"
+    target.write_bytes(b"before")
+    with pytest.raises(RuntimeError), written_whole(target) as partial:
+        partial.write_bytes(b"half")
+        raise RuntimeError("the write failed")
+    assert target.read_bytes() == b"before"
+    with written_whole(target) as partial:
+        partial.write_bytes(b"after")
+    assert target.read_bytes() == b"after"
+    assert [p.name for p in tmp_path.iterdir()] == ["kept.bin"]
