@@ -71,9 +71,9 @@ def output_schema(topology: Topology) -> pa.Schema:
 
 def rows_schema(topology: Topology) -> pa.Schema:
     """The rows executors hand to the Sink: `output_schema` with ``status`` and ``reason``
-    as dictionaries of their codes, written to Parquet as they are (post-processing went
-    from 13 to 5 ns per event without the cast to strings, bench/stages.py); read back,
-    they are strings."""
+    as dictionaries of their codes, written to Parquet as they are (a cast to strings
+    would cost more than the rest of post-processing, bench/stages.py); read back, they
+    are strings."""
     schema = output_schema(topology)
     for name, codes in (("status", pa.int8()), ("reason", pa.int32())):
         i = schema.get_field_index(name)

@@ -12,10 +12,10 @@ adaptive (none of the seed systems has this): a chunk holds what the team serves
 half the latency target, so that an event's output is not held back behind a long chunk;
 while events queue up faster than the team serves them, a whole target's worth
 (throughput: a Ray call and a few barriers per chunk are amortised). Never more: a chunk
-sized blind took a one-shot run's 40k SL events at 40 us per function in one piece, and
-its last outputs 5 s. The team's service rate is measured on the chunks it completes;
-before the first is done the sizer hands out `START_EVENTS`, and a chunk is at most
-`GROWTH` times the largest one measured, so that sizes grow as measurements come in.
+sized blind may take a whole one-shot input in one piece, holding its last outputs back for
+as long as the team needs for all of it. The team's service rate is measured on the chunks
+it completes; before the first is done the sizer hands out `START_EVENTS`, and a chunk is at
+most `GROWTH` times the largest one measured, so that sizes grow as measurements come in.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import pyarrow as pa
 
 CHUNK_EVENTS = 131072
 """Largest chunk: amortises a Ray call (~1-3 ms) per executor and the chunk's barriers
-(at 65,536, SL on 2 executors made 0.65-0.94M events/s, at 131,072 0.97-1.13M)."""
+even when events cost little (SL at C = 0), whose team smaller chunks leave waiting on
+calls and barriers (bench/results)."""
 
 
 START_EVENTS = 1024

@@ -32,14 +32,13 @@ PART_SECONDS = 1.0
 
 DICTIONARY_COLUMNS = ["status", "reason"]
 """Few distinct values: dictionary-encoded (they arrive as Arrow dictionaries, see
-`txstream.actors.executor.rows_schema`), without min/max statistics (string compares;
-with the dictionaries and per-run latency bins, the Sink went from 60 to 32 ns per event,
-bench/stages.py). Dictionary attempts on unique int64 columns (ts, event_id) only to
-fall back cost 60% of the sink's time (measured)."""
+`txstream.actors.executor.rows_schema`), without min/max statistics (they would compare
+strings on every write). Other columns are not dictionary-encoded: on unique int64 columns
+(ts, event_id) the writer would try a dictionary only to fall back, most of the Sink's time."""
 DELTA_COLUMNS = {"ts": "DELTA_BINARY_PACKED", "event_id": "DELTA_BINARY_PACKED"}
-"""Ascending integers: stored as their differences. Plain and compressed, they were most
-of the Sink's time and of the file (122,880 rows a write: 31 ns per event and 81 bytes
-per row; delta-encoded 15 ns and under 1 byte per row when event ids ascend)."""
+"""Ascending integers: stored as their differences. Plain and compressed, they would be
+most of the Sink's time and of the file; delta-encoded, ascending ids take under a byte
+per row and about half the time."""
 
 
 def events_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:

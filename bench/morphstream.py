@@ -140,7 +140,7 @@ def _choice(run: dict) -> str:
 HEADLINE_CONFIGS = [("serial", {}), ("tstream", {}), ("morphstream", AUTO)]
 CONFIGS = HEADLINE_CONFIGS + [("morphstream", f) for f in FIXED]
 CONTENDER = 0.5
-"""After the first round, a fixed strategy runs again only while its figure is at least
+"""After round one, a fixed strategy runs again only while its figure is at least
 this share of the round's best fixed one (the others cannot be the best; eager aborts
 at 50% take seconds a run)."""
 
@@ -157,10 +157,9 @@ def measure(
     """Every configuration of ``configs`` on one workload, in ``repeats`` rounds (each
     round runs them all back to back, so drift of the machine meets every one alike); each
     keeps the run of median throughput, with every round's figure in ``throughput_runs``
-    (a fixed strategy only while it contends, `CONTENDER`). One run of
-    ~0.1-0.2 s at C = 0 varies by up to 1.45x from its median on a quiet host (measured
-    on GS theta 0 r4 l4: dfs/fine/eager 0.92 M vs 0.64 M ev/s), and the best of 12 single
-    runs is biased upwards by such outliers."""
+    (a fixed strategy only while it contends, `CONTENDER`). One run of a fraction of a
+    second at C = 0 can stray far from its median even on a quiet host, and the best of
+    12 single runs is biased upwards by such outliers."""
     runs: dict[str, list[dict]] = {}
     for round_ in range(repeats):
         best = max(
@@ -193,11 +192,10 @@ def paired_vs_fixed(runs: dict) -> tuple[float, str]:
     """auto against the best fixed strategy, round by round: for every fixed strategy
     that ran every round, the median over rounds of auto's events/s over its own in the
     same round; the lowest of these, and which strategy it was against. The machine
-    drifts between rounds (every strategy of SL C=0 theta 0.6, 10% aborts ran at 1.3-1.4 M
-    ev/s in two rounds and 1.0-1.1 M in three), and the best of 12 medians picks the one
-    whose noise was kindest (GS C=0 theta 0.6 r4 l4: dfs/fine/lazy's median 1.00 M against
-    0.82 M for dfs/fine/eager, the same code without aborts), so a ratio of medians
-    understated auto by up to 18% where a paired one did not."""
+    drifts between rounds (every strategy at once can be a quarter slower in some), and
+    the best of 12 medians picks the one whose noise was kindest (even between two
+    strategies that run the same code when nothing aborts), so a ratio of medians would
+    understate auto where a paired one does not."""
     auto = runs["auto/auto/auto"]["throughput_runs"]
     ratios = {
         label: statistics.median(a / b for a, b in zip(auto, run["throughput_runs"], strict=True))
@@ -213,9 +211,8 @@ def paired_vs_fixed(runs: dict) -> tuple[float, str]:
 def warm_up(runner: Runner, events: int) -> None:
     """Every configuration once, untimed, on as many events as a C = 0 workload of the
     study with the most operations per event (GS r 4, l 4): the first runs in a fresh
-    process were 1.4-2.8x slower than the same configurations' later runs (GS theta 0
-    r4 l4, C = 0, heavy --bench at load 0.16), and after a warm-up on 20k events the
-    first workload's first round still was (serial 2.8 M against 4.8-5.4 M ev/s)."""
+    process are much slower than the same configurations' later runs, and a warm-up on
+    fewer events leaves the first workload's opening round slow still."""
     spec = WorkloadSpec(events=events, seed=3, theta=0.6, deps=4, txn_length=4)
     table, init = generate("gs", spec)
     for scheduler, options in CONFIGS:
@@ -285,10 +282,10 @@ def headline(
 ) -> list[dict]:
     """morphstream (auto) and tstream against serial at the generator's defaults, on
     `HEADLINE`'s event counts times ``scale``, in ``repeats`` rounds (`measure`) after an
-    untimed serial run of the workload: one run of GS at
-    C = 0 (~0.2 s) took serial 0.18-0.32 s in nine single-round headlines, and its ratios
-    read 0.71-1.38. ``vs_serial`` are ratios of the medians; each round's own ratio is
-    kept. ``only`` keeps the workloads named ``<topology>:<C>`` (``gs:10``)."""
+    untimed serial run of the workload: a single run of GS at C = 0 lasts a fraction of a
+    second and varies too much for one round's ratio to mean much. ``vs_serial`` are ratios
+    of the medians; each round's own ratio is kept. ``only`` keeps the workloads named
+    ``<topology>:<C>`` (``gs:10``)."""
     rows = []
     configs = [(s, o) for s, o in HEADLINE_CONFIGS if tstream or s != "tstream"]
     for topology, cost, events in HEADLINE:

@@ -1,4 +1,4 @@
-"""The cost of checkpoints, and the time to recover from a killed executor (issue 13 item 6).
+"""The cost of checkpoints, and the time to recover from a killed executor.
 
 Two cases, tstream on 2 executors, input read with pyarrow: SL at --udf-cost-us 0 and GS
 at 10. Per case:

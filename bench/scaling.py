@@ -7,8 +7,8 @@ local run's is) and executor warm-up are excluded (see bench/serial.py). `speedu
 divides by serial at 1 executor on the same topology and UDF cost, measured first in the
 same invocation (added if not asked for), so every ratio comes from one process on one
 machine; every configuration first runs once untimed on the first topology at C = 0 (the
-first runs in a fresh process are the slowest: serial's first SL run at C = 0 made 4.0M
-events/s, its next 5.5M). Placement does not apply to serial, which runs shared-nothing only.
+first runs in a fresh process are the slowest, by far). Placement does not apply to
+serial, which runs shared-nothing only.
 
 Runs without a UDF cost use --events events; runs with one use the first
 --costly-events of them (each event then costs about 10 us per operation).

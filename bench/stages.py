@@ -10,9 +10,9 @@ without building operations: `statement_kernel`), post-processing to output rows
 Sink (Parquet writing, latency, counts). Each stage is timed over the whole
 input after one untimed pass (numba caches loaded, pages touched); the figure is the
 median of --repeat passes. Results go to bench/results/stages.json (``--name`` another
-file; ``--label`` names the entry, so that a before and an after sit side by side).
+file; ``--label`` names the entry, so that two checkouts' entries sit side by side).
 
-    python bench/stages.py [--events 4000000] [--repeat 3] [--label after] [--name stages]
+    python bench/stages.py [--events 4000000] [--repeat 3] [--label now] [--name stages]
 """
 
 from __future__ import annotations

@@ -260,7 +260,7 @@ def _run(args: argparse.Namespace) -> None:
         from txstream.connectors import spark_driver
 
         # Spark's driver boots on the core that idles while the engine is imported and the
-        # run planned; its Spark session then takes it (docs/performance.md, stop 47)
+        # run planned; its Spark session then takes it (docs/performance.md)
         spark_driver.launch_early(args.log_level)
     try:
         with _uncollected():
@@ -281,8 +281,8 @@ def _run(args: argparse.Namespace) -> None:
 def _uncollected() -> Iterator[None]:
     """No garbage collection while the engine is imported (Ray, Spark's connector, numba's
     kernels: ~0.9 s), and what that built kept out of later ones: it lives as long as the
-    process. Two full collections during the import found nothing to free and took 0.11-0.17
-    s of a 4M-event arrow run's ~2 s (4 runs)."""
+    process. A full collection during the import finds nothing to free, yet walks all that
+    the import built: a noticeable share of a short run's time."""
     gc.disable()
     try:
         yield
@@ -434,7 +434,7 @@ def command() -> NoReturn:
     interpreter down. By then the command has stopped what it started, written its
     outputs and run the exit handlers below; the teardown only frees memory and unloads
     modules, which the OS does anyway, and with Ray, RayDP, pyarrow and numba loaded it
-    took 0.5-0.6 s of the quick start's ~11.5 s."""
+    takes about half a second."""
     try:
         code = main()
     finally:

@@ -2,15 +2,14 @@
 (``./setup`` runs this module).
 
 numba compiles a kernel at its first call and keeps the result in the package's
-``__pycache__`` (``cache=True``), so only an installation's first run pays for it: 1M SL
-events read with pyarrow after a fresh clone started in 1.7 s instead of 0.2, most of it in
-"starting 1 executor". Here every topology runs once, with the default options, on a few
-generated events read with pyarrow and written out, so that the user's first run, Spark's
-or not, loads its kernels from the cache (the one made for its statements too, ~1 s each:
-`txstream.schedulers._statement_kernels`); then SL once more with each of the team's
-schedulers that the README names for several executors (tstream, morphstream), whose first
-run compiled for 13-22 s (their kernels are the same for every topology). The baselines
-compile at their first run.
+``__pycache__`` (``cache=True``), so only an installation's first run pays for it, and then
+with most of its start-up (in "starting 1 executor"). Here every topology runs once, with
+the default options, on a few generated events read with pyarrow and written out, so that
+the user's first run, Spark's or not, loads its kernels from the cache (the one made for its
+statements too, ~1 s each: `txstream.schedulers._statement_kernels`); then SL once more with
+each of the team's schedulers that the README names for several executors (tstream,
+morphstream), whose first run would otherwise compile for tens of seconds (their kernels are
+the same for every topology). The baselines compile at their first run.
 
     python -m txstream.cli.precompile
 """

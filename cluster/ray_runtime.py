@@ -30,9 +30,8 @@ from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
 
 OBJECT_STORE_BYTES = 2 * 1024**3
 """A local Ray's object store, at most 30% of the memory (Ray's own default share): a
-Spark source keeps its chunks there until it closes, and 512 MiB spilled the chunks of a
-4M-event run to disk (docs/performance.md, stop 30); larger inputs spill past 2 GiB, so
-memory stays bounded."""
+Spark source keeps its chunks there until it closes, and a few hundred MiB would spill the
+chunks of a 4M-event run to disk; larger inputs spill past 2 GiB, so memory stays bounded."""
 CONNECT_TIMEOUT_S = 3.0
 """How long the GCS of a cluster given by address may take to accept a connection."""
 
@@ -140,15 +139,14 @@ QUICK_CONNECT = {
 }
 """A local Ray's processes retry connecting to a socket not yet listening every 20 ms (for
 10 s, as Ray's default 10 tries a second apart): the raylet connects to its own object
-store as the store's thread starts, and when it came first it waited a whole second (1 of
-5 starts: 3.0 s instead of 1.9-2.1); and a gRPC call that found its server's channel not
-yet ready is sent again after 20 ms instead of a second: a Java worker's first calls (for
-the system config to its raylet, then to the GCS) stalled exactly 1.0 s in 2 of 8 quick
-starts, none of 8 with it (a stall put RayDP's app master's address, or Spark's executor,
-a second late). In the environment while Ray starts, not in its system config: every
-process of it, workers included, reads them as it starts, before its first connection (a
-worker gets the system config only once connected to the raylet). The second a Java
-worker still lost at that first call with these was gRPC's own
+store as the store's thread starts, and when it comes first it would wait a whole second;
+and a gRPC call that found its server's channel not yet ready is sent again after 20 ms
+instead of a second: a Java worker's first calls (for the system config to its raylet,
+then to the GCS) can find it so, and a stall there puts RayDP's app master's address, or
+Spark's executor, a second late. In the environment while Ray starts, not in its system
+config: every process of it, workers included, reads them as it starts, before its first
+connection (a worker gets the system config only once connected to the raylet). The second a
+Java worker can still lose at that first call is gRPC's own
 (`worker_setup.JAVA_ENVIRONMENT`)."""
 
 
@@ -171,8 +169,8 @@ def _lean_head() -> Iterator[None]:
     monitor nor the API server (the dashboard's head, which ``include_dashboard=False``
     only makes minimal). A local Ray has nothing to scale, and txstream uses neither job
     submission nor the state API; the API server is on the start's path (``ray.init``
-    waits until it has published its address) and the two took ~1.1 CPU-s of a start
-    that keeps both cores busy (docs/performance.md, stop 34). ``ray start --head
+    waits until it has published its address) and the two cost about a CPU-second of a
+    start that keeps both cores busy. ``ray start --head
     --no-monitor`` is Ray's own switch for the first; ``ray.init`` has none."""
     from ray._private.node import Node
 
@@ -221,8 +219,8 @@ def _registration_polled() -> Iterator[None]:
     """While ``ray.init`` starts a local Ray, its wait for the raylet to register asks the
     GCS every `REGISTRATION_POLL_S`: Ray 2.60 asks once a second
     (``GlobalStateAccessor::GetNode`` sleeps a whole second between tries), so a raylet
-    that registered 1.1-1.9 s into the start was seen only at 1.6 or 2.6 s, and the start
-    took 2.0 or 2.9 s. Ray's own wait then finds the node at its first try."""
+    that registered just after a try would be seen up to a second late, and the start with
+    it. Ray's own wait then finds the node at its first try."""
     from ray._private import services
     from ray._private.state import GlobalState
 
@@ -262,10 +260,10 @@ def java_library_placed(
 ) -> None:
     """Link Ray's native library for Java into the ``session`` folder, where Ray's Java
     workers load it from: the first of them (RayDP's app master, on the way to Spark's
-    first event) would otherwise extract it from Ray's jar, 41 MB inflated in ~0.2 CPU-s
-    (docs/performance.md, stop 46). It is extracted once, into ``kept``, under a name that
-    carries the jar's size and time; with no such entry in the jar, or nowhere to keep it,
-    Ray extracts it as before. ``jar``: Ray's own by default."""
+    first event) would otherwise extract it from Ray's jar, tens of MB inflated on the way.
+    It is extracted once, into ``kept``, under a name that carries the jar's size and time;
+    with no such entry in the jar, or nowhere to keep it, Ray extracts it itself. ``jar``:
+    Ray's own by default."""
     if not sys.platform.startswith("linux"):
         return
     import ray

@@ -110,21 +110,15 @@ def keep_freed_memory() -> None:
 
     A chunk's arrays (operations, outcomes, rows: megabytes each) are allocated and freed
     once per chunk; glibc's defaults hand such blocks back to the kernel and then fault
-    fresh pages in for the next chunk's (4M SL events, serial, threads, runs outside a
-    benchmark: 4.1-4.2 M events/s with the defaults, 5.4-6.3 M with these). Freed memory
-    stays with the process up to the peak it used. One arena for every thread: a
-    thread's own arena hands a heap back to the kernel as soon as all of it is free, and
-    the ProgressController's thread, reading and gathering chunks, faulted ~21,000 fresh
-    pages into its arena in every 4M-event SL run (~3 us each here), against 0.04-1,000
-    with one arena (serial, threads, 3 runs per process, 2 processes each, interleaved:
-    5.98 / 5.69 / 6.44 and 6.43 / 6.54 / 7.59 M events/s with an arena per thread, 6.68 /
-    8.13 / 8.03 and 7.21 / 7.65 / 7.24 with one). Nothing happens without glibc.
+    fresh pages in for the next chunk's. Freed memory stays with the process up to the peak
+    it used. One arena for every thread: a thread's own arena hands a heap back to the
+    kernel as soon as all of it is free, so the ProgressController's thread, reading and
+    gathering chunks, would fault fresh pages into its arena for every chunk. Nothing
+    happens without glibc.
 
-    The one arena holds only for threads that allocate for the first time after this
-    call: in `txstream run`, pyarrow's threads already have theirs (a 4M SL run used five
-    arenas). Called on import instead, one arena cut a run's page faults from ~97,000 to
-    ~77,000 but not its time (7 interleaved pairs of CLI runs: 5.3-7.0 M events/s with one
-    arena against 5.3-7.2 with five), so it stays where the team starts.
+    The one arena holds only for threads that allocate for the first time after this call:
+    in `txstream run`, pyarrow's threads already have theirs. Called on import instead, one
+    arena saves some page faults but no time, so it stays where the team starts.
     """
     import ctypes
 
@@ -140,7 +134,7 @@ def keep_freed_memory() -> None:
 
 OVERSUBSCRIPTION_LIMIT = 4
 """Executors per usable core beyond which a run is refused: they would mostly wait for
-each other (64 executors on 2 cores took 119 s for 10k events)."""
+each other, and a small input would take minutes."""
 
 
 def usable_cores() -> int:

@@ -1,7 +1,7 @@
 """Ray's worker setup (``ray/_private/workers/setup_worker.py``) without importing Ray.
 
 A local Ray's raylet starts every worker through a setup script run by Python. Ray's own
-imports Ray (0.4-0.6 s of CPU) only to read the runtime environment's context and exec the
+imports Ray (about half a CPU-second) only to read the runtime environment's context and exec the
 worker (``RuntimeEnvContext.exec_worker``): once for every Python worker and every Java
 worker (RayDP's app master, Spark's executors, each on the way to Spark's first event). This
 does the same with the standard library only (Ray 2.60's logic on Linux, ~0.03 s), and
@@ -27,9 +27,9 @@ JAVA_ENVIRONMENT = {"GRPC_EXPERIMENTS": "work_stealing"}
 experiments itself). A Java worker's first call, to its raylet for the system config, is
 made on a channel of its own, the process's only one then; destroying it shuts gRPC's
 event engine down, and its original thread pool then waits for a thread it started while
-busy, which first sleeps a whole second: 15 of 420 Java workers started a second late
-(RayDP's app master, or Spark's executor, on the way to Spark's first event), none of 420
-with this pool (docs/performance.md, stop 49)."""
+busy, which first sleeps a whole second: now and then a Java worker would start a second
+late (RayDP's app master, or Spark's executor, on the way to Spark's first event); this
+pool has no such wait."""
 
 
 def split(argv: list[str]) -> tuple[dict[str, str | None], list[str]]:

@@ -65,9 +65,9 @@ def parquet_files(path: str | Path) -> list[Path]:
 
 
 PARQUET_BATCH_ROWS = 16384
-"""Rows pyarrow decodes at a time: 4M SL events were read in 0.17-0.19 s in batches of
-16,384 against 0.26-0.39 s in batches of 131,072 (the decoded columns stay in the cache),
-and the first batch came 10 ms after the start instead of 30-50 ms."""
+"""Rows pyarrow decodes at a time: small enough that the decoded columns stay in the CPU's
+cache until they are used (larger batches read a whole input slower), and that the first
+batch comes soon after the start."""
 
 
 class ArrowSource:
@@ -107,10 +107,10 @@ class ArrowSource:
             return
         strings = [f.name for f in self.schema if pa.types.is_string(f.type)]
         for f in self.files:  # strings as they are stored: see topologies.api.DICTIONARY_STRING
-            # decoded on the reading thread, not on Arrow's pool: its threads ran on the
-            # executors' cores (4M SL, serial, 4 runs each: median 7.05 -> 7.58 M events/s)
+            # decoded on the reading thread, not on Arrow's pool: its threads would run on
+            # the executors' cores and slow them down
             # not pre-buffered: a row group's column chunks read whole before its first
-            # batch kept the first events 16-27 ms (pre_buffer) instead of 10 ms waiting
+            # batch would keep the first events waiting longer
             parquet = pq.ParquetFile(f, read_dictionary=strings, pre_buffer=False)
             rows = min(max_rows, PARQUET_BATCH_ROWS)
             yield from parquet.iter_batches(batch_size=rows, use_threads=False)

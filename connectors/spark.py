@@ -146,7 +146,7 @@ def spark_session(
                         # driver, which RayDP's own staging (`ray.data.from_spark`) needs,
                         # and its agent that computes a lost block again (an executor
                         # restarted mid-read: the read fails instead), so it neither starts
-                        # Ray nor stops it (Ray.shutdown: 0.26 s of Spark's stop)
+                        # Ray nor stops it (Ray.shutdown would lengthen Spark's stop)
                         session = raydp.init_spark(
                             app_name,
                             1,
@@ -306,9 +306,9 @@ def _cross_language() -> Iterator[None]:
 def _driver_launched_early() -> Iterator[None]:
     """Within `raydp.init_spark`, Spark's driver JVM is launched (with the configs RayDP has
     prepared) while RayDP starts its app master, instead of after it: the driver needs the
-    master's address only to create its SparkContext (1M SL events read through Spark, two
-    runs each: `get_spark_session` 2.0-2.2 -> 1.4 s, Spark's start ~0.3 s shorter). If the
-    early launch fails, RayDP launches the driver as usual."""
+    master's address only to create its SparkContext, so the two JVMs start side by side
+    and Spark's session is ready sooner. If the early launch fails, RayDP launches the
+    driver as usual."""
     from pyspark import SparkConf
     from pyspark.context import SparkContext
     from raydp.spark.ray_cluster import SparkCluster
@@ -335,8 +335,8 @@ def _driver_launched_early() -> Iterator[None]:
 def _accumulators_stopped_aside() -> None:
     """Shut pyspark's accumulator server down on a thread of its own, not within
     `SparkContext.stop`: its loop notices a stop only at its next poll, every 0.5 s
-    (socketserver's default), and txstream uses no accumulators (1M SL events through
-    Spark: the stop waited 0.2-0.48 s for it after the JVM's SparkContext had stopped)."""
+    (socketserver's default), and txstream uses no accumulators: the stop would wait up to
+    that long for it after the JVM's SparkContext has stopped."""
     from pyspark import SparkContext
 
     context = SparkContext._active_spark_context
@@ -393,8 +393,8 @@ def arrow_schema(schema: StructType) -> pa.Schema:
 def _standard_distutils() -> Iterator[None]:
     """The standard library's `distutils` while pyspark converts types. pyspark's Arrow
     type conversions import `distutils.version` at every call; in a virtualenv,
-    setuptools' shim answers that import with the whole of setuptools: 0.19 s the first
-    time, on every Spark run's staging. Python 3.11's own distutils takes 1-4 ms. It is
+    setuptools' shim answers that import with the whole of setuptools, a fifth of a second
+    on every Spark run's staging; Python 3.11's own distutils takes milliseconds. It is
     taken out of `sys.modules` afterwards, so that the process sees no difference (a later
     `import setuptools` would otherwise warn that it replaces it). Nothing changes when
     distutils is imported already, or on a Python without it."""
@@ -468,13 +468,13 @@ class SparkSource:
     (whole Arrow batches) as it converts them, and `iter_batches` (in any process of the
     Ray job) fetches the chunks in input order, each as soon as Spark has it, at most
     `prefetch` ahead of the consumer: the engine runs while Spark is still converting.
-    The chunks stay in Ray's object store until `close()`, which spills them to disk when
-    it is full, so memory is bounded whatever the input's size. File splits are sized to
-    about `partition_rows` rows, and no smaller than the largest row group (Parquet row
-    groups are not split, their chunks are: a task holds at most a chunk); a DataFrame
-    keeps its partitions. Smaller chunks give the first events sooner but read a whole
-    input slower (docs/performance.md, stop 29). The source pickles without its Spark
-    side; `close()` (in the driver) stops the conversion and frees the chunks.
+    The chunks stay in Ray's object store until `close()`, which spills them to disk when it
+    is full, so memory is bounded whatever the input's size. File splits are sized to about
+    `partition_rows` rows, and no smaller than the largest row group (Parquet row groups are
+    not split, their chunks are: a task holds at most a chunk); a DataFrame keeps its
+    partitions. Smaller chunks give the first events sooner but read a whole input slower
+    (docs/performance.md). The source pickles without its Spark side; `close()` (in the
+    driver) stops the conversion and frees the chunks.
     """
 
     def __init__(
@@ -640,9 +640,8 @@ def _largest_row_group_bytes(files: Sequence[Path]) -> int:
     """The stored (compressed) size of the largest row group of the Parquet ``files``.
 
     Spark reads a whole row group in the split that holds its middle, so a split smaller
-    than its row group is a task that reads nothing: on the peers' 4M events (row groups
-    of 1M rows) 12 of 16 tasks, ~40-350 ms each, on the cores the conversion needs
-    (docs/performance.md, stop 46). The footers are read again here, once per file while
+    than its row group is a task that reads nothing, yet still takes its share of the
+    cores the conversion needs. The footers are read again here, once per file while
     the input is staged, rather than by every `ArrowSource`: a pyarrow run needs none of it."""
     largest = 0
     for file in files:

@@ -5,9 +5,9 @@ Light on purpose (the standard library, and pyspark once a driver is launched): 
 run` launches Spark's driver from here before it imports the engine (`launch_early`). A
 Spark run's start-up is CPU-bound on two cores but for its first ~0.7 s, when one Python
 thread imports numba, Ray and Arrow and plans the run while the other core idles; the
-driver's JVM boots there instead of beside Ray's and the app master's (docs/performance.md,
-stop 47). `txstream.connectors.spark.spark_session` then takes that driver (`take_early`)
-and creates its Spark session on it.
+driver's JVM boots there instead of beside Ray's and the app master's (docs/performance.md).
+`txstream.connectors.spark.spark_session` then takes that driver (`take_early`) and creates
+its Spark session on it.
 """
 
 from __future__ import annotations
@@ -46,19 +46,17 @@ _NO_PERF_DATA = "-XX:-UsePerfData"
 """No /tmp/hsperfdata_<user>/<pid> file (left behind by a JVM that is killed)."""
 _NO_VERIFY = ("-XX:+UnlockDiagnosticVMOptions", "-XX:-BytecodeVerificationRemote")
 """The JVMs load Spark's, RayDP's and Ray's jars (installed with pyspark and ray) without
-verifying their bytecode again: most of a fresh JVM's class loading (1M SL events through
-Spark, one run each: Spark's start 6.1 -> 4.5 s, staging 2.0 -> 1.4 s, reading 5.6 -> 4.8 s)."""
+verifying their bytecode again: verification is most of a fresh JVM's class loading, and
+these jars come from the installation, as trusted as the JVM's own."""
 _QUICK_JIT = "-XX:TieredStopAtLevel=1"
-"""JIT with C1 only: a run's JVMs live for one run, and C2's compiler threads took the
-cores from everything else while they start (side by side on 2 shared cores, 1M SL
-events: Spark's start 22 s instead of 33 s, staging 3.7 s instead of 6.2 s, conversion
-unchanged at 14 s)."""
+"""JIT with C1 only: a run's JVMs live for one run, and C2's compiler threads would take
+the cores from everything else while they start, with no gain in the conversion's speed
+that a single run could collect."""
 
 _NO_LOG4J_JMX = "-Dlog4j2.disable.jmx=true"
 """log4j2 does not register its MBeans, for which it creates the platform's MBean server
-as it configures itself, in each JVM (a JVM with Spark's class path initialising slf4j:
-193-216 -> 155-167 ms, 3 runs each; the quick start's first converted chunk ~0.15-0.2 s
-sooner, docs/performance.md)."""
+as it configures itself, in each JVM: a cost on the way to the first converted chunk
+that nothing in txstream uses."""
 
 CLASS_ARCHIVE = INSTALLATION_FILES / "spark-classes.jsa"
 """The class data sharing archive of Spark's JVMs, in this installation's prefix (the
@@ -73,8 +71,8 @@ def _archive_flags() -> list[str]:
 
 def _warmup_flags() -> list[str]:
     """The executor's warm-up (the converter's jar as a Java agent, `Warmup`), if this
-    installation has the jar and its sample: the executor's first tasks, cold, took 0.9-1.1
-    s for a row group of 1M events against 0.4-0.6 s warm (docs/performance.md, stop 50)."""
+    installation has the jar and its sample: a cold first task takes about twice as long
+    as a warm one (docs/performance.md)."""
     if CONVERTER_JAR.is_file() and WARMUP_SAMPLE.is_file():
         return [f"-javaagent:{CONVERTER_JAR}={WARMUP_SAMPLE}"]
     return []

@@ -60,10 +60,9 @@ Transport = RayTransport | ThreadTransport
 
 def arrow_from_malloc() -> None:
     """Arrow's buffers in this process from malloc, which keeps freed memory for the next
-    chunk (`keep_freed_memory`), instead of pyarrow's default mimalloc: a team of threads
-    reading Parquet with mimalloc stalled on some reads for 40-110 ms (4M SL events,
-    serial: three runs each, 5.3, 8.0, 7.5 M events/s with mimalloc, 7.9, 7.7, 7.9 with
-    malloc, the stalls gone)."""
+    chunk (`keep_freed_memory`), instead of pyarrow's default mimalloc: with mimalloc, a
+    team of threads reading Parquet stalls on some reads for tens of milliseconds, and its
+    throughput varies from run to run."""
     pa.set_memory_pool(pa.system_memory_pool())
 
 
@@ -72,12 +71,10 @@ def spare_cpus(cores: list[tuple[int, int]]) -> set[int]:
     (socket, cpu) per executor).
 
     With threads, the ProgressController's thread runs there: left to the kernel's
-    scheduler with the Sink's, it shared the executor's core now and then (4M SL events,
-    serial, 2 cores: 5.6 M events/s unpinned, 6.4 M pinned, three runs each). The Sink's
-    thread is left to the scheduler: since a serial executor runs a kernel made for its
-    statements, it waits for its feeders ~40% of a run, and the Sink then writes on its
-    core (13 interleaved pairs: medians 7.56 -> 8.17 and 7.88 -> 8.42 M events/s; TP,
-    whose executor is the busier, 2.67 -> 2.70; docs/performance.md)."""
+    scheduler with the Sink's, it would share the executor's core now and then. The Sink's
+    thread is left to the scheduler: an executor running a kernel made for its statements
+    is fast enough to wait for its feeders a good part of a run, and the Sink then writes
+    on its core (docs/performance.md)."""
     return set(os.sched_getaffinity(0)) - {cpu for _, cpu in cores}
 
 
@@ -232,7 +229,7 @@ class Engine:
         self._pids = pids if transport.separate_processes else []
         feeders = None if pin else spare_cpus(plan.cores)
         # what start-up built lives as long as the run: the collector skips it from now
-        # on (a full collection over it stopped every thread of a 4M SL run for 72 ms)
+        # on (a full collection over it would stop every thread of the run for a while)
         gc.freeze()
         self.running = self.controller.run.remote(feeders)
         self.launches += 1

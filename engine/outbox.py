@@ -1,8 +1,8 @@
 """Pushed tables on their way to the ProgressController: one Ray call at a time.
 
-Every call costs the ProgressController about as much CPU whatever it carries (measured
-on a loaded 2-core host: ~2 ms per push, two thirds of its CPU at 100 pushes a second,
-where it competes with the executors for the cores). So a session does not make one call
+Every call costs the ProgressController about as much CPU whatever it carries (a
+millisecond or two on a loaded host, where it competes with the executors for the cores:
+at a hundred pushes a second, most of its CPU). So a session does not make one call
 per push: the `Outbox` sends everything pushed so far in one call as soon as the
 previous call has been taken in, and pushes made meanwhile gather into the next one.
 Calls follow the controller's pace, not the caller's: ``push`` returns at once, a busy

@@ -50,7 +50,7 @@ class Breakdown:
 def equal_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``values`` as (value, how many times) per run of equal neighbours: events that
     arrived together have the same arrival time and latency, and a histogram bins each
-    run once (a binary search per event cost the Sink 27 ns per event, bench/stages.py)."""
+    run once (a binary search per event would be a large share of the Sink's time)."""
     values = np.asarray(values)
     if not len(values):
         return values, np.zeros(0, np.int64)

@@ -105,8 +105,8 @@ def statement_scratch(arg_width: int, op_reads: int, txn_ops: int) -> StatementS
 @jit
 def apply_once(kind, cell, fun, cond, args, row, state, udf, reads, n_reads, log, n_log):
     """`apply_fields`, called rather than inlined: a statement kernel calls it once per
-    statement (`txstream.schedulers._statement_kernels`), and SL's six inlined copies made
-    its compile take 3.7-5.4 s instead of 1.2, at the same speed."""
+    statement (`txstream.schedulers._statement_kernels`), and inlined copies (six in SL's)
+    would make its compile several times longer, at the same speed."""
     return apply_fields(kind, cell, fun, cond, args, row, state, udf, reads, n_reads, log, n_log)
 
 

@@ -40,11 +40,10 @@ class Thresholds:
     """Non-structured exploration once the hottest cell has this many times the mean
     operations per cell (skew makes strata unbalanced, which costs BFS and DFS waits) ..."""
     ns_min_cost_us: float = 1.0
-    """... and an operation costs at least this many microseconds (measured): NS's ready
-    queue and count-downs cost a few atomics per unit. On skewed GS (theta 1.2, fine
-    units, bench/morphstream.py full grid, threads, medians of 3) NS was 1.04x DFS at
-    C = 10 (r 1, l 1) but 0.91x at C = 0 (r 1, l 4, 50% aborts: 0.83 against 0.92 M ev/s),
-    where an operation takes 0.1-0.2 us."""
+    """... and an operation costs at least this many microseconds (as measured by the
+    team): NS's ready queue and count-downs cost a few atomics per unit, which an operation
+    of a fraction of a microsecond (C = 0) does not repay, while a costlier one does
+    (bench/morphstream.py's full grid)."""
     bfs_max_strata_share: float = 0.02
     """BFS (a barrier per stratum, nothing else) while strata are at most this share of
     the units; DFS (per-dependency checks, no barrier) beyond it. The strata of fine
@@ -52,18 +51,19 @@ class Thresholds:
     eager_min_late_us: float = 1000.0
     """Eager aborts only when a failure resolved after the batch costs at least this
     much redo (measured time per operation x operations redone per failure in lazy
-    batches): each eager pause costs the team 0.2-1.5 ms of barriers and a Coordinator
-    round trip on this host (bench/morphstream.py: abort time / repairs) ..."""
+    batches): each eager pause costs the team about a millisecond of barriers and a
+    Coordinator round trip (bench/morphstream.py: abort time / repairs) ..."""
     eager_max_failures: float = 64.0
     """... and while at most this many failures are expected in the batch (observed
-    abort ratio x its transactions): every failure that wrote pauses the team, and
-    900-33,000 pauses per run made eager 2-40x slower than lazy at 10-50% aborts."""
+    abort ratio x its transactions): every failure that wrote pauses the team, and with
+    thousands of pauses per run eager is many times slower than lazy."""
     ordered_max_cost_us: float = 0.5
     """A chunk is walked in order by one executor (no graph: serial's kernel, the others
-    pre- and post-process) while an operation costs less than this (measured; at first
-    the graph is built). Linking, dealing and exploring cost the team 0.1-0.3 us per
-    operation here; at C = 0 an explored SL or GS operation took ~0.1 us in all, and a
-    team of two made 0.33-0.4x serial (bench/morphstream.py headline)."""
+    pre- and post-process) while an operation costs less than this (as measured by the
+    team; until then the graph is built). Linking, dealing and exploring cost the team a
+    fraction of a microsecond per operation, as much as a cheap operation itself (C = 0),
+    so a graph would leave a team slower than one executor walking in order
+    (bench/morphstream.py headline)."""
     memory: float = 0.5
     """Weight of the newest batch in the running averages of measured quantities."""
 

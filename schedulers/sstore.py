@@ -35,13 +35,10 @@ PARTITIONS_PER_POOL = 1024
 """Partitions per pool. With one partition per executor nearly every multi-key
 transaction touches both of 2 partitions and waits for every earlier transaction that
 touched either: the team ran about one transaction at a time. With more, a transaction
-waits only for earlier ones on the same partitions. Measured (bench/baselines.py, threads
-engine, 10k events at C = 10, SL / GS / TP, theta 0.2 and 0.8, 2 executors ÷ 1, one run
-each): 1 per pool 0.96-1.07, 16: 1.24-1.51, 64: 1.19-1.64, 256: 1.56-1.78, 1024:
-1.51-1.83. OB, whose bids touch several items, hot ones at theta 0.8 (20k events at C =
-10, medians of 3, ÷ serial): 256 1.32 / 1.20 (theta 0.2 / 0.8), 1024 1.53 / 1.25; SL, GS
-and TP again, one run each: 256 1.60-1.80, 1024 1.58-1.82. A row's pool is the same
-whatever the count (a hash modulo a multiple of the pools)."""
+waits only for earlier ones on the same partitions. Two executors' speed-up grows with the
+count up to a few hundred partitions per pool and then levels off (bench/baselines.py);
+1024 is on that level for SL, GS, TP and OB, whose bids touch several items. A row's pool
+is the same whatever the count (a hash modulo a multiple of the pools)."""
 
 
 class SStoreScheduler(WholeTransactionScheduler):

@@ -23,16 +23,17 @@ SET_FULL_MESSAGE = "a distinct-set table is full; its capacity is sized per even
 def compile_for(kernel: object, *args: object) -> None:
     """Compile ``kernel`` for the types of ``args`` (or load it from numba's cache), as a
     call with them would, without running it: a run's first call of a kernel otherwise
-    loads it then (compiles it, with a cold cache: 0.7-1.8 s measured on a repair of GS
-    and SL at C = 10), while its peers wait."""
+    loads it then (compiles it, with a cold cache: about a second), while its peers
+    wait."""
     kernel.compile(tuple(numba.typeof(a) for a in args))
 
 
 CALLED, VALUE, VALUE_PLUS_ARG, VALUE_MINUS_ARG, ARG = range(5)
 """What a function computes, for the kernels: called by its address (any user function),
 or one of a few well-known computations they do inline (``args[0]`` is the operation's
-first argument). An indirect call per operation cost SL's serial kernel about 4-5 ns of
-its 8-13 (docs/performance.md); the library's own functions say which they are."""
+first argument). An indirect call per operation would be about half of a cheap
+topology's serial kernel (docs/performance.md); the library's own functions say which
+they are."""
 AT_LEAST_ARG = 1
 """A condition the kernels evaluate inline: ``value >= args[0]`` (0: called)."""
 

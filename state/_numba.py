@@ -15,11 +15,11 @@ from numba.extending import intrinsic
 jit = numba.njit(cache=True, nogil=True, _nrt=False)
 """Decorator for every engine kernel. Kernels allocate nothing (the caller passes
 scratch arrays), so numba's reference counting is off: with it, every array handed
-to an inlined helper costs an atomic incref/decref pair - measured 200+ ns per
-operation instead of 13 ns."""
+to an inlined function costs an atomic incref/decref pair, an order of magnitude more
+than the operation itself."""
 
 inline = numba.njit(cache=True, nogil=True, _nrt=False, inline="always")
-"""Decorator for helpers called from kernels (inlined at the IR level)."""
+"""Decorator for functions called from kernels (inlined at the IR level)."""
 
 CLOCK_MONOTONIC = 1
 
@@ -29,8 +29,8 @@ USER_SIG = types.int64(types.int64, INT_PTR, INT_PTR, types.int64)
 """`f(value, args, reads, n_reads)` of every user function (C ABI, called by address).
 
 ``args`` and ``reads`` are pointers - index them (``args[0]``, ``reads[i]`` for
-``i < n_reads``). Scalars and pointers keep a call at ~5 ns; array arguments to an
-indirect call cost ~90 ns each (measured), which would dominate a 2-op transaction.
+``i < n_reads``). Scalars and pointers keep a call at a few ns; array arguments to an
+indirect call cost tens of ns each, which would dominate a 2-op transaction.
 """
 
 
@@ -183,8 +183,8 @@ TIMER_SLACK_NS = 1000
 @intrinsic
 def fine_timer_slack(typingctx):
     """``prctl(PR_SET_TIMERSLACK, 1 us)`` for the calling thread: Linux lets a sleep of a
-    normal thread overrun by 50 us by default, so ``usleep(20)`` took 46 us here; with
-    1 us of slack a short sleep ends close to when it was asked to."""
+    normal thread overrun by 50 us by default, so ``usleep(20)`` may last twice as long
+    as asked; with 1 us of slack a short sleep ends close to when it was asked to."""
 
     def codegen(context, builder, signature, args):
         i32, i64 = ir.IntType(32), ir.IntType(64)

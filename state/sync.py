@@ -46,24 +46,24 @@ PUBLISHED = STRIDE
 """Words each executor may publish for its peers (one cache line per executor)."""
 OK, TIMED_OUT, PEER_FAILED, INTERRUPTED = 0, 1, 2, 3
 SPIN_NS = 200_000
-"""How long a waiter busy-waits before it sleeps. Measured here between two pinned
-processes (round trip / 2): a hand-off to a spinning waiter takes 0.07 us, whether or
-not lower-priority processes want the cores; to a sleeping one 13 us (``usleep(10)`` at
-1 us timer slack), 12-21 us (futex wake), 42-46 us (``usleep(20)``, default slack). A
-futex would need every publisher of every waited word to wake. Most waits end
-within a transaction's time (10-100 us at --udf-cost-us 10: the baselines' hand-offs,
+"""How long a waiter busy-waits before it sleeps. Between two pinned processes
+(bench/waits.py), a hand-off to a spinning waiter takes well under a microsecond, whether
+or not lower-priority processes want the cores; to a sleeping one over ten microseconds
+(``usleep`` at 1 us timer slack, or a futex wake), tens at the default slack. A futex
+would need every publisher of every waited word to wake. Most waits end within a
+transaction's time (tens of microseconds at --udf-cost-us 10: the baselines' hand-offs,
 a dependency on the peer's operation), so they stay in the spin. ``sched_yield`` is not
-used: with a feeder runnable on the waiter's core a hand-off took 2-8 ms at p99
-(the yield gives the feeder a whole time slice)."""
+used: with a feeder runnable on the waiter's core a hand-off can take milliseconds (the
+yield gives the feeder a whole time slice)."""
 SLEEP_US = 10
 """Past SPIN_NS the wait is long (a peer descheduled, or building alone): sleep in steps
 of at least this, with the thread's timer slack at 1 us (`fine_timer_slack`) so that a
 step lasts about what it asks for, leaving the core to the processes feeding the team."""
 BACKOFF = 16
 """A step is at most 1/BACKOFF of the time waited past SPIN_NS (so waking up adds at most
-~6% to a long wait), and at most MAX_SLEEP_US: a waiter sleeping in 10-us steps took 0.58
-of a core here (34k wake-ups a second), in 50-us steps 0.27, in 200-us steps 0.09, in 1-ms
-steps 0.02 (bench/waits.py): CPU that the processes feeding the team need meanwhile."""
+~6% to a long wait), and at most MAX_SLEEP_US: a waiter sleeping in short steps takes
+a good part of a core in wake-ups, one sleeping in millisecond steps next to nothing
+(bench/waits.py): CPU that the processes feeding the team need meanwhile."""
 MAX_SLEEP_US = 1000
 CHECK_EVERY = 63
 """Spin rounds between reads of the clock and the failure word (a mask)."""

@@ -61,7 +61,7 @@ def test_nothing_placed_without_the_library_or_over_one_there(tmp_path):
     kept = tmp_path / "kept"
     session = _session(tmp_path, "a")
     java_library_placed(session, _jar(tmp_path / "none.jar", None, 1_000), kept)
-    assert not list(session.iterdir())  # Ray extracts it itself, as before
+    assert not list(session.iterdir())  # Ray extracts it itself
     extracted = _session(tmp_path, "b") / "libcore_worker_library_java.so"
     extracted.write_bytes(b"extracted by Ray")
     java_library_placed(extracted.parent, _jar(tmp_path / "ray.jar", b"lib", 1_000), kept)

@@ -396,9 +396,9 @@ def test_a_killed_follow_resumes_and_applies_every_file_once(tmp_path):
 
 def test_a_resumed_checkpoint_is_not_overwritten_while_the_team_launches(tmp_path, monkeypatch):
     """Launching a team empties the checkpoint buffer in two steps; the checkpoint writer,
-    polling every 5 ms, must not see them apart. It once did, and wrote the buffer, never
-    filled, over the very checkpoint being resumed (after a lost Ray node, ~1 run in 6-30:
-    the next attempt resumed a state of zeros). Here the gap is widened past many polls."""
+    polling every 5 ms, must not see them apart: it would write the buffer, never filled,
+    over the very checkpoint being resumed (after a lost Ray node, the next attempt would
+    resume a state of zeros). Here the gap is widened past many polls."""
     events, init = _workload("sl", 2)
     ckpt, out = tmp_path / "ckpt", tmp_path / "out"
     job = Job("sl", checkpoint_dir=str(ckpt), checkpoint_every=1, progress=False)

@@ -414,7 +414,7 @@ assert shims() == before, "setuptools' import hook not put back"
 
 def test_type_conversions_import_neither_setuptools_nor_leave_distutils():
     """pyspark's type conversions import `distutils.version`, which setuptools' shim
-    answers with all of setuptools (0.19 s of every Spark run's staging): they run with
+    answers with all of setuptools (a cost on every Spark run's staging): they run with
     the standard library's distutils, taken out again afterwards."""
     import subprocess
     import sys

@@ -112,7 +112,7 @@ class ZipfKeys:
         cdf = np.cumsum(np.arange(1, keys + 1, dtype=np.float64) ** -theta)
         self._cdf = cdf / cdf[-1]
         # Guide table: a draw u in bucket floor(u * B) has its rank between first[b] and
-        # first[b + 1], so most draws skip the binary search (3-4x faster). B is a power
+        # first[b + 1], so most draws skip the binary search (several times faster). B is a power
         # of two, which makes the bucket bounds b / B exact.
         self._buckets = 1 << min(int(keys).bit_length() + 4, 20)
         bounds = np.arange(self._buckets + 1) / self._buckets

@@ -157,7 +157,7 @@ public final class RayChunks implements FlatMapFunction {
     File folder = new File(System.getProperty("java.io.tmpdir"));
     File file = File.createTempFile("txstream-chunk-", ".arrows", folder);
     // appended to, not truncated: ext4 writes a file truncated to nothing back to disk as it
-    // is closed (its auto_da_alloc heuristic), ~25 ms per 75 MB on the task's thread
+    // is closed (its auto_da_alloc heuristic), and the task's thread would wait for it
     FileOutputStream out = new FileOutputStream(file, true);
     boolean complete = false;
     try {

@@ -11,9 +11,8 @@ import org.slf4j.LoggerFactory;
  * it waiting), a thread of its own converts a sample Parquet file as a task converts its
  * split ({@link ArrowColumns#warm}), at the lowest priority. The first tasks then find the
  * reader's, Hadoop's and Arrow's classes loaded and initialised and their code compiled,
- * instead of doing that on the way to the first event (the first two tasks of a run, 1M rows
- * each, took 0.9-1.1 s cold against 0.4-0.6 s warm). A failure only costs the warm-up: one
- * line on stderr (the executor's log).
+ * instead of doing that on the way to the first event (a cold task takes about twice as long
+ * as a warm one). A failure only costs the warm-up: one line on stderr (the executor's log).
  *
  * <p>Plain Java without lambdas or generics, so that Janino compiles it as well as javac.
  */

@@ -1,0 +1,132 @@
+"""The repository speaks of the product, not of how it was built.
+
+Code, docstrings, comments and documents say what txstream is and why it is so; the story
+of its making belongs to git. This test fails on words of a work period in any tracked
+text file (bench/results excepted: result files keep the names they were written under),
+and prints every hit as file:line.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SELF = Path(__file__).resolve().relative_to(ROOT).as_posix()
+SKIPPED = ("bench/results/",)
+
+_UNITS = "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth"
+_ORDINALS = (
+    rf"\d+(?:st|nd|rd|th)|(?:twenty|thirty|forty|fifty)-?(?:{_UNITS})|(?-i:First)|second"
+    r"|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth"
+    r"|(?:thir|four|fif|six|seven|eigh|nine)teenth|(?:twen|thir|for|fif)tieth"
+)
+"""Ordinals that number a period of work ("Seventh pass", "Twenty-first pass", "2nd round").
+A lowercase "first" is left out: "the first round" of a benchmark is its warm-up, not a
+period of work."""
+WORK_PERIOD = {
+    "a numbered stop": re.compile(r"\bstops? \d+\b", re.I),
+    "this stop": re.compile(r"\bthis stop\b(?!\()", re.I),
+    "a numbered pass or round": re.compile(rf"\b(?:{_ORDINALS}) (?:pass|round)\b", re.I),
+    "a named helper": re.compile(r"\bhelpers? `\w+`"),
+    "an issue number": re.compile(r"\bissues? #?\d+\b", re.I),
+    # "#19" in prose: not a colour (#222;), an anchor (#1-intro), a format or a regex
+    "a ticket number": re.compile(r"(?:^|(?<=[(\[])|(?<=[^:\s]\s))#\d{1,3}(?=[\s).,:\]]|$)"),
+}
+"""Each kind of work-period word and a pattern that finds it. `stop()` and SIGSTOP, a pass
+through data, a round trip and "#" in code do not match."""
+
+
+def tracked_texts() -> list[Path]:
+    """Tracked files of the repository, as paths relative to it, but for `SKIPPED` and this
+    file (its patterns would match themselves)."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    names = [n for n in listed.decode().split("\0") if n]
+    return [
+        Path(n) for n in names if not n.startswith(SKIPPED) and n != SELF and (ROOT / n).is_file()
+    ]
+
+
+def _text(path: Path) -> str | None:
+    """The file's text, or None for a binary file."""
+    data = (ROOT / path).read_bytes()
+    if b"\0" in data[:8192]:
+        return None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def work_period_words(path: Path, text: str) -> list[str]:
+    """Every line of ``text`` with a work-period word, as "file:line: kind: line"."""
+    hits = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for kind, pattern in WORK_PERIOD.items():
+            if pattern.search(line):
+                hits.append(f"{path}:{number}: {kind}: {line.strip()[:120]}")
+    return hits
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        ("connects sooner (docs/performance.md, stop 49)", "a numbered stop"),
+        ("Stop 28's figures", "a numbered stop"),
+        ("as measured this stop", "this stop"),
+        ("in the third pass over the docs", "a numbered pass or round"),
+        ("a 2nd round of review", "a numbered pass or round"),
+        ("### Twenty-first pass (stop 47): Spark's driver", "a numbered pass or round"),
+        ("Second pass: the first run", "a numbered pass or round"),
+        ("the helper `sparkstop` ends it", "a named helper"),
+        ("the acceptance of issue 12", "an issue number"),
+        ("see issues #18 and #19", "an issue number"),
+        ("fixed in #19.", "a ticket number"),
+        ("(#7)", "a ticket number"),
+    ],
+)
+def test_each_pattern_finds_its_kind(line, kind):
+    assert WORK_PERIOD[kind].search(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "session.stop()",
+        "os.kill(pid, signal.SIGSTOP)",
+        "def stop(self) -> None:",
+        "ray stop --force",
+        "the ProgressController's pass over the chunk",
+        "one kernel pass over the events",
+        "a Coordinator round trip",
+        "After round one, a fixed strategy runs again",
+        "the first round of a process is the slow one",
+        "an untimed warm-up pass",
+        "inlined helpers and kernels",
+        "color: #222; margin: 0",
+        'f"{label} #{attempt}"',
+        "x = values[1]  # the first",
+        "see docs/design.md#1-layers",
+        r"re.sub(r'(\d)#1', ...)",
+        "issues, if any, are logged",
+    ],
+)
+def test_the_patterns_spare_code(line):
+    assert not [k for k, p in WORK_PERIOD.items() if p.search(line)], line
+
+
+def test_no_work_period_words_in_tracked_files():
+    hits = []
+    for path in tracked_texts():
+        text = _text(path)
+        if text is not None:
+            hits += work_period_words(path, text)
+    assert not hits, "words of a work period, not of the product:\n" + "\n".join(hits)
