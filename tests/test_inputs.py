@@ -105,8 +105,11 @@ def test_another_kind_of_input_is_one_usage_error_naming_what_is_taken(events):
     assert str(refused.value).endswith(ACCEPTED) and "\n" not in str(refused.value)
 
 
-def test_files_spark_reads_wait_for_spark_only_when_it_is_to_read_them(tmp_path):
+def test_files_spark_reads_wait_for_spark_only_when_it_is_to_read_them(tmp_path, monkeypatch):
     """Checked before Spark starts (footers; Java), staged only once it runs."""
+    from txstream.connectors import spark
+
+    monkeypatch.setattr(spark, "spark_running", lambda: False)
     pq.write_table(EVENTS, tmp_path / "events.parquet")
     path = tmp_path / "events.parquet"
     checked = checked_events(path, SL)
@@ -117,7 +120,7 @@ def test_files_spark_reads_wait_for_spark_only_when_it_is_to_read_them(tmp_path)
         assert "Java" in str(no_java)
         return
     assert isinstance(checked, ArrowSource) and needs_spark(checked, "spark")
-    with pytest.raises(UsageError, match="start it"):  # no Spark runs in this process
+    with pytest.raises(UsageError, match="start it"):
         event_source(path, SL, "spark")
 
 
