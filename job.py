@@ -123,7 +123,7 @@ class Job:
         if ray_address(cfg.address) is None:
             raise UsageError(f"--nodes {cfg.nodes} runs on a Ray cluster: give its --address")
         if follow:
-            raise UsageError("--nodes N > 1 takes no --follow (yet)")
+            raise UsageError("--nodes N > 1 takes no --follow")
 
     def _plan(self, init_state: InitState, output: str | Path | None, **options: Any):
         """Everything checked before anything starts (`txstream.engine.plan`); too many
