@@ -1,9 +1,9 @@
 """The public entry point: configure a `Job`, then `start()` a session or `run()` it once.
 
-``Job(...).start(init)`` returns a running `Session` (push events as they come, query the
-state, close it for the `Result`); ``Job(...).run(events, init)`` is the same engine on
-a finite input: start, push everything, close. Everything that can be checked is
-checked before anything starts (schema errors cost no Ray or Spark start-up).
+``Job(...).start(init)`` returns a running session (`StreamSession`: push events as they
+come, query the state, close it for the `Result`); ``Job(...).run(events, init)`` is the
+same engine on a finite input: start, push everything, close. Everything that can be
+checked is checked before anything starts (schema errors cost no Ray or Spark start-up).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 from txstream import topologies
 from txstream.cluster.ray_runtime import ray_address, ray_session
 from txstream.cluster.topology import check_executors
 from txstream.cluster.transport import RayTransport, ThreadTransport
 from txstream.config import RunConfig
-from txstream.connectors.sources import ArrowSource, SkippedSource, Source
+from txstream.connectors.inputs import Events, checked_events, event_source, needs_spark, staged
+from txstream.connectors.sources import SkippedSource, Source
 from txstream.engine.plan import plan
 from txstream.errors import UsageError
 from txstream.monitor.console import Console
@@ -29,6 +29,7 @@ from txstream.monitor.logs import level_number, run_log
 from txstream.nodes.session import NodesSession
 from txstream.result import Result
 from txstream.session import Session
+from txstream.sessions import StreamSession
 from txstream.state.init import InitState
 
 __all__ = ["Job", "Result"]
@@ -59,7 +60,7 @@ class Job:
 
     def start(
         self, init_state: InitState, output: str | Path | None = None, name: str | None = None
-    ) -> Session | NodesSession:
+    ) -> StreamSession:
         """Start a session from ``init_state`` (folder of ``<table>.parquet`` or Arrow
         tables by name). With ``output``, its outputs are committed there as they are
         written (``events/part-*.parquet``), then ``state/``, ``metrics.json`` and
@@ -73,27 +74,22 @@ class Job:
 
     def run(
         self,
-        events: str | Path | pa.Table | Any,
+        events: Events,
         init_state: InitState,
         output: str | Path | None = None,
         name: str | None = None,
     ) -> Result:
         """Run the job on ``events`` from ``init_state``: a session that gets all of
-        ``events`` and closes. ``events`` is a Parquet file or folder (read by Spark or
-        pyarrow, per ``source``), an Arrow table, a Spark DataFrame (of the running Spark
-        on Ray), or any Source. With ``output``, writes events.parquet, state/,
-        metrics.json and _SUCCESS there, committed together at the end. With ``name``,
-        outside readers can query it while it runs (see `start`)."""
+        ``events`` and closes. ``events``: what `event_source` takes (Arrow data, a Parquet
+        file or folder read by Spark or pyarrow per ``source``, a Spark DataFrame of the
+        running Spark on Ray, any Source), checked before anything starts. With
+        ``output``, writes events.parquet, state/, metrics.json and _SUCCESS there,
+        committed together at the end. With ``name``, outside readers can query it while
+        it runs (see `start`)."""
         begin = time.perf_counter()
         self._check_nodes(name=name)
-        events = self._checked(events)
-        session_plan = self._plan(
-            init_state,
-            output,
-            name=name,
-            progressive=False,
-            source=None if _is_spark(events) else events,
-        )
+        events = checked_events(events, topologies.get(self.config.topology), self.config.source)
+        session_plan = self._plan(init_state, output, name=name, progressive=False, source=events)
         try:
             with (
                 run_log(output, self.config.log_level, self.config.verbose, self.console),
@@ -120,14 +116,14 @@ class Job:
             session_plan.discard_unused()
 
     def _check_nodes(self, follow: bool = False, name: str | None = None) -> None:
-        """What a run over several nodes does not take (yet): UsageError."""
+        """What a run over several nodes does not take: UsageError."""
         cfg = self.config
         if cfg.nodes == 1:
             return
         if ray_address(cfg.address) is None:
             raise UsageError(f"--nodes {cfg.nodes} runs on a Ray cluster: give its --address")
         if follow:
-            raise UsageError("--nodes N > 1 takes no --follow (yet)")
+            raise UsageError("--nodes N > 1 takes no --follow")
 
     def _plan(self, init_state: InitState, output: str | Path | None, **options: Any):
         """Everything checked before anything starts (`txstream.engine.plan`); too many
@@ -138,40 +134,22 @@ class Job:
             self.console.warn(warning)
         return session_plan
 
-    def _checked(self, events: Any) -> Any:
-        """``events`` as a source whose schema is checked, before anything starts (a Spark
-        DataFrame stays as it is: Spark checks it)."""
-        topology = topologies.get(self.config.topology)
-        if _is_spark(events):
-            return events
-        source = events if hasattr(events, "iter_batches") else ArrowSource(events)
-        topology.check_event_schema(source.schema)
-        if isinstance(source, ArrowSource) and source.files and self.config.source == "spark":
-            from txstream.connectors.spark_driver import java_available
-
-            problem = java_available()
-            if problem:
-                raise UsageError(problem)
-        return source
-
     def _open_source(self, events: Any, stack: ExitStack) -> tuple[Source, dict, Any]:
-        """The event source (see `_checked`); for Spark, started on a Ray with the JVM
-        flags and staged in input order (its seconds are returned, reported apart)."""
-        from txstream.connectors import spark
-
-        reads_files = isinstance(events, ArrowSource) and events.files
-        if not _is_spark(events) and not (reads_files and self.config.source == "spark"):
+        """The source of the checked ``events`` (`checked_events`); for Spark, started on
+        a Ray with the JVM flags, then staged in input order (its seconds are returned,
+        reported apart)."""
+        if not needs_spark(events, self.config.source):
             return events, {}, None
         begin = time.perf_counter()
         job_config = self._start_spark(stack)
         started = time.perf_counter()
         with self.console.phase("staging the input"):
-            source = stack.enter_context(spark.SparkSource(events))
-            topologies.get(self.config.topology).check_event_schema(source.schema)
-        staged = time.perf_counter()
+            source = staged(events, topologies.get(self.config.topology), self.config.source)
+            stack.callback(source.close)
+        staged_at = time.perf_counter()
         spark_seconds = {
             "startup_s": round(started - begin, 3),
-            "staging_s": round(staged - started, 3),
+            "staging_s": round(staged_at - started, 3),
         }
         return source, {"spark": spark_seconds}, job_config
 
@@ -222,8 +200,13 @@ class Job:
                 with Session(session_plan, job_config, self.console, self.transport) as session:
 
                     def push(path: Path, skip: int = 0) -> None:
-                        source = session.source(path)
-                        session.push(SkippedSource(source, skip) if skip else source)
+                        if not skip:
+                            session.push(path)
+                            return
+                        source = event_source(path, session.topology, self.config.source)
+                        if hasattr(source, "close"):  # staged by Spark
+                            stack.callback(source.close)
+                        session.push(SkippedSource(source, skip))
 
                     start = session.resumed_from
                     for f in session.resumed_files:  # the input after the checkpoint
@@ -234,9 +217,3 @@ class Job:
                     return session.close()
         finally:
             session_plan.discard_unused()
-
-
-def _is_spark(events: Any) -> bool:
-    from txstream.connectors.spark import is_spark_dataframe
-
-    return is_spark_dataframe(events)

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,7 @@ import ray
 from txstream.actors.executor import output_schema
 from txstream.cluster.ray_runtime import reachable_address
 from txstream.cluster.transport import RayTransport, ThreadTransport
+from txstream.connectors.inputs import Events, event_source
 from txstream.connectors.outputs import file_stamps, part_first_ts, read_events
 from txstream.connectors.sources import ArrowSource, Source
 from txstream.engine.engine import NAMESPACE, Engine
@@ -56,7 +56,8 @@ its own pace."""
 
 
 class Session:
-    """A running stream (module docstring); made by `Job.start` (or `Job.run`).
+    """A running stream on one host (module docstring; its promises: `StreamSession`);
+    made by `Job.start` (or `Job.run`).
 
     Use it as a context manager: leaving the block closes it. ``transport``: how the team
     runs (default: the plan's ``--transport``, see `transport_for`).
@@ -125,31 +126,31 @@ class Session:
             engine.controller.close.remote()
 
     # ---------------------------------------------------------------- the stream
-    def push(self, events: Any, batch_id: int | None = None) -> None:
-        """Append ``events`` to the stream: an Arrow table or record batch, a Parquet
-        file or folder, a Spark DataFrame (of the running Spark on this Ray) or any
-        `Source`. Returns at once unless too much pushed input is pending. A wrong
-        schema raises `SchemaError` and applies nothing; the session goes on.
-        ``batch_id``: the Spark micro-batch these events are
-        (`txstream.connectors.streaming`)."""
+    def push(self, events: Events, batch_id: int | None = None) -> None:
+        """Append ``events`` to the stream (`StreamSession.push`): what `event_source`
+        takes, Parquet files read with Spark or pyarrow per the ``source`` option. Returns
+        at once unless too much pushed input is pending; after a wrong schema, the session
+        goes on. ``batch_id``: the Spark micro-batch these events are; a checkpoint
+        remembers the last one it covers (`txstream.connectors.streaming`)."""
         self._poll()
-        if isinstance(events, pa.RecordBatch):
-            events = pa.Table.from_batches([events])
-        if isinstance(events, pa.Table):
-            self.topology.check_event_schema(events.schema)
-            data: pa.Table | Source = events
-        else:
-            data = self.source(events)
+        source = event_source(events, self.topology, self.config.source)
+        made = source is not events
+        if made and hasattr(source, "close"):  # staged by Spark for this push
+            self._sources.append(source)
+        # Arrow data pushed as such goes through the outbox, under back-pressure
+        # (`MAX_PENDING_BYTES`); a Source is read by the ProgressController at its pace
+        table = source.table if made and isinstance(source, ArrowSource) else None
+        data: pa.Table | Source = source if table is None else table
         rows = data.num_rows
         if rows:
-            kind = "table" if isinstance(data, pa.Table) else "source"
+            kind = "table" if table is not None else "source"
             pushed = Pushed(self._pushed, self._pushed + rows, batch_id=batch_id, **{kind: data})
             self._inputs.record(pushed)
             self._send(data, self._pushed)
             self._pushed += rows
         if batch_id is not None:
             self.last_batch_id = batch_id
-        if isinstance(data, pa.Table):
+        if table is not None:
             self._wait_for_room()
 
     def _send(self, data: pa.Table | Source, start: int) -> None:
@@ -178,33 +179,6 @@ class Session:
             self._poll()
             if engine.launches == launches:
                 raise
-
-    def source(self, events: Any) -> Source:
-        """A source for ``events`` (not a table): a Parquet path is read with Spark or
-        pyarrow per the ``source`` option; its schema checked."""
-        from txstream.connectors import spark
-
-        if spark.is_spark_dataframe(events):
-            source = spark.SparkSource(events)
-            self._sources.append(source)
-        elif hasattr(events, "iter_batches"):
-            source = events
-        elif isinstance(events, str | Path):
-            source = ArrowSource(events)
-            if self.config.source == "spark":
-                if not spark.spark_running():
-                    raise UsageError(
-                        "source 'spark' reads pushed files with Spark: start it (see "
-                        "txstream.connectors.spark.spark_session) or use source='arrow'"
-                    )
-                source = spark.SparkSource(source)
-                self._sources.append(source)
-        else:
-            raise UsageError(f"cannot push a {type(events).__name__}: push Arrow, Parquet or Spark")
-        if source.num_rows is None:
-            raise UsageError("a pushed source must know its number of rows")
-        self.topology.check_event_schema(source.schema)
-        return source
 
     def _wait_for_room(self) -> None:
         """Back-pressure: wait while the pushed tables not yet processed hold too much."""

@@ -74,17 +74,18 @@ class ArrowSource:
     """Parquet read with pyarrow (one file or a folder in name order), or an Arrow table.
 
     For Parquet, creating it checks the files from their footers (one schema for all) and
-    counts their rows; ``files`` are the files in input order.
+    counts their rows; ``files`` are the files in input order. ``table`` is the table (None
+    for Parquet): a session hands events in memory to the engine as they are.
     """
 
     def __init__(self, events: str | Path | pa.Table):
         if isinstance(events, pa.Table):
-            self._table: pa.Table | None = events
+            self.table: pa.Table | None = events
             self.files: list[Path] = []
             self.schema = events.schema
             self.num_rows = events.num_rows
             return
-        self._table = None
+        self.table = None
         self.files = parquet_files(events)
         schemas = []
         rows = 0
@@ -102,8 +103,8 @@ class ArrowSource:
 
     def iter_batches(self, max_rows: int) -> Iterator[pa.RecordBatch]:
         """Batches in file order, then row order."""
-        if self._table is not None:
-            yield from self._table.to_batches(max_chunksize=max_rows)
+        if self.table is not None:
+            yield from self.table.to_batches(max_chunksize=max_rows)
             return
         strings = [f.name for f in self.schema if pa.types.is_string(f.type)]
         for f in self.files:  # strings as they are stored: see topologies.api.DICTIONARY_STRING

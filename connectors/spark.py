@@ -367,11 +367,6 @@ def spark_running() -> bool:
     return _active_session() is not None
 
 
-def is_spark_dataframe(data: object) -> bool:
-    """Whether ``data`` is a Spark DataFrame (without importing pyspark otherwise)."""
-    return type(data).__module__.startswith("pyspark.sql")
-
-
 def spark_schema(schema: pa.Schema) -> StructType:
     """The Spark schema of an Arrow one (pyspark's `from_arrow_schema`)."""
     from pyspark.sql.pandas.types import from_arrow_schema

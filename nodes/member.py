@@ -184,17 +184,7 @@ class NodeTeam:
         Nothing is committed or closed: if a node is lost before the driver has merged
         every node's results, all go back to their checkpoints."""
         session = self.session
-        session.flush()
-        batches = list(session.outputs())
-        events = (
-            pa.Table.from_batches(batches)
-            if batches
-            else output_schema(self.topology).empty_table()
-        )
-        local = events.column("ts").to_numpy()
-        keep = np.concatenate(self.home or [np.zeros(0, bool)])[local]
-        global_ts = np.concatenate(self.global_ts or [np.zeros(0, np.int64)])[local[keep]]
-        mine = events.filter(pa.array(keep)).set_column(0, "ts", pa.array(global_ts))
+        mine = self.outputs()
         state = {table: session.query(table)[1] for table in session.plan.tables}
         figures = {
             "events": session.pushed,
@@ -203,6 +193,25 @@ class NodeTeam:
             "rows": self.layout.rows,
         }
         return mine, state, figures
+
+    def outputs(self, since: int = 0) -> pa.Table:
+        """The outputs of the events whose home is this node, from global ts ``since`` on,
+        with their global ts; committed first (as of every step so far)."""
+        session = self.session
+        session.flush()
+        global_ts = np.concatenate(self.global_ts or [np.zeros(0, np.int64)])
+        wanted = global_ts >= since  # a step's events may be of earlier ones' ts
+        first = int(np.argmax(wanted)) if wanted.any() else len(wanted)
+        batches = list(session.outputs(first))
+        events = (
+            pa.Table.from_batches(batches)
+            if batches
+            else output_schema(self.topology).empty_table()
+        )
+        local = events.column("ts").to_numpy()
+        keep = np.concatenate(self.home or [np.zeros(0, bool)])[local] & wanted[local]
+        mine = events.filter(pa.array(keep))
+        return mine.set_column(0, "ts", pa.array(global_ts[local[keep]]))
 
     def discard(self) -> None:
         """Stop this node's session without committing anything (its results were merged)."""

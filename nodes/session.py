@@ -32,8 +32,8 @@ import pyarrow.parquet as pq
 from txstream.actors.executor import output_schema
 from txstream.cluster.nodes import pick_nodes
 from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor, stop_actors
+from txstream.connectors.inputs import Events, event_source
 from txstream.connectors.outputs import part_name
-from txstream.connectors.sources import Source
 from txstream.connectors.spark import SparkSource, follow
 from txstream.engine.engine import NAMESPACE
 from txstream.engine.plan import Plan
@@ -56,8 +56,9 @@ UNITS_IN_FLIGHT = 2
 """Units submitted and not finished yet: one running, one ready."""
 UNIT_LEVELS = 128
 """Most levels of a unit: a unit with more is cut in halves. A level is a round of steps
-across the nodes (~10-20 ms here, docs/performance.md), and a reader's answer waits for
-the units in flight: without a bound, 65,536 events over 1,000 keys took 618 levels."""
+across the nodes (a round trip between them), and a reader's answer waits for the units
+in flight: without a bound, a unit of events that depend on each other across nodes
+would hold it for hundreds of levels."""
 PREPARED_AHEAD = 1
 """Spark partitions being prepared beyond the one whose units are being submitted."""
 ANSWER_POLL_S = 0.5
@@ -119,8 +120,8 @@ class _Saved:
 
 
 class NodesSession:
-    """A session of ``plan`` over ``plan.config.nodes`` nodes (module docstring); started
-    as it is made, ended by `close`.
+    """A session of ``plan`` over ``plan.config.nodes`` nodes (module docstring; its
+    promises: `txstream.sessions.StreamSession`); started as it is made, ended by `close`.
 
     With a checkpoint folder, every node checkpoints at the same unit boundary every
     ``--checkpoint-every`` batches' worth of events (``node-<i>/`` in the folder, its
@@ -232,7 +233,7 @@ class NodesSession:
                     continue
                 number, (_, table, keys) = asked
                 try:
-                    value, failure = self.query(table, keys, recover=False), None
+                    value, failure = self._query(table, keys, recover=False), None
                 except TxstreamError as exc:
                     value, failure = None, exc
                 door.answer.remote(number, value, failure)
@@ -307,21 +308,27 @@ class NodesSession:
         if failed or self.plan.own_output:
             self.plan.discard_unused()
 
-    def push(self, events: pa.Table | Source) -> None:
-        """Append ``events`` (an Arrow table or a source) to the stream; returns once they
-        are submitted, at most `UNITS_IN_FLIGHT` units ahead of the nodes."""
-        if isinstance(events, pa.Table):
-            events.validate()
-        size = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
-        if isinstance(events, SparkSource):
-            units = self._spark_units(events, size)
-        else:
-            batches = (
-                events.to_batches(size)
-                if isinstance(events, pa.Table)
-                else events.iter_batches(size)
+    def push(self, events: Events, batch_id: int | None = None) -> None:
+        """Append ``events`` to the stream (`StreamSession.push`): what `event_source`
+        takes, Parquet files read with Spark or pyarrow per the ``source`` option. Returns
+        once they are submitted, at most `UNITS_IN_FLIGHT` units ahead of the nodes.
+        ``batch_id`` is refused: the nodes' checkpoints do not record Spark micro-batches,
+        so a micro-batch could not be applied exactly once."""
+        if self._result is not None:
+            raise UsageError("the session is closed")
+        if batch_id is not None:
+            raise UsageError(
+                "a session over several nodes takes no batch_id (Spark micro-batches are "
+                "applied exactly once on one host): push without it, or run on one node"
             )
-            units = (self._read_unit(batch) for batch in batches)
+        source = event_source(events, self.plan.topology, self.config.source)
+        if source is not events and hasattr(source, "close"):  # staged by Spark for it
+            self._stack.callback(source.close)
+        size = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
+        if isinstance(source, SparkSource):
+            units = self._spark_units(source, size)
+        else:
+            units = (self._read_unit(batch) for batch in source.iter_batches(size))
         for unit in units:
             for piece in self._pieces(unit):
                 self._advance(piece)
@@ -401,21 +408,27 @@ class NodesSession:
         """Events pushed so far."""
         return self.ts
 
-    def query(
-        self, table: str, keys: list[int] | None = None, recover: bool = True
-    ) -> tuple[int, pa.Table]:
+    def query(self, table: str, keys: list[int] | None = None) -> tuple[int, pa.Table]:
         """``(w, rows)``: the rows of ``table`` (``key`` + value columns; the given keys in
-        that order, or every key) after exactly the first ``w`` transactions, ``w`` being
-        every event pushed so far: each owner answers once it has run every step submitted
-        before the question (the same cut on every node), without draining the others.
-        Without ``recover``, the loss of a node is an error (the door's thread leaves
-        recovering to the thread that pushes)."""
+        that order, or every key) after exactly the first ``w`` events (`StreamSession.query`),
+        ``w`` being every event pushed so far: each owner answers once it has run every
+        step submitted before the question (the same cut on every node), without draining
+        the others."""
+        return self._query(table, keys, recover=True)
+
+    def _query(self, table: str, keys: list[int] | None, recover: bool) -> tuple[int, pa.Table]:
+        """`query`; without ``recover``, the loss of a node is an error (the door's thread
+        leaves recovering to the thread that pushes)."""
+        if self._result is not None:
+            raise UsageError("the session is closed")
         size = self.plan.layout.sizes.get(table)
         if size is None:
-            raise UsageError(f"no table {table!r}; tables: {', '.join(self.plan.layout.sizes)}")
-        wanted = np.arange(size) if keys is None else np.asarray(keys, np.int64)
-        if len(wanted) and (wanted.min() < 0 or wanted.max() >= size):
-            raise UsageError(f"a key of {table!r} is outside 0..{size - 1}")
+            tables = ", ".join(self.plan.layout.sizes)
+            raise UsageError(f"query: no table {table!r}; the tables are {tables}")
+        wanted = np.arange(size) if keys is None else np.asarray(keys, np.int64).reshape(-1)
+        bad = wanted[(wanted < 0) | (wanted >= size)]
+        if len(bad):
+            raise UsageError(f"query: key {int(bad[0])} is not a key of {table!r} (0..{size - 1})")
         owner = wanted % self.config.nodes
         asked = [n for n in range(self.config.nodes) if (owner == n).any()]
         at: list[int] = []  # the cut: events submitted when the questions were
@@ -430,6 +443,26 @@ class NodesSession:
             return w, self._empty_rows(table)
         position = np.concatenate([np.flatnonzero(owner == n) for n in asked])
         return w, pa.concat_tables(answers).take(pa.array(np.argsort(position)))
+
+    def outputs(self, since: int = 0) -> Iterator[pa.RecordBatch]:
+        """The output rows from ts ``since`` on, in ts order, as record batches
+        (`StreamSession.outputs`): those of every event pushed before the call, each
+        node's of the events whose home it is, once it has run every step submitted
+        before (the same cut as `query`)."""
+        if self._result is not None:
+            raise UsageError("the session is closed")
+        if not self.plan.output.progressive:
+            raise UsageError("outputs() is for sessions; a one-shot run returns its Result")
+        pieces = self._ask(lambda: [team.outputs.remote(since) for team in self.teams], drain=False)
+        yield from self._merged(pieces).to_batches()
+
+    def _merged(self, pieces: list[pa.Table]) -> pa.Table:
+        """The nodes' outputs (global ts) as one table in ts order."""
+        schema = output_schema(self.plan.topology)
+        merged = (
+            pa.concat_tables([p.cast(schema) for p in pieces]) if pieces else schema.empty_table()
+        )
+        return merged.take(pc.sort_indices(merged, [("ts", "ascending")]))
 
     def _empty_rows(self, table: str) -> pa.Table:
         columns = {"key": pa.array([], pa.int64())}
@@ -654,12 +687,7 @@ class NodesSession:
         ts order, every table with each key's values from the node that owns it, and the
         nodes' own metrics."""
         results = self._ask(lambda: [team.results.remote() for team in self.teams])
-        pieces = [events for events, _, _ in results]
-        schema = output_schema(self.plan.topology)
-        merged = (
-            pa.concat_tables([p.cast(schema) for p in pieces]) if pieces else schema.empty_table()
-        )
-        merged = merged.take(pc.sort_indices(merged, [("ts", "ascending")]))
+        merged = self._merged([events for events, _, _ in results])
         state = {}
         for name, first in results[0][1].items():
             size = self.plan.layout.sizes[name]

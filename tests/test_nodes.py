@@ -420,6 +420,56 @@ def test_a_session_over_nodes_answers_queries_at_a_cut_of_every_node(cluster, tm
     assert got["rows"] == [want[k] for k in (7, 0, 5, 3)]
 
 
+OUTPUTS = """
+import json, sys
+import pyarrow as pa
+import pyarrow.parquet as pq
+from txstream import Job
+events = pq.read_table(sys.argv[1])
+init = {t: pq.read_table(f"{sys.argv[2]}/{t}.parquet") for t in ("accounts", "assets")}
+half = events.num_rows // 2
+job = Job("sl", address=sys.argv[3], nodes=2, progress=False, punctuation_interval=500)
+def rows(batches):
+    return pa.Table.from_batches(list(batches)).to_pylist()
+with job.start(init) as session:
+    session.push(events.slice(0, half))
+    first = rows(session.outputs())
+    session.push(events.slice(half))
+    w = session.flush()
+    rest = rows(session.outputs(since=half))
+    late = list(session.outputs(since=w))
+    result = session.close()
+print(json.dumps({
+    "w": w,
+    "first": [r["ts"] for r in first],
+    "rest": [r["ts"] for r in rest],
+    "late": len(late),
+    "same": first + rest == result.events.to_pylist(),
+}))
+"""
+
+
+def test_a_session_over_nodes_yields_its_outputs_since_a_ts(cluster, tmp_path):
+    """`outputs(since)` of a session over two nodes: the rows of every event pushed before
+    it, from ``since`` on, in ts order, as the committed outputs hold them at the end."""
+    events, init = generate("sl", WorkloadSpec(events=4000, keys=1_000, seed=3))
+    write_workload(tmp_path, events, init)
+    command = [
+        sys.executable,
+        "-c",
+        OUTPUTS,
+        str(tmp_path / "events.parquet"),
+        str(tmp_path / "init"),
+        cluster,
+    ]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    n, half = events.num_rows, events.num_rows // 2
+    assert got["w"] == n and got["late"] == 0 and got["same"]
+    assert got["first"] == list(range(half)) and got["rest"] == list(range(half, n))
+
+
 def _txstream(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "txstream", *args], capture_output=True, text=True, timeout=120
