@@ -43,7 +43,8 @@ from txstream.state.tables import SharedState
 
 if TYPE_CHECKING:
     from txstream.config import RunConfig
-    from txstream.topologies.api import Topology, Transactions
+    from txstream.schedulers.statements import Statements
+    from txstream.topologies.api import Topology
 
 
 OPTIONS = ("explore", "granularity", "abort", "placement")
@@ -55,7 +56,7 @@ class Direct(NamedTuple):
     kernel, and what every batch passes it."""
 
     kernel: Callable[..., int]
-    statements: Transactions
+    statements: Statements
     tables: tuple[np.ndarray, np.ndarray, np.ndarray]
     scratch: StatementScratch
 
@@ -139,7 +140,7 @@ class Scheduler(ABC):
         follows the executors' share counts (default: nothing)."""
         return None
 
-    def takes_statements(self, statements: Transactions, whole: bool) -> bool:
+    def takes_statements(self, statements: Statements, whole: bool) -> bool:
         """Whether this executor runs the chunk straight from its share's ``statements``
         (`from_statements`) instead of from operations built into the chunk, which are
         then not built; ``whole``: the share is the whole chunk (default: False)."""
@@ -148,7 +149,7 @@ class Scheduler(ABC):
     direct: Direct | None = None
     """The chunk this executor runs from its statements (`from_statements`), if any."""
 
-    def from_statements(self, statements: Transactions, wanted: bool) -> bool:
+    def from_statements(self, statements: Statements, wanted: bool) -> bool:
         """Whether this executor runs the chunk from ``statements`` with a kernel made
         for them (`run_direct`): if ``wanted`` and it is executor 0 (which runs a chunk
         in order), and not on one of several nodes, whose operations' cells are mapped to
