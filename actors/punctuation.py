@@ -26,11 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-
-CHUNK_EVENTS = 131072
-"""Largest chunk: amortises a Ray call (~1-3 ms) per executor and the chunk's barriers
-(at 65,536, SL on 2 executors made 0.65-0.94M events/s, at 131,072 0.97-1.13M)."""
-
+from txstream.config import CHUNK_EVENTS
 
 START_EVENTS = 1024
 """Chunk size before the team's rate is known: 0.1 s at 40 us per user function (SL),

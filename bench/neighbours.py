@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 from common import RESULTS, lone_chunk_segment, workload_dirs, write_results
-from txstream.actors.punctuation import CHUNK_EVENTS, Punctuator
-from txstream.config import RunConfig
+from txstream.actors.punctuation import Punctuator
+from txstream.config import CHUNK_EVENTS, RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
 from txstream.schedulers._kernels import ABORT_NS, statement_scratch

@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 from common import RESULTS, lone_chunk_segment, workload_dirs, write_results
 from txstream.actors.executor import _output_rows, rows_schema
-from txstream.actors.punctuation import CHUNK_EVENTS, Punctuator
+from txstream.actors.punctuation import Punctuator
 from txstream.actors.sink import Sink
 from txstream.cluster.topology import keep_freed_memory
-from txstream.config import RunConfig
+from txstream.config import CHUNK_EVENTS, RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
 from txstream.schedulers._kernels import ABORT_NS, statement_scratch

@@ -99,12 +99,6 @@ class MorphStreamScheduler(SpeculativeScheduler):
     """TPG per batch, adaptive exploration, granularity and abort handling."""
 
     name = "morphstream"
-    defaults = {
-        "explore": "auto",
-        "granularity": "auto",
-        "abort": "auto",
-        "placement": "shared-nothing",
-    }
     thresholds = Thresholds()
 
     @classmethod
@@ -158,7 +152,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         """With ``--explore auto``: a chunk walked in order then runs from its statements
         on executor 0, as serial's (`Scheduler.whole_chunks`); exploring, the team links
         and explores the chunk's operations wherever they were built."""
-        return cls.check_options(config)["explore"] == "auto"
+        return config.explore == "auto"
 
     def takes_statements(self, statements: Statements, whole: bool) -> bool:
         """Whether the chunk is walked in order (the whole team decides, `_walk_in_order`);
