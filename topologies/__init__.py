@@ -43,7 +43,9 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _API:
-        return getattr(importlib.import_module("txstream.topologies.api"), name)
+        from txstream.topologies import api
+
+        return getattr(api, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
