@@ -6,7 +6,6 @@ and most need neither the `Job` (Ray, Spark, every scheduler) nor the topology A
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from txstream.errors import RuntimeFailure, SchemaError, TopologyError, TxstreamError, UsageError
@@ -18,18 +17,6 @@ if TYPE_CHECKING:
     from txstream.result import Result
     from txstream.session import Session
     from txstream.topologies import Table, Topology, condition, function
-
-_LAZY = {
-    "Job": "txstream.job",
-    "Session": "txstream.session",
-    "Result": "txstream.result",
-    "RunConfig": "txstream.config",
-    "ThreadTransport": "txstream.cluster.transport",
-    "Table": "txstream.topologies",
-    "Topology": "txstream.topologies",
-    "condition": "txstream.topologies",
-    "function": "txstream.topologies",
-}
 
 __all__ = [
     "Job",
@@ -50,6 +37,22 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'txstream' has no attribute {name!r}")
+    """A public name, its module imported on first use (plain imports, which the import
+    contracts see)."""
+    if name == "Job":
+        from txstream.job import Job as value
+    elif name == "Session":
+        from txstream.session import Session as value
+    elif name == "Result":
+        from txstream.result import Result as value
+    elif name == "RunConfig":
+        from txstream.config import RunConfig as value
+    elif name == "ThreadTransport":
+        from txstream.cluster.transport import ThreadTransport as value
+    elif name in ("Table", "Topology", "condition", "function"):
+        from txstream.topologies import api
+
+        value = getattr(api, name)
+    else:
+        raise AttributeError(f"module 'txstream' has no attribute {name!r}")
+    return value

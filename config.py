@@ -1,16 +1,40 @@
-"""The effective configuration of a run, validated once, recorded in metrics.json."""
+"""The effective configuration of a run, validated once, recorded in metrics.json.
+
+Plain options and the values each may take: this module imports nothing of txstream but
+its errors, so that every layer can read a run's configuration. Which scheduler honours
+which option is declared here, with the option; the schedulers read the effective values.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from txstream.actors.punctuation import CHUNK_EVENTS
 from txstream.errors import UsageError
-from txstream.monitor.logs import LEVELS
-from txstream.topologies import BUNDLED, is_valid_name
 
+BUNDLED = ("sl", "gs", "ob", "tp")
+"""The bundled topologies (`txstream.topologies` builds each by name)."""
+SCHEDULERS = ("serial", "tstream", "morphstream", "sstore", "lock", "mvlk", "nolock")
+"""Values of `--scheduler` (`txstream.schedulers` maps each to its class)."""
+SCHEDULER_OPTIONS = ("explore", "granularity", "abort", "placement")
+"""Options only some schedulers honour; the others apply to every scheduler."""
+HONOURED = {
+    "tstream": {"placement": "shared-nothing"},
+    "morphstream": {
+        "explore": "auto",
+        "granularity": "auto",
+        "abort": "auto",
+        "placement": "shared-nothing",
+    },
+    "sstore": {"placement": "shared-nothing"},
+}
+"""The `SCHEDULER_OPTIONS` each scheduler honours, with their defaults (a scheduler not
+named honours none); giving one to a scheduler that does not honour it is a UsageError."""
+ONE_NODE = ("nolock",)
+"""Schedulers that do not run on several nodes (`--nodes`, contract §8): the nodes of a
+transaction across them must each reach serial's decision for it."""
+LEVELS = ("debug", "info", "warning", "error")
+"""Values of `--log-level`, for txstream's own records, Ray's and Spark's."""
 PLACEMENTS = ("shared-nothing", "shared-per-socket", "shared-everything")
 EXPLORE = ("auto", "bfs", "dfs", "ns")
 GRANULARITY = ("auto", "fine", "coarse")
@@ -25,6 +49,9 @@ MAX_NODES = 62
 """Nodes a run can spread over (a transaction's participants are a bit each of an int64)."""
 PUNCTUATION_MS = 50.0
 """Default time after which a punctuation batch is cut however few events it has."""
+CHUNK_EVENTS = 131072
+"""Default largest chunk (`--max-chunk-events`): large enough to amortise a Ray call per
+executor and the chunk's barriers, small enough to bound the latency."""
 
 
 def option(
@@ -32,21 +59,14 @@ def option(
     help: str,
     *,
     metavar: str | None = None,
-    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None,
+    choices: tuple[str, ...] | None = None,
     flag: str | None = None,
 ) -> Any:
     """A `RunConfig` field that is also an option of `txstream run`, declared once: the
     command line builds its option (``--field-name``, or ``flag``) from the field's type,
-    default and this metadata. ``choices`` may be a function (a list known only once the
-    schedulers are imported); a bool field is a flag (``--no-...``: it sets False)."""
+    default and this metadata; a bool field is a flag (``--no-...``: it sets False)."""
     metadata = {"help": help, "metavar": metavar, "choices": choices, "flag": flag}
     return field(default=default, metadata=metadata)
-
-
-def _scheduler_names() -> tuple[str, ...]:
-    from txstream.schedulers import SCHEDULERS
-
-    return tuple(SCHEDULERS)
 
 
 @dataclass(frozen=True)
@@ -55,7 +75,7 @@ class RunConfig:
     declared with `option` is an option of the command line, with its help.
 
     ``explore``, ``granularity``, ``abort`` and ``placement`` apply to some schedulers
-    only (see `txstream.schedulers.base.Scheduler.defaults`): None means "not given";
+    only (`HONOURED`): None means "not given";
     giving one to a scheduler that does not honour it is a UsageError. Once
     validated, they hold the effective values (the scheduler's defaults where not
     given, None where they do not apply), which metrics.json records.
@@ -66,7 +86,7 @@ class RunConfig:
         "serial",
         "how transactions run in parallel; all but nolock (a bound without consistency) "
         "give serial's results",
-        choices=_scheduler_names,
+        choices=SCHEDULERS,
     )
     explore: str | None = option(
         None,
@@ -223,16 +243,26 @@ class RunConfig:
         for ok, message in checks:
             if not ok:
                 raise UsageError(message)
-        from txstream.schedulers import get as get_scheduler
-
-        scheduler = get_scheduler(self.scheduler)
-        if self.nodes > 1 and not scheduler.several_nodes:
+        if self.scheduler not in SCHEDULERS:
+            raise UsageError(
+                f"unknown scheduler {self.scheduler!r}; choose one of {', '.join(SCHEDULERS)}"
+            )
+        if self.nodes > 1 and self.scheduler in ONE_NODE:
             raise UsageError(f"--scheduler {self.scheduler} does not run on several nodes")
-        effective = scheduler.check_options(self)
+        effective = self._scheduler_options()
         if self.checkpoint_dir is not None and self.checkpoint_every is None:
             effective["checkpoint_every"] = CHECKPOINT_EVERY
         for option, value in effective.items():
             object.__setattr__(self, option, value)
+
+    def _scheduler_options(self) -> dict[str, str | None]:
+        """The effective value of every option of `SCHEDULER_OPTIONS` (None where the
+        scheduler does not honour it); a UsageError if one it does not honour is given."""
+        honoured = HONOURED.get(self.scheduler, {})
+        for option in SCHEDULER_OPTIONS:
+            if option not in honoured and getattr(self, option) is not None:
+                raise UsageError(f"--{option} does not apply to scheduler {self.scheduler!r}")
+        return {o: getattr(self, o) or honoured.get(o) for o in SCHEDULER_OPTIONS}
 
     def as_dict(self) -> dict:
         """The configuration as JSON-ready values."""
@@ -241,3 +271,8 @@ class RunConfig:
 
 def _among(value: str | None, choices: tuple[str, ...]) -> bool:
     return value is None or value in choices
+
+
+def is_valid_name(name: str) -> bool:
+    """A bundled topology name, or ``module:function`` naming a factory of one."""
+    return name in BUNDLED or (":" in name and all(name.split(":", 1)))

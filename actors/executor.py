@@ -22,6 +22,7 @@ from txstream import schedulers, topologies
 from txstream.cluster.topology import pin_process
 from txstream.cluster.transport import get
 from txstream.monitor.metrics import Breakdown
+from txstream.schedulers.statements import Statements
 from txstream.schedulers.team.aborts import MAP_SEGMENT
 from txstream.schedulers.team.member import Member
 from txstream.schedulers.team.placement import Seat
@@ -43,7 +44,6 @@ from txstream.topologies.api import (
     EventShare,
     Outputs,
     Topology,
-    Transactions,
     compile_validation,
     one_batch,
 )
@@ -235,7 +235,7 @@ class Executor:
             if not idle:
                 topology.pre_process(batch)
         with breakdown.timing("construct"):
-            txn = Transactions(batch, layout)
+            txn = Statements(batch, layout)
             if not idle:
                 topology.state_access(batch, txn)
         sizes = txn.sizes()

@@ -12,10 +12,10 @@ adaptive (none of the seed systems has this): a chunk holds what the team serves
 half the latency target, so that an event's output is not held back behind a long chunk;
 while events queue up faster than the team serves them, a whole target's worth
 (throughput: a Ray call and a few barriers per chunk are amortised). Never more: a chunk
-sized blind may take a whole one-shot input in one piece, holding its last outputs back for
-as long as the team needs for all of it. The team's service rate is measured on the chunks
-it completes; before the first is done the sizer hands out `START_EVENTS`, and a chunk is at
-most `GROWTH` times the largest one measured, so that sizes grow as measurements come in.
+sized blind took a one-shot run's 40k SL events at 40 us per function in one piece, and
+its last outputs 5 s. The team's service rate is measured on the chunks it completes;
+before the first is done the sizer hands out `START_EVENTS`, and a chunk is at most
+`GROWTH` times the largest one measured, so that sizes grow as measurements come in.
 """
 
 from __future__ import annotations
@@ -26,12 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-
-CHUNK_EVENTS = 131072
-"""Largest chunk: amortises a Ray call (~1-3 ms) per executor and the chunk's barriers
-even when events cost little (SL at C = 0), whose team smaller chunks leave waiting on
-calls and barriers (bench/results)."""
-
+from txstream.config import CHUNK_EVENTS
 
 START_EVENTS = 1024
 """Chunk size before the team's rate is known: 0.1 s at 40 us per user function (SL),

@@ -13,47 +13,18 @@ from __future__ import annotations
 import bisect
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from txstream.connectors.outputs import OutputDir, events_writer
 from txstream.monitor.metrics import LatencyHistogram, Timeline, equal_runs
 from txstream.state.operations import STATUS_NAMES
 from txstream.state.shared import ArrayHandle
 from txstream.state.watermark import Watermark
 
-if TYPE_CHECKING:  # the Sink writes into it; connectors/ is above actors/
-    from txstream.connectors.outputs import OutputDir
-
 PART_SECONDS = 1.0
 """In a session, a part is committed at the first write after it was open this long."""
-
-
-DICTIONARY_COLUMNS = ["status", "reason"]
-"""Few distinct values: dictionary-encoded (they arrive as Arrow dictionaries, see
-`txstream.actors.executor.rows_schema`), without min/max statistics (they would compare
-strings on every write). Other columns are not dictionary-encoded: on unique int64 columns
-(ts, event_id) the writer would try a dictionary only to fall back, most of the Sink's time."""
-DELTA_COLUMNS = {"ts": "DELTA_BINARY_PACKED", "event_id": "DELTA_BINARY_PACKED"}
-"""Ascending integers: stored as their differences. Plain and compressed, they would be
-most of the Sink's time and of the file; delta-encoded, ascending ids take under a byte
-per row and about half the time."""
-
-
-def events_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
-    """A Parquet writer of event outputs (``schema``: `output_schema` or `rows_schema`),
-    each column encoded for what it holds (see `DICTIONARY_COLUMNS`, `DELTA_COLUMNS`)."""
-    return pq.ParquetWriter(
-        str(path),
-        schema,
-        use_dictionary=DICTIONARY_COLUMNS,
-        column_encoding={
-            name: DELTA_COLUMNS[name] for name in schema.names if name in DELTA_COLUMNS
-        },
-        write_statistics=[n for n in schema.names if n not in DICTIONARY_COLUMNS],
-        store_schema=False,  # read back, the dictionary columns are plain strings
-    )
 
 
 class Sink:

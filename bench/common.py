@@ -18,8 +18,9 @@ from txstream.state.shared import new_run_id, run_prefix
 from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 
 if TYPE_CHECKING:
+    from txstream.schedulers.statements import Statements
     from txstream.state.layout import Layout
-    from txstream.topologies.api import EventShare, Topology, Transactions
+    from txstream.topologies.api import EventShare, Topology
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -75,7 +76,7 @@ def write_results(name: str, results: dict, folder: Path = RESULTS) -> Path:
 
 def lone_chunk_segment(
     segment: ChunkArrays | None,
-    txn: Transactions,
+    txn: Statements,
     events: EventShare,
     topology: Topology,
     layout: Layout,

@@ -27,15 +27,16 @@ from pathlib import Path
 
 import numpy as np
 from common import RESULTS, lone_chunk_segment, workload_dirs, write_results
-from txstream.actors.punctuation import CHUNK_EVENTS, Punctuator
-from txstream.config import RunConfig
+from txstream.actors.punctuation import Punctuator
+from txstream.config import CHUNK_EVENTS, RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
 from txstream.schedulers._kernels import ABORT_NS, statement_scratch
 from txstream.schedulers._statement_kernels import statement_kernel
+from txstream.schedulers.statements import Statements
 from txstream.state.shared import new_run_id
 from txstream.state.tables import SharedState
-from txstream.topologies.api import EventShare, Transactions, conform_events, one_batch
+from txstream.topologies.api import EventShare, conform_events, one_batch
 
 NEIGHBOURS = {
     "idle": None,
@@ -50,7 +51,7 @@ NEIGHBOURS = {
 KERNEL_CPU, NEIGHBOUR_CPU = 1, 0
 
 
-def prepared_chunks(events: Path, run: Plan) -> list[tuple[EventShare, Transactions, np.ndarray]]:
+def prepared_chunks(events: Path, run: Plan) -> list[tuple[EventShare, Statements, np.ndarray]]:
     """The input as a lone serial executor gets it: chunks of `CHUNK_EVENTS` (their
     punctuation batches' ends), pre-processed, their statements made."""
     topology, layout = run.topology, run.layout
@@ -67,7 +68,7 @@ def prepared_chunks(events: Path, run: Plan) -> list[tuple[EventShare, Transacti
         chunk = punctuator.take(CHUNK_EVENTS)
         share = EventShare(one_batch(chunk.events), topology, layout.sizes)
         topology.pre_process(share)
-        txn = Transactions(share, layout)
+        txn = Statements(share, layout)
         topology.state_access(share, txn)
         chunks.append((share, txn, chunk.batch_ends))
 

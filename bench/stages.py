@@ -27,19 +27,20 @@ from pathlib import Path
 import numpy as np
 from common import RESULTS, lone_chunk_segment, workload_dirs, write_results
 from txstream.actors.executor import _output_rows, rows_schema
-from txstream.actors.punctuation import CHUNK_EVENTS, Punctuator
+from txstream.actors.punctuation import Punctuator
 from txstream.actors.sink import Sink
 from txstream.cluster.topology import keep_freed_memory
-from txstream.config import RunConfig
+from txstream.config import CHUNK_EVENTS, RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
 from txstream.schedulers._kernels import ABORT_NS, statement_scratch
 from txstream.schedulers._statement_kernels import statement_kernel
+from txstream.schedulers.statements import Statements
 from txstream.state.chunk import Outcomes
 from txstream.state.shared import new_run_id
 from txstream.state.tables import SharedState
 from txstream.state.watermark import Watermark
-from txstream.topologies.api import EventShare, Transactions, conform_events, one_batch
+from txstream.topologies.api import EventShare, conform_events, one_batch
 
 STAGES = (
     "read",
@@ -88,7 +89,7 @@ def one_pass(events_file: Path, run: Plan, state: SharedState, chunk_events: int
             events = EventShare(share, topology, layout.sizes)
             topology.pre_process(events)
             t4 = clock()
-            txn = Transactions(events, layout)
+            txn = Statements(events, layout)
             topology.state_access(events, txn)
             txn.sizes()
             t4b = clock()

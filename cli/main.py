@@ -23,10 +23,9 @@ from typing import NoReturn
 
 from txstream.cli.watchdog import watchdog
 from txstream.cluster.ray_runtime import ray_address
-from txstream.config import RunConfig
+from txstream.config import BUNDLED, RunConfig
 from txstream.errors import RuntimeFailure, SchemaError, TxstreamError, UsageError
 from txstream.monitor.logs import log_of, version
-from txstream.topologies import BUNDLED
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
@@ -214,13 +213,12 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
             action = "store_false" if flag.startswith("--no-") else "store_true"
             parser.add_argument(flag, dest=f.name, action=action, help=meta["help"])
             continue
-        choices = meta["choices"]() if callable(meta["choices"]) else meta["choices"]
         parser.add_argument(
             flag,
             dest=f.name,
             type=_TYPES[f.type.split(" | ")[0]],
             default=f.default,
-            choices=choices,
+            choices=meta["choices"],
             metavar=meta["metavar"],
             help=meta["help"],
         )

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from txstream.actors.sink import events_writer
 from txstream.errors import UsageError
 
 TEMPORARY = "_temporary"
@@ -43,6 +42,33 @@ RUN = "_RUN"
 """File in ``_temporary`` naming the run that writes it (checkpoints refer to it)."""
 _CLEARED = "_CLEARED"
 """Marker in ``_temporary``: this run already removed the previous output (--overwrite)."""
+
+
+DICTIONARY_COLUMNS = ["status", "reason"]
+"""Few distinct values: dictionary-encoded (they arrive as Arrow dictionaries, see
+`txstream.actors.executor.rows_schema`), without min/max statistics (string compares).
+The other columns are not: a dictionary attempted on unique int64 columns (ts, event_id)
+is abandoned after costing most of the writer's time."""
+DELTA_COLUMNS = {"ts": "DELTA_BINARY_PACKED", "event_id": "DELTA_BINARY_PACKED"}
+"""Ascending integers: stored as their differences, which take under a byte per row when
+event ids ascend; plain and compressed, they were most of the writer's time and of the
+file."""
+
+
+def events_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
+    """A Parquet writer of event outputs (``schema``: an executor's `rows_schema` or
+    `output_schema`), each column encoded for what it holds (see `DICTIONARY_COLUMNS`,
+    `DELTA_COLUMNS`)."""
+    return pq.ParquetWriter(
+        str(path),
+        schema,
+        use_dictionary=DICTIONARY_COLUMNS,
+        column_encoding={
+            name: DELTA_COLUMNS[name] for name in schema.names if name in DELTA_COLUMNS
+        },
+        write_statistics=[n for n in schema.names if n not in DICTIONARY_COLUMNS],
+        store_schema=False,  # read back, the dictionary columns are plain strings
+    )
 
 
 def part_name(first_ts: int) -> str:

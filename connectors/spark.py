@@ -29,7 +29,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 from ray.job_config import JobConfig
-from txstream.actors.fetcher import Chunk, PartitionFetcher
 from txstream.cluster.ray_runtime import ray_session
 from txstream.cluster.scratch import JavaDriverLibraries, scratch
 from txstream.cluster.topology import usable_cores
@@ -46,6 +45,7 @@ from txstream.connectors.spark_driver import (
     spark_configs,
     take_early,
 )
+from txstream.connectors.spark_fetcher import Chunk, PartitionFetcher
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.logs import level_number

@@ -18,7 +18,7 @@ from txstream.cluster.scratch import own_output_dir
 from txstream.cluster.topology import host_topology
 from txstream.config import RunConfig
 from txstream.connectors.outputs import OutputDir
-from txstream.engine.recovery import input_identity, resume_point
+from txstream.connectors.sources import ArrowSource
 from txstream.errors import UsageError
 from txstream.state.checkpoints import Checkpoint, CheckpointStore
 from txstream.state.init import InitState, read_init_state
@@ -27,6 +27,8 @@ from txstream.topologies.api import Topology
 
 DEFAULT_SET_CAPACITY = 1 << 20
 """Distinct-set slots when the number of events is not known in advance (a session)."""
+FORMAT = 1
+"""Version of the checkpoint metadata this build writes and reads."""
 
 
 @dataclass
@@ -139,3 +141,37 @@ def _check_resumable(checkpoint: Checkpoint, output: str | Path | None, progress
         )
     if meta.get("progressive") != progressive:
         raise UsageError(f"{where} is of a {'session' if meta.get('progressive') else 'run'}")
+
+
+def input_identity(source: Any) -> dict[str, Any] | None:
+    """What identifies a one-shot run's input, so that a checkpoint of another input is
+    refused: its files (names, sizes, rows) or its row count and schema."""
+    if isinstance(source, ArrowSource) and source.files:
+        return {
+            "files": [[str(Path(f).resolve()), Path(f).stat().st_size] for f in source.files],
+            "rows": source.num_rows,
+        }
+    if hasattr(source, "schema") and getattr(source, "num_rows", None) is not None:
+        return {"rows": source.num_rows, "schema": str(source.schema)}
+    return None
+
+
+def resume_point(store: CheckpointStore, identity: dict[str, Any]) -> Checkpoint | None:
+    """The checkpoint of an interrupted run to continue from (None: start afresh);
+    UsageError if it belongs to another topology, table size, input or format."""
+    if store.complete:
+        return None
+    checkpoint = store.latest()
+    if checkpoint is None:
+        return None
+    meta = checkpoint.meta
+    where = f"checkpoint {checkpoint.path}"
+    if meta.get("format") != FORMAT:
+        raise UsageError(f"{where} was written by another txstream version")
+    for key, label in (("topology", "topology"), ("sizes", "table sizes"), ("input", "input")):
+        if meta.get(key) != identity.get(key):
+            raise UsageError(
+                f"{where} is of another {label} ({meta.get(key)} here {identity.get(key)}); "
+                "use another --checkpoint-dir or remove it"
+            )
+    return checkpoint

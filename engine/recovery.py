@@ -8,8 +8,9 @@
   (`txstream.state.checkpoints`) in a background thread of the driver, once the outputs
   before the copy are committed, so that a checkpoint always pairs a state with the
   outputs of exactly the events before it.
-* `resume_point` finds, when a session starts, the checkpoint of an interrupted run to
-  continue from, and refuses one of another topology, table size or input.
+* `Checkpointing` pairs each checkpoint with its input position and committed outputs
+  (`txstream.engine.plan.resume_point` finds, when a session starts, the checkpoint of
+  an interrupted run to continue from).
 
 A recovery then is: stop every actor, restore the last checkpoint into shared memory,
 drop the outputs written after it, start new actors and push the input after it again.
@@ -26,12 +27,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from txstream.connectors.sources import ArrowSource, SkippedSource, Source
-from txstream.errors import UsageError
+from txstream.engine.plan import FORMAT
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer, CheckpointStore
 
 if TYPE_CHECKING:
@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
-"""Version of the checkpoint metadata this build writes and reads."""
 MAX_RECOVERIES = 3
 """Recoveries from one checkpoint without getting past it, before the session gives up."""
 
@@ -182,40 +180,6 @@ class CheckpointWriter:
         the checkpoint before it)."""
         self._stop.set()
         self._thread.join()
-
-
-def input_identity(source: Any) -> dict[str, Any] | None:
-    """What identifies a one-shot run's input, so that a checkpoint of another input is
-    refused: its files (names, sizes, rows) or its row count and schema."""
-    if isinstance(source, ArrowSource) and source.files:
-        return {
-            "files": [[str(Path(f).resolve()), Path(f).stat().st_size] for f in source.files],
-            "rows": source.num_rows,
-        }
-    if hasattr(source, "schema") and getattr(source, "num_rows", None) is not None:
-        return {"rows": source.num_rows, "schema": str(source.schema)}
-    return None
-
-
-def resume_point(store: CheckpointStore, identity: dict[str, Any]) -> Checkpoint | None:
-    """The checkpoint of an interrupted run to continue from (None: start afresh);
-    UsageError if it belongs to another topology, table size, input or format."""
-    if store.complete:
-        return None
-    checkpoint = store.latest()
-    if checkpoint is None:
-        return None
-    meta = checkpoint.meta
-    where = f"checkpoint {checkpoint.path}"
-    if meta.get("format") != FORMAT:
-        raise UsageError(f"{where} was written by another txstream version")
-    for key, label in (("topology", "topology"), ("sizes", "table sizes"), ("input", "input")):
-        if meta.get(key) != identity.get(key):
-            raise UsageError(
-                f"{where} is of another {label} ({meta.get(key)} here {identity.get(key)}); "
-                "use another --checkpoint-dir or remove it"
-            )
-    return checkpoint
 
 
 class Checkpointing:

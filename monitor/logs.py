@@ -22,11 +22,10 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from txstream.config import LEVELS
 from txstream.errors import SchemaError, UsageError
 from txstream.monitor.console import Console
 
-LEVELS = ("debug", "info", "warning", "error")
-"""Values of `--log-level`, for txstream's own records, Ray's and Spark's."""
 LOG_FOLDER = "_logs"
 LOG_FILE = "txstream.log"
 _FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -26,8 +26,9 @@ import numba
 import numpy as np
 import pyarrow as pa
 from txstream.errors import TopologyError
+from txstream.schedulers.statements import Statements
 from txstream.state.layout import Layout, NodeShare
-from txstream.topologies.api import EventShare, Topology, Transactions
+from txstream.topologies.api import EventShare, Topology
 
 
 @dataclass
@@ -88,7 +89,7 @@ def touched_cells(
     batch = events.combine_chunks().to_batches()
     share = EventShare(batch[0], topology, layout.sizes)
     topology.pre_process(share)
-    transactions = Transactions(share, layout)
+    transactions = Statements(share, layout)
     topology.state_access(share, transactions)
     return transactions.touched()
 

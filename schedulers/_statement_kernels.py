@@ -137,7 +137,7 @@ not see them change, so their source is part of its file's digest."""
 
 def statement_shape(statements: np.ndarray, args: np.ndarray) -> Shape:
     """The shape of ``statements`` (one column each, with ``args``, as
-    `Transactions.tables` gives them)."""
+    `Statements.tables` gives them)."""
     return tuple(
         (
             int(statements[KIND, s]),

@@ -1,11 +1,11 @@
 """The scheduler interface: how a team of executors executes a chunk's operations.
 
 A scheduler class *declares* what it needs, so that the engine around it stays
-generic: the options it honours (any other given option is a usage error) and their
-defaults, whether its results equal serial execution, the Coordinator policies it
-asks for, and the shared arrays it uses - per chunk (sized from the chunk's
-operations, reads and transactions) and per run (sized from the state's cells and
-rows; its position words, locks, ... live there). The executor lays those arrays
+generic: whether its results equal serial execution, the Coordinator policies it asks
+for, and the shared arrays it uses - per chunk (sized from the chunk's operations, reads
+and transactions) and per run (sized from the state's cells and rows; its position words,
+locks, ... live there). The options it honours are declared with the run's options
+(`txstream.config.HONOURED`); it reads their effective values. The executor lays those arrays
 out in shared memory and hands them over.
 
 Every executor of the team calls the same methods in the same order (they may
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import numpy as np
-from txstream.errors import RuntimeFailure, TopologyError, UsageError
+from txstream.errors import RuntimeFailure, TopologyError
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._kernels import (
     ABORT_NS,
@@ -43,11 +43,8 @@ from txstream.state.tables import SharedState
 
 if TYPE_CHECKING:
     from txstream.config import RunConfig
-    from txstream.topologies.api import Topology, Transactions
-
-
-OPTIONS = ("explore", "granularity", "abort", "placement")
-"""Options a scheduler may honour; the others apply to every scheduler."""
+    from txstream.schedulers.statements import Statements
+    from txstream.topologies.api import Topology
 
 
 class Direct(NamedTuple):
@@ -55,7 +52,7 @@ class Direct(NamedTuple):
     kernel, and what every batch passes it."""
 
     kernel: Callable[..., int]
-    statements: Transactions
+    statements: Statements
     tables: tuple[np.ndarray, np.ndarray, np.ndarray]
     scratch: StatementScratch
 
@@ -66,20 +63,6 @@ class Scheduler(ABC):
     name: ClassVar[str]
     serial_equivalent: ClassVar[bool] = True
     """Whether its outputs and state equal `serial`'s (contract §5)."""
-    several_nodes: ClassVar[bool] = True
-    """Whether it runs on several nodes (`--nodes`, contract §8): the nodes of a
-    transaction across them must each reach serial's decision for it."""
-    defaults: ClassVar[dict[str, str]] = {}
-    """The options of `OPTIONS` it honours, with their defaults."""
-
-    @classmethod
-    def check_options(cls, config: RunConfig) -> dict[str, str | None]:
-        """The effective value of every option of `OPTIONS` (None where not honoured);
-        a UsageError if ``config`` gives one it does not honour."""
-        for option in OPTIONS:
-            if option not in cls.defaults and getattr(config, option) is not None:
-                raise UsageError(f"--{option} does not apply to scheduler {cls.name!r}")
-        return {o: getattr(config, o) or cls.defaults.get(o) for o in OPTIONS}
 
     @classmethod
     def whole_chunks(cls, config: RunConfig) -> bool:
@@ -139,7 +122,7 @@ class Scheduler(ABC):
         follows the executors' share counts (default: nothing)."""
         return None
 
-    def takes_statements(self, statements: Transactions, whole: bool) -> bool:
+    def takes_statements(self, statements: Statements, whole: bool) -> bool:
         """Whether this executor runs the chunk straight from its share's ``statements``
         (`from_statements`) instead of from operations built into the chunk, which are
         then not built; ``whole``: the share is the whole chunk (default: False)."""
@@ -148,7 +131,7 @@ class Scheduler(ABC):
     direct: Direct | None = None
     """The chunk this executor runs from its statements (`from_statements`), if any."""
 
-    def from_statements(self, statements: Transactions, wanted: bool) -> bool:
+    def from_statements(self, statements: Statements, wanted: bool) -> bool:
         """Whether this executor runs the chunk from ``statements`` with a kernel made
         for them (`run_direct`): if ``wanted`` and it is executor 0 (which runs a chunk
         in order), and not on one of several nodes, whose operations' cells are mapped to

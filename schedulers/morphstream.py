@@ -67,10 +67,11 @@ from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
 from txstream.state.sync import PAUSE, STRIDE, add_to
 from txstream.state.tables import SharedState
-from txstream.topologies.api import Topology, Transactions
+from txstream.topologies.api import Topology
 
 if TYPE_CHECKING:
     from txstream.config import RunConfig
+    from txstream.schedulers.statements import Statements
 
 LD, STRATA, MERGED, CYCLIC, EXPLORE_NS, ABORTED, WALKED, WALKED_OPS = range(
     LINK_STATS, LINK_STATS + 8
@@ -98,12 +99,6 @@ class MorphStreamScheduler(SpeculativeScheduler):
     """TPG per batch, adaptive exploration, granularity and abort handling."""
 
     name = "morphstream"
-    defaults = {
-        "explore": "auto",
-        "granularity": "auto",
-        "abort": "auto",
-        "placement": "shared-nothing",
-    }
     thresholds = Thresholds()
 
     @classmethod
@@ -157,9 +152,9 @@ class MorphStreamScheduler(SpeculativeScheduler):
         """With ``--explore auto``: a chunk walked in order then runs from its statements
         on executor 0, as serial's (`Scheduler.whole_chunks`); exploring, the team links
         and explores the chunk's operations wherever they were built."""
-        return cls.check_options(config)["explore"] == "auto"
+        return config.explore == "auto"
 
-    def takes_statements(self, statements: Transactions, whole: bool) -> bool:
+    def takes_statements(self, statements: Statements, whole: bool) -> bool:
         """Whether the chunk is walked in order (the whole team decides, `_walk_in_order`);
         if so, executor 0 runs it from the statements when it holds them all."""
         self._ordered = self._walk_in_order()

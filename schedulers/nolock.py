@@ -20,7 +20,6 @@ class NoLockScheduler(WholeTransactionScheduler):
 
     name = "nolock"
     serial_equivalent = False
-    several_nodes = False
 
     def execute(
         self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown

@@ -20,7 +20,7 @@ from txstream.state.operations import OperationShare
 
 if TYPE_CHECKING:
     from txstream.config import RunConfig
-    from txstream.topologies.api import Transactions
+    from txstream.schedulers.statements import Statements
 
 
 class SerialScheduler(Scheduler):
@@ -34,7 +34,7 @@ class SerialScheduler(Scheduler):
         as much wall as its own under one GIL (`Scheduler.whole_chunks`)."""
         return True
 
-    def takes_statements(self, statements: Transactions, whole: bool) -> bool:
+    def takes_statements(self, statements: Statements, whole: bool) -> bool:
         """Executor 0 does when it holds the whole chunk (`Scheduler.from_statements`)."""
         return self.from_statements(statements, whole)
 

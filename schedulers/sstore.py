@@ -45,7 +45,6 @@ class SStoreScheduler(WholeTransactionScheduler):
     """Per-partition order counters (module docstring)."""
 
     name = "sstore"
-    defaults = {"placement": "shared-nothing"}
 
     @classmethod
     def run_arrays(cls, config: RunConfig, dims: RunDims) -> list[ArraySpec]:

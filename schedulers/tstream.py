@@ -40,7 +40,6 @@ class TStreamScheduler(SpeculativeScheduler):
     """Parallel evaluation of operation chains, lazy aborts (module docstring)."""
 
     name = "tstream"
-    defaults = {"placement": "shared-nothing"}
 
     @classmethod
     def coordinator_policies(cls, config: RunConfig) -> tuple[str, ...]:

@@ -197,7 +197,7 @@ class ChunkArrays(TeamSegment):
         arg_width: int,
     ) -> Ops:
         """Views of one share's part of the chunk's operations, for it to build them in
-        place (`txstream.topologies.api.Transactions.build_into`)."""
+        place (`txstream.schedulers.statements.Statements.build_into`)."""
         ops = slice(first_op, first_op + operations)
         a = self.arrays
         return Ops(

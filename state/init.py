@@ -12,14 +12,13 @@ import pyarrow.parquet as pq
 from txstream.errors import SchemaError
 
 if TYPE_CHECKING:
-    from txstream.state.layout import NodeShare
-    from txstream.topologies.api import Table, Topology
+    from txstream.state.layout import NodeShare, TableSpec, TablesSpec
 
 InitState = str | Path | dict[str, pa.Table]
 
 
 def read_init_state(
-    topology: Topology, init: InitState, share: NodeShare | None = None
+    topology: TablesSpec, init: InitState, share: NodeShare | None = None
 ) -> dict[str, pa.Table]:
     """Init tables by name, validated and cast to int64; raises SchemaError otherwise.
     With a node's ``share``, the tables hold the node's own keys only."""
@@ -44,7 +43,7 @@ def read_init_state(
 
 
 def validate_init_table(
-    table: Table, data: pa.Table, label: str, keys: np.ndarray | None = None
+    table: TableSpec, data: pa.Table, label: str, keys: np.ndarray | None = None
 ) -> pa.Table:
     """Check ``key`` = 0..K-1 (or the given ``keys``) plus exactly the table's value
     columns, integer, no nulls."""

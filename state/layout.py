@@ -19,9 +19,21 @@ one step's transactions across nodes may touch of them (`txstream.nodes.sequence
 unit of input finer where a step would need more)."""
 
 
-class _TableLike(Protocol):
+class TableSpec(Protocol):
+    """What the state reads of a table (a topology's `Table`): the state knows nothing of
+    topologies, only of named tables of int64 value columns."""
+
     name: str
     columns: tuple[str, ...]
+    init_min: int | None
+    """The smallest value its init state may hold (None: any)."""
+
+
+class TablesSpec(Protocol):
+    """What the state reads of a topology: its tables, and those read from init state."""
+
+    tables: tuple[TableSpec, ...]
+    init_tables: tuple[TableSpec, ...]
 
 
 class NodeShare:
@@ -97,7 +109,7 @@ class Layout:
 
     @staticmethod
     def of(
-        tables: Sequence[_TableLike], sizes: dict[str, int], share: NodeShare | None = None
+        tables: Sequence[TableSpec], sizes: dict[str, int], share: NodeShare | None = None
     ) -> Layout:
         """Lay out every column of every table one after the other: every key, or the
         rows of a node's ``share``."""

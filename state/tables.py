@@ -8,15 +8,12 @@ members in an open-addressing hash set of (cell, member) pairs; the cell holds t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
-from txstream.state.layout import Layout
+from txstream.state.layout import Layout, TablesSpec
 from txstream.state.shared import ArrayHandle, SharedArray
-
-if TYPE_CHECKING:
-    from txstream.topologies.api import Topology
 
 EMPTY = -1
 """Marks a free slot of a distinct set; a removed member becomes TOMBSTONE."""
@@ -94,7 +91,7 @@ class SharedState:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def load(self, topology: Topology, init: dict[str, pa.Table]) -> None:
+    def load(self, topology: TablesSpec, init: dict[str, pa.Table]) -> None:
         """Copy validated init tables (of the keys the layout holds) into the state (tables
         without init start at 0)."""
         for table in topology.init_tables:
@@ -103,7 +100,7 @@ class SharedState:
                 data = init[table.name].column(column).to_numpy()
                 self.values[base : base + len(data)] = data
 
-    def tables(self, topology: Topology) -> dict[str, pa.Table]:
+    def tables(self, topology: TablesSpec) -> dict[str, pa.Table]:
         """Every table as ``key`` + value columns, of the keys the layout holds for good (a
         copy, safe after close)."""
         out = {}

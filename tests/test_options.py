@@ -8,19 +8,26 @@ import subprocess
 import pytest
 from conftest import run_command
 from local_engine import run_local
-from txstream.config import ABORT, EXPLORE, GRANULARITY, PLACEMENTS, RunConfig
+from txstream.config import (
+    ABORT,
+    EXPLORE,
+    GRANULARITY,
+    HONOURED,
+    PLACEMENTS,
+    SCHEDULER_OPTIONS,
+    SCHEDULERS,
+    RunConfig,
+)
 from txstream.errors import UsageError
-from txstream.schedulers import SCHEDULERS
-from txstream.schedulers.base import OPTIONS
 from txstream.topologies.generators import WorkloadSpec, generate
 
 VALUES = {"explore": EXPLORE, "granularity": GRANULARITY, "abort": ABORT, "placement": PLACEMENTS}
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
-@pytest.mark.parametrize("option", OPTIONS)
+@pytest.mark.parametrize("option", SCHEDULER_OPTIONS)
 def test_every_option_is_honoured_or_refused(scheduler, option):
-    honoured = SCHEDULERS[scheduler].defaults
+    honoured = HONOURED.get(scheduler, {})
     for value in VALUES[option]:
         if option in honoured:
             assert getattr(RunConfig(scheduler=scheduler, **{option: value}), option) == value

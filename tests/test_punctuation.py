@@ -6,7 +6,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from txstream.actors.punctuation import CHUNK_EVENTS, START_EVENTS, ChunkSizer, Punctuator
+from txstream.actors.punctuation import START_EVENTS, ChunkSizer, Punctuator
+from txstream.config import CHUNK_EVENTS
 
 
 def _rows(first: int, n: int) -> pa.RecordBatch:

@@ -10,7 +10,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
-from txstream.actors.fetcher import PartitionFetcher, _Conversion
 from txstream.connectors import spark as spark_module
 from txstream.connectors.spark import (
     POSITION,
@@ -20,6 +19,7 @@ from txstream.connectors.spark import (
     java_available,
     partition_table,
 )
+from txstream.connectors.spark_fetcher import PartitionFetcher, _Conversion
 from txstream.errors import RuntimeFailure, SchemaError
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")

@@ -1,6 +1,7 @@
-"""The transaction builder (txstream.topologies.api.Transactions): the operations one
-kernel pass builds equal a plain-Python reading of the statements, and what
-state_access gets wrong is a TopologyError naming it."""
+"""The transaction builder (txstream.topologies.api.Transactions, as the engine reads it:
+txstream.schedulers.statements.Statements): the operations one kernel pass builds equal a
+plain-Python reading of the statements, and what state_access gets wrong is a TopologyError
+naming it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from txstream.errors import TopologyError
 from txstream.schedulers._kernels import ABORT_NS, run_transactions, statement_scratch
 from txstream.schedulers._statement_kernels import statement_kernel
+from txstream.schedulers.statements import Statements
 from txstream.state._kernels import undo_log
 from txstream.state.chunk import Outcomes
 from txstream.state.layout import Layout
@@ -28,7 +30,6 @@ from txstream.topologies.api import (
     ListColumn,
     Table,
     Topology,
-    Transactions,
     condition,
     function,
 )
@@ -76,7 +77,7 @@ def _events(n: int) -> EventShare:
     return EventShare(batch, TOPOLOGY, SIZES)
 
 
-def _built(txn: Transactions) -> Ops:
+def _built(txn: Statements) -> Ops:
     ops, reads, width = txn.sizes()[:3]
     built = Ops(
         *(np.full(ops, -9, d) for d in (np.int64, np.int64, np.int8)),
@@ -185,11 +186,11 @@ def _reference(n, rejected, statements) -> list[tuple]:
     return ops
 
 
-def _transactions(n, rejected, statements) -> Transactions:
+def _transactions(n, rejected, statements) -> Statements:
     """The drawn statements emitted over ``n`` events, ``rejected`` ones rejected."""
     events = _events(n)
     events.reason[rejected] = 1
-    txn = Transactions(events, LAYOUT)
+    txn = Statements(events, LAYOUT)
     for i, s in enumerate(statements):
         emit = {READ: txn.read, WRITE: txn.write, READ_MODIFY: txn.read_modify}[s["kind"]]
         extra = dict(cond=positive, reason=f"not positive ({i})") if s["conditional"] else {}
@@ -274,8 +275,8 @@ def test_transactions_run_from_statements_as_from_their_built_operations(workloa
         assert got.tolist() == want.tolist()
 
 
-def _one(key=None, args=(), reads=(), column=A["x"]) -> Transactions:
-    txn = Transactions(_events(3), LAYOUT)
+def _one(key=None, args=(), reads=(), column=A["x"]) -> Statements:
+    txn = Statements(_events(3), LAYOUT)
     txn.write(column, np.array([0, 1, 2]) if key is None else key, plus, args=args, reads=reads)
     return txn
 
@@ -329,7 +330,7 @@ def test_statements_of_one_shape_share_a_kernel_compiled_once_per_installation()
     kernel = statement_kernel(*_one().tables()[:2])
     assert statement_kernel(*_one(key=np.array([4, 0, 3]), column=B["z"]).tables()[:2]) is kernel
     assert statement_kernel(*_one(args=[np.array([1, 2, 3])]).tables()[:2]) is not kernel
-    reading = Transactions(_events(3), LAYOUT)
+    reading = Statements(_events(3), LAYOUT)
     reading.read(A["x"], np.array([0, 1, 2]))
     assert statement_kernel(*reading.tables()[:2]) is not kernel
     source = Path(kernel.py_func.__code__.co_filename)
@@ -364,4 +365,4 @@ def test_a_list_argument_needs_a_list_key_and_columns_one_value_per_event():
     with pytest.raises(TopologyError, match=r"column of shape \(2,\) for 3 events"):
         _one(key=np.array([0, 1]))
     with pytest.raises(TopologyError, match="needs a `reason`"):
-        Transactions(_events(3), LAYOUT).write(A["x"], np.zeros(3, np.int64), plus, cond=positive)
+        Statements(_events(3), LAYOUT).write(A["x"], np.zeros(3, np.int64), plus, cond=positive)

@@ -11,6 +11,7 @@ import importlib
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from txstream.config import BUNDLED, is_valid_name
 from txstream.errors import UsageError
 
 if TYPE_CHECKING:
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
         function,
     )
 
-BUNDLED = ("sl", "gs", "ob", "tp")
 _API = ("EventShare", "Outputs", "Table", "Topology", "Transactions", "condition", "function")
 
 __all__ = [
@@ -43,13 +43,10 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _API:
-        return getattr(importlib.import_module("txstream.topologies.api"), name)
+        from txstream.topologies import api
+
+        return getattr(api, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def is_valid_name(name: str) -> bool:
-    """A bundled topology name, or ``module:function`` naming a factory of one."""
-    return name in BUNDLED or (":" in name and all(name.split(":", 1)))
 
 
 @cache

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numba
 import numpy as np
@@ -27,18 +27,11 @@ from txstream.errors import SchemaError, TopologyError
 from txstream.state._kernels import CALLED, VALUE, Udf, compile_for
 from txstream.state._numba import USER_SIG
 from txstream.state.layout import Layout
-from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE, Ops
+from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE
 from txstream.topologies._kernels import (
-    ARG_SHORTER,
     CONSTANT,
-    FIRST_READ,
     INT_COLUMN,
     LIST_COLUMN,
-    READ_OUTSIDE,
-    READ_TARGET,
-    TARGET,
-    build_operations,
-    count_operations,
     reject_outside,
     reject_unset,
 )
@@ -47,9 +40,8 @@ from txstream.topologies._kernels import (
 INT, STRING, INT_LIST = "int64", "string", "list<int64>"
 DICTIONARY_STRING = pa.dictionary(pa.int32(), pa.string())
 """How the engine holds a STRING column (`Topology.event_schema`): dictionary-encoded, as
-Parquet stores such columns. Read so (`ArrowSource`), SL's 4M events were read in 20 ns
-per event instead of 41, a chunk's pieces concatenated in 1.5 instead of 30 (the strings
-were copied), and its kinds matched once per distinct string."""
+Parquet stores such columns, so that reading it copies no strings, a chunk's pieces
+concatenate without copying them, and its kinds are matched once per distinct string."""
 LIST_INT64 = pa.list_(pa.int64())
 """How the engine holds an INT_LIST column (`Topology.event_schema`)."""
 INT64_MAX = int(np.iinfo(np.int64).max)
@@ -187,8 +179,8 @@ class EventShare:
             if pa.types.is_null(col.type):
                 values = np.zeros(self.n, np.int64)
             elif col.null_count and col.type == pa.int64():
-                # the valid values times their validity bits: pyarrow's fill_null(0) took 5 ns
-                # per event and column (SL's deposits have no destination), this 0.5
+                # the valid values times their validity bits: cheaper than pyarrow's
+                # fill_null(0), which builds a new column
                 values = _buffer(col, 1, np.int64) * _valid_bits(col)
             else:
                 col = col if col.null_count == 0 else col.fill_null(0)  # no copy when valid
@@ -241,9 +233,9 @@ class EventShare:
         """Per event, the index of its ``kind`` in the topology's kinds (-1: null or
         unknown). The column is dictionary-encoded (`Topology.event_schema`): its few
         distinct strings are matched with numpy, and every event takes its dictionary
-        entry's index (pyarrow's ``index_in`` over every event's string cost SL 12 ns per
-        event; on the dictionary, each compute call made a team's executor wait ~0.5 ms
-        for the GIL, whose holder the spinning peers kept off the cores)."""
+        entry's index (pyarrow's ``index_in`` compares every event's string; on the
+        dictionary, each compute call makes a team's executor wait for the GIL, whose
+        holder the spinning peers keep off the cores)."""
         key = "kind"
         if key not in self._cache:
             col = self.arrow.column("kind")
@@ -355,29 +347,15 @@ Key = np.ndarray | ListColumn
 Arg = np.ndarray | ListColumn | int
 
 
-class Sizes(NamedTuple):
-    """What a batch's operations take (`Transactions.sizes`)."""
-
-    operations: int
-    reads: int
-    """Parametric reads (dependency cells)."""
-    arg_width: int
-    """Widest argument list of an operation."""
-    txn_ops: int
-    """Most operations of one transaction."""
-    op_reads: int
-    """Most parametric reads of one operation."""
-
-
 class Transactions:
     """Builds a batch's operations from vectorised statements (the TStream API's
     READ / WRITE / READ_MODIFY with optional condition, plus SET_ADD).
 
     A call records its statement as integers (what it emits; where its key, arguments
-    and reads come from: columns by address, or constants); `build_into` makes every
-    operation in one kernel pass over the events (gathering each statement's operations
-    with numpy, then merging them into serial order, took SL 67 ns per event against
-    34; docs/performance.md). The columns the statements name are kept alive here.
+    and reads come from: columns by address, or constants), which the engine builds
+    into operations in one kernel pass over the events
+    (`txstream.schedulers.statements.Statements`). The columns the statements name are
+    kept alive here.
     """
 
     def __init__(self, events: EventShare, layout: Layout):
@@ -390,9 +368,6 @@ class Transactions:
         self._targets: list[tuple[str, str]] = []
         self._alive: list[np.ndarray] = []
         self._width = 1
-        self._counts: tuple[int, ...] | None = None
-        self._per_event = np.zeros(0, np.int32)
-        self._offsets: np.ndarray | None = None
 
     def read(self, column: Column, key: Key, *, fun: UserFunction = identity, **kw: Any) -> None:
         """Read ``column[key]`` through ``fun``; the result is added into output ``out``."""
@@ -459,7 +434,6 @@ class Transactions:
             ]
         )
         self._width = max(self._width, len(args))
-        self._counts = None
 
     def _target(self, column: Column) -> tuple[int, int, int]:
         """(first cell, keys, index) of a column operations target or read; in a node's
@@ -492,93 +466,6 @@ class Transactions:
         self._alive.append(array)
         return array.ctypes.data
 
-    def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The statements (one column each), arguments and reads as the kernels take them."""
-        return (
-            np.array(self._statements, np.int64).reshape(-1, 16).T.copy(),
-            np.array(self._args or [(CONSTANT, 0, 0)], np.int64).reshape(-1, 3),
-            np.array(self._reads or [(0,) * 6], np.int64).reshape(-1, 6),
-        )
-
-    def sizes(self) -> Sizes:
-        """What the operations emitted so far take."""
-        if self._counts is None:
-            statements, _, reads = self.tables()
-            per_event = np.empty(self.events.n, np.int32)
-            counts = count_operations(self.events.reason, statements, reads, per_event)
-            self._counts = tuple(int(c) for c in counts)
-            self._per_event = per_event
-        ops, reads, txn_ops, op_reads = self._counts
-        return Sizes(ops, reads, self._width, txn_ops, op_reads)
-
-    def operation_offsets(self) -> np.ndarray:
-        """Per event, how many operations the events before it emit (and, last, all of
-        them): an event range's operations, as a built chunk's ``txn_ptr`` gives them."""
-        if self._offsets is None:
-            self.sizes()
-            self._offsets = np.zeros(self.events.n + 1, np.int64)
-            np.cumsum(self._per_event, out=self._offsets[1:])
-        return self._offsets
-
-    def build_into(self, out: Ops, first_txn: int, first_op: int, first_read: int) -> None:
-        """All statements as operations in (txn, statement, list) order, written into
-        ``out``: views of a chunk's arrays where this batch's transactions start at
-        ``first_txn``, its operations at ``first_op`` and its reads at ``first_read``
-        (indices made chunk-global). The first ``txn_ptr`` and ``dep_ptr`` entries are a
-        neighbour's last: both write the same value there. A key outside its table is a
-        TopologyError (pre_process must reject such events)."""
-        ops, reads = self.sizes()[:2]
-        share = self.layout.share
-        targets = (
-            np.empty(ops if share else 0, np.int64),
-            np.empty(reads if share else 0, np.int64),
-        )
-        error = np.zeros(3, np.int64)
-        first = (first_txn, first_op, first_read)
-        if build_operations(self.events.reason, *self.tables(), out, first, targets, error):
-            raise TopologyError(self.error_message(error))
-        if share:
-            for index, (table, column) in enumerate(self._targets):
-                base = self.layout.bases[(table, column)]
-                for cells, target in ((out.cell, targets[0]), (out.dep_cell, targets[1])):
-                    at = np.flatnonzero(target == index)
-                    cells[at] = base + share.rows(table, cells[at])
-
-    def error_message(self, error: np.ndarray) -> str:
-        """What an error a kernel reported in ``error`` (`build_operations`) says."""
-        code, statement, read = (int(e) for e in error)
-        if code == ARG_SHORTER:
-            return (
-                f"{self.topology.name}: a list argument is shorter than its key list; "
-                "pre_process must reject such events"
-            )
-        target = self._statements[statement][TARGET]
-        if code == READ_OUTSIDE:
-            target = self._reads[self._statements[statement][FIRST_READ] + read][READ_TARGET]
-        return (
-            f"{self.topology.name}: state_access used a key outside table "
-            f"{self._targets[target][0]!r}; pre_process must reject such events"
-        )
-
-    def touched(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(txn, cell)``: every cell each transaction writes or reads (its operations'
-        targets and parametric reads), grouped by transaction in ascending order; what a
-        sequencer needs to know where a transaction's state lives (`txstream.nodes`)."""
-        ops, reads, width = self.sizes()[:3]
-        built = Ops(
-            *(np.empty(ops, dtype) for dtype in (np.int64, np.int64, np.int8)),
-            *(np.empty(ops, np.int32) for _ in range(4)),
-            args=np.empty((ops, width), np.int64),
-            dep_ptr=np.empty(ops + 1, np.int64),
-            dep_cell=np.empty(reads, np.int64),
-            txn_ptr=np.empty(self.events.n + 1, np.int64),
-        )
-        self.build_into(built, 0, 0, 0)
-        txn = np.concatenate([built.txn, np.repeat(built.txn, np.diff(built.dep_ptr))])
-        cell = np.concatenate([built.cell, built.dep_cell])
-        order = np.argsort(txn, kind="stable")
-        return txn[order], cell[order]
-
 
 def _buffer(array: pa.Array, index: int, dtype: type) -> np.ndarray:
     """The elements of buffer ``index`` of ``array`` (a fixed-width one) as numpy, no copy."""
@@ -595,9 +482,8 @@ def _valid_bits(array: pa.Array) -> np.ndarray:
 
 def _plain_csr(col: pa.ListArray) -> ListColumn | None:
     """The CSR of a list<int64> column without null elements whose null lists hold no
-    elements (as Arrow builds them), with no copy of the elements; None otherwise.
-    Rebuilding it through ``flatten`` and ``fill_null`` was a third of GS's
-    pre-processing."""
+    elements (as Arrow builds them), with no copy of the elements; None otherwise
+    (rebuilding it through ``flatten`` and ``fill_null`` copies every element)."""
     if col.type != LIST_INT64 or col.values.null_count:
         return None
     offsets = np.frombuffer(col.buffers()[1], np.int32)[col.offset : col.offset + len(col) + 1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 from txstream.monitor.metrics import Breakdown
+from txstream.schedulers.statements import Sizes
 from txstream.schedulers.team.placement import Seat
 from txstream.state._kernels import compile_for
 from txstream.state.sync import (
@@ -27,7 +28,6 @@ from txstream.state.sync import (
     wake_coordinator,
     word,
 )
-from txstream.topologies.api import Sizes
 
 assert len(Sizes._fields) <= PUBLISHED  # an executor publishes its share's sizes
 

@@ -1,0 +1,143 @@
+"""A batch's statements as the engine takes them: what their operations take, the
+operations built into a chunk's arrays, and the cells each transaction touches.
+
+A topology's ``state_access`` records statements through the `Transactions` it is
+handed; the engine hands it a `Statements`, the same builder with what the executors,
+the schedulers and a run's sequencer read from it, kept out of the API an author reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from txstream.errors import TopologyError
+from txstream.state.layout import Layout
+from txstream.state.operations import Ops
+from txstream.topologies._kernels import (
+    ARG_SHORTER,
+    CONSTANT,
+    FIRST_READ,
+    READ_OUTSIDE,
+    READ_TARGET,
+    TARGET,
+    build_operations,
+    count_operations,
+)
+from txstream.topologies.api import EventShare, Transactions
+
+
+class Sizes(NamedTuple):
+    """What a batch's operations take (`Statements.sizes`)."""
+
+    operations: int
+    reads: int
+    """Parametric reads (dependency cells)."""
+    arg_width: int
+    """Widest argument list of an operation."""
+    txn_ops: int
+    """Most operations of one transaction."""
+    op_reads: int
+    """Most parametric reads of one operation."""
+
+
+class Statements(Transactions):
+    """The `Transactions` builder the engine hands a topology, read once its statements
+    are recorded; what they take is counted once (a new statement counts them again)."""
+
+    def __init__(self, events: EventShare, layout: Layout):
+        super().__init__(events, layout)
+        self._counts: tuple[int, ...] | None = None
+        self._per_event = np.zeros(0, np.int32)
+        self._offsets: np.ndarray | None = None
+
+    def _emit(self, *args: Any, **kw: Any) -> None:
+        super()._emit(*args, **kw)
+        self._counts = None
+
+    def tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The statements (one column each), arguments and reads as the kernels take them."""
+        return (
+            np.array(self._statements, np.int64).reshape(-1, 16).T.copy(),
+            np.array(self._args or [(CONSTANT, 0, 0)], np.int64).reshape(-1, 3),
+            np.array(self._reads or [(0,) * 6], np.int64).reshape(-1, 6),
+        )
+
+    def sizes(self) -> Sizes:
+        """What the operations emitted so far take."""
+        if self._counts is None:
+            statements, _, reads = self.tables()
+            per_event = np.empty(self.events.n, np.int32)
+            counts = count_operations(self.events.reason, statements, reads, per_event)
+            self._counts = tuple(int(c) for c in counts)
+            self._per_event = per_event
+        ops, reads, txn_ops, op_reads = self._counts
+        return Sizes(ops, reads, self._width, txn_ops, op_reads)
+
+    def operation_offsets(self) -> np.ndarray:
+        """Per event, how many operations the events before it emit (and, last, all of
+        them): an event range's operations, as a built chunk's ``txn_ptr`` gives them."""
+        if self._offsets is None:
+            self.sizes()
+            self._offsets = np.zeros(self.events.n + 1, np.int64)
+            np.cumsum(self._per_event, out=self._offsets[1:])
+        return self._offsets
+
+    def build_into(self, out: Ops, first_txn: int, first_op: int, first_read: int) -> None:
+        """All statements as operations in (txn, statement, list) order, written into
+        ``out``: views of a chunk's arrays where this batch's transactions start at
+        ``first_txn``, its operations at ``first_op`` and its reads at ``first_read``
+        (indices made chunk-global). The first ``txn_ptr`` and ``dep_ptr`` entries are a
+        neighbour's last: both write the same value there. A key outside its table is a
+        TopologyError (pre_process must reject such events)."""
+        ops, reads = self.sizes()[:2]
+        share = self.layout.share
+        targets = (
+            np.empty(ops if share else 0, np.int64),
+            np.empty(reads if share else 0, np.int64),
+        )
+        error = np.zeros(3, np.int64)
+        first = (first_txn, first_op, first_read)
+        if build_operations(self.events.reason, *self.tables(), out, first, targets, error):
+            raise TopologyError(self.error_message(error))
+        if share:
+            for index, (table, column) in enumerate(self._targets):
+                base = self.layout.bases[(table, column)]
+                for cells, target in ((out.cell, targets[0]), (out.dep_cell, targets[1])):
+                    at = np.flatnonzero(target == index)
+                    cells[at] = base + share.rows(table, cells[at])
+
+    def error_message(self, error: np.ndarray) -> str:
+        """What an error a kernel reported in ``error`` (`build_operations`) says."""
+        code, statement, read = (int(e) for e in error)
+        if code == ARG_SHORTER:
+            return (
+                f"{self.topology.name}: a list argument is shorter than its key list; "
+                "pre_process must reject such events"
+            )
+        target = self._statements[statement][TARGET]
+        if code == READ_OUTSIDE:
+            target = self._reads[self._statements[statement][FIRST_READ] + read][READ_TARGET]
+        return (
+            f"{self.topology.name}: state_access used a key outside table "
+            f"{self._targets[target][0]!r}; pre_process must reject such events"
+        )
+
+    def touched(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(txn, cell)``: every cell each transaction writes or reads (its operations'
+        targets and parametric reads), grouped by transaction in ascending order; what a
+        sequencer needs to know where a transaction's state lives (`txstream.nodes`)."""
+        ops, reads, width = self.sizes()[:3]
+        built = Ops(
+            *(np.empty(ops, dtype) for dtype in (np.int64, np.int64, np.int8)),
+            *(np.empty(ops, np.int32) for _ in range(4)),
+            args=np.empty((ops, width), np.int64),
+            dep_ptr=np.empty(ops + 1, np.int64),
+            dep_cell=np.empty(reads, np.int64),
+            txn_ptr=np.empty(self.events.n + 1, np.int64),
+        )
+        self.build_into(built, 0, 0, 0)
+        txn = np.concatenate([built.txn, np.repeat(built.txn, np.diff(built.dep_ptr))])
+        cell = np.concatenate([built.cell, built.dep_cell])
+        order = np.argsort(txn, kind="stable")
+        return txn[order], cell[order]
