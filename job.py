@@ -28,8 +28,7 @@ from txstream.monitor.console import Console
 from txstream.monitor.logs import level_number, run_log
 from txstream.nodes.session import NodesSession
 from txstream.result import Result
-from txstream.session import Session
-from txstream.sessions import StreamSession
+from txstream.session import Session, StreamSession
 from txstream.state.init import InitState
 
 __all__ = ["Job", "Result"]

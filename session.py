@@ -1,5 +1,10 @@
 """Sessions: a stream that stays up (contract §6, §7).
 
+`StreamSession` is what a running session promises, on one host or several: `Job.start`
+returns a `Session` (one host) or a `txstream.nodes.session.NodesSession` (``nodes`` > 1),
+which take the same calls with the same arguments and keep the same promises, so a program
+does not depend on where its team runs.
+
 A `Session` is the stream API: events are pushed as they come; outputs are written in ts
 order behind a *watermark*; queries read the state as of a chunk boundary the watermark has
 reached; ``close()`` commits the outputs and frees everything. `Job.run` is a session too:
@@ -22,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from functools import partial
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +60,73 @@ outbox or the object store); sources (files, Spark) are read by the ProgressCont
 its own pace."""
 
 
+@runtime_checkable
+class StreamSession(Protocol):
+    """A running stream of events (contract §6): push events as they come, read the state
+    and the outputs behind the watermark, close it for the `Result`. Leaving a ``with``
+    block closes it (after an exception: stops everything, commits nothing).
+
+    Events get ts 0, 1, ... in the order pushed (after those a resumed checkpoint covers).
+    Whatever fails surfaces on the next call, with its cause.
+    """
+
+    def push(self, events: Events, batch_id: int | None = None) -> None:
+        """Append ``events`` to the stream: whatever
+        `txstream.connectors.inputs.event_source` takes (Arrow data, Parquet files, a
+        Spark DataFrame, a Source). A wrong schema raises `SchemaError` and applies
+        nothing; another kind of input, `UsageError`. May return before the events are
+        processed. ``batch_id``: the Spark micro-batch these events are
+        (`txstream.connectors.streaming`: each is applied once)."""
+        ...
+
+    def flush(self) -> int:
+        """Wait until every pushed event is processed and its outputs are committed; the
+        watermark (= every event pushed)."""
+        ...
+
+    def query(self, table: str, keys: list[int] | None = None) -> tuple[int, pa.Table]:
+        """``(w, rows)``: the rows of ``table`` (``key`` + value columns; the given keys in
+        that order, or every key) as the state stands after exactly the first ``w``
+        events, ``w`` a watermark the session reached (never part of a batch). UsageError
+        for an unknown table or key."""
+        ...
+
+    def outputs(self, since: int = 0) -> Iterator[pa.RecordBatch]:
+        """The committed output rows from ts ``since`` on, in ts order, as record batches
+        (after `flush`: those of every event pushed). UsageError in a one-shot run, which
+        returns its outputs in its Result."""
+        ...
+
+    @property
+    def watermark(self) -> int:
+        """How many events (ts below it) are processed: their transactions decided and
+        their outputs written."""
+        ...
+
+    last_batch_id: int
+    """The last Spark micro-batch pushed, or covered by the checkpoint resumed from; -1 if
+    none."""
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether the session writes checkpoints (and so recovers from failures)."""
+        ...
+
+    def checkpoint(self) -> int:
+        """Flush, then write a checkpoint of the state as of every pushed event; its ts.
+        UsageError without a checkpoint folder."""
+        ...
+
+    def close(self) -> Result:
+        """Process everything pushed, commit the outputs, free every resource; the
+        `Result`. Again after success: the same Result."""
+        ...
+
+    def __enter__(self) -> StreamSession: ...
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None: ...
+
+
 class Session:
     """A running stream on one host (module docstring; its promises: `StreamSession`);
     made by `Job.start` (or `Job.run`).
@@ -79,7 +151,6 @@ class Session:
         self._pushed = self.resumed_from
         self._table_pushes: list[tuple[int, int]] = []  # (end ts, bytes) of pushed tables
         self._sources: list[Any] = []
-        self._inputs = InputLog(keep=plan.store is not None)
         self._failure: BaseException | None = None
         self._result: Result | None = None
         self._closing = False
@@ -88,6 +159,7 @@ class Session:
         self._engine: Engine | None = None
         self._checkpoints: Checkpointing | None = None
         resumed = plan.resume.meta if plan.resume else {}
+        self._inputs = InputLog(plan.store is not None, resumed.get("last_batch_id"))
         self.last_batch_id = resumed.get("last_batch_id")
         """The last Spark micro-batch pushed (`txstream.connectors.streaming`), -1 if none."""
         if self.last_batch_id is None:

@@ -66,11 +66,15 @@ class InputLog:
     """What was pushed since the last checkpoint (see module docstring); keeps nothing
     when nothing can be recovered (no checkpoint folder)."""
 
-    def __init__(self, keep: bool):
+    def __init__(self, keep: bool, last_batch_id: int | None = None):
+        """``last_batch_id``: the last Spark micro-batch a resumed checkpoint covers (its
+        events all lie before the resumed ts)."""
         self.keep = keep
         self._pushes: list[Pushed] = []
         self._files: list[dict[str, Any]] = []
         self._batch_ids: list[tuple[int, int]] = []  # (end ts, Spark batch id)
+        if last_batch_id is not None:
+            self._batch_ids.append((0, last_batch_id))
 
     def record(self, pushed: Pushed) -> None:
         """A push, in stream order."""

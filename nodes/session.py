@@ -37,7 +37,7 @@ from txstream.connectors.outputs import part_name
 from txstream.connectors.spark import SparkSource, follow
 from txstream.engine.engine import NAMESPACE
 from txstream.engine.plan import Plan
-from txstream.engine.recovery import MAX_RECOVERIES
+from txstream.engine.recovery import MAX_RECOVERIES, InputLog, Pushed
 from txstream.errors import ActorDied, RuntimeFailure, TopologyError, TxstreamError, UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.metrics import LatencyHistogram
@@ -121,7 +121,7 @@ class _Saved:
 
 class NodesSession:
     """A session of ``plan`` over ``plan.config.nodes`` nodes (module docstring; its
-    promises: `txstream.sessions.StreamSession`); started as it is made, ended by `close`.
+    promises: `txstream.session.StreamSession`); started as it is made, ended by `close`.
 
     With a checkpoint folder, every node checkpoints at the same unit boundary every
     ``--checkpoint-every`` batches' worth of events (``node-<i>/`` in the folder, its
@@ -165,6 +165,11 @@ class NodesSession:
         self.recoveries: list[dict[str, Any]] = []
         self.checkpoints = 0
         self._resumed_from = 0
+        self.last_batch_id = -1
+        """The last Spark micro-batch pushed (`txstream.connectors.streaming`), -1 if none."""
+        self._inputs = InputLog(keep=False)
+        """The pushes' micro-batches, for the checkpoints' metadata (the units since the
+        last checkpoint are kept in `since`)."""
         self.extra_metrics: dict[str, Any] = {}
         """Metrics the caller adds (e.g. Spark's start-up), written with the session's."""
         self._result: Result | None = None
@@ -274,6 +279,9 @@ class NodesSession:
                     )
             self.saved = _Saved(meta["ts"], meta["local"])
             self.ts = self.done = self._resumed_from = self.saved.ts
+            last = meta.get("last_batch_id")
+            self._inputs = InputLog(keep=False, last_batch_id=last)
+            self.last_batch_id = -1 if last is None else last
             self.console.note(f"resuming from {self.folder} at event {self.saved.ts:,}")
             return
         self.plan.store.clear()  # and the mark of a completed run
@@ -312,15 +320,11 @@ class NodesSession:
         """Append ``events`` to the stream (`StreamSession.push`): what `event_source`
         takes, Parquet files read with Spark or pyarrow per the ``source`` option. Returns
         once they are submitted, at most `UNITS_IN_FLIGHT` units ahead of the nodes.
-        ``batch_id`` is refused: the nodes' checkpoints do not record Spark micro-batches,
-        so a micro-batch could not be applied exactly once."""
+        ``batch_id``: the Spark micro-batch these events are; a checkpoint remembers the
+        last one it covers (`txstream.connectors.streaming`)."""
         if self._result is not None:
             raise UsageError("the session is closed")
-        if batch_id is not None:
-            raise UsageError(
-                "a session over several nodes takes no batch_id (Spark micro-batches are "
-                "applied exactly once on one host): push without it, or run on one node"
-            )
+        start = self.ts
         source = event_source(events, self.plan.topology, self.config.source)
         if source is not events and hasattr(source, "close"):  # staged by Spark for it
             self._stack.callback(source.close)
@@ -335,6 +339,9 @@ class NodesSession:
                 self._bar.update(self.done)
                 if self._door is not None:
                     self._door.report.remote(self._status())
+        self._inputs.record(Pushed(start, self.ts, batch_id=batch_id))
+        if batch_id is not None:
+            self.last_batch_id = batch_id
 
     def _pieces(self, unit: _Unit) -> Iterator[_Unit]:
         """``unit`` sequenced, or its halves, theirs and so on, until each piece fits: no
@@ -402,6 +409,20 @@ class NodesSession:
     def watermark(self) -> int:
         """Events whose steps ended on every node."""
         return self.done
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether the session writes checkpoints (and so recovers from failures)."""
+        return self.folder is not None
+
+    def checkpoint(self) -> int:
+        """Flush, then every node checkpoints as of every pushed event; its ts. Needs a
+        checkpoint folder."""
+        if self.folder is None:
+            raise UsageError("checkpoint() needs a checkpoint folder (checkpoint_dir)")
+        self.flush()
+        self._checkpoint()
+        return self.saved.ts
 
     @property
     def pushed(self) -> int:
@@ -599,6 +620,7 @@ class NodesSession:
         local = self._ask(lambda: [team.checkpoint.remote() for team in self.teams])
         self.saved = _Saved(self.ts, local)
         meta = {**self._identity(), "ts": self.ts, "local": local}
+        meta["last_batch_id"] = self._inputs.position(self.ts)["last_batch_id"]
         written = self.folder / f"{NODES_META}.tmp"
         written.write_text(json.dumps(meta, indent=1))
         written.replace(self.folder / NODES_META)

@@ -519,6 +519,55 @@ def test_a_named_run_over_nodes_answers_outside_readers(cluster, tmp_path):
     assert answer[1:] == ["key,balance"] + [f"{k},{want[k]['balance']}" for k in (3, 0)]
 
 
+MICRO_BATCHES = """
+import json, os, sys
+import pyarrow.parquet as pq
+from txstream import Job
+events = pq.read_table(sys.argv[1])
+init = {t: pq.read_table(f"{sys.argv[2]}/{t}.parquet") for t in ("accounts", "assets")}
+third = events.num_rows // 3
+batches = [events.slice(0, third), events.slice(third, third), events.slice(2 * third)]
+job = Job("sl", address=sys.argv[3], nodes=2, progress=False, punctuation_interval=500,
+          checkpoint_dir=sys.argv[4])
+with job.start(init, output=sys.argv[5]) as session:
+    seen = {"last": session.last_batch_id, "resumed": session.resumed_from}
+    for batch_id in range(int(sys.argv[6])):  # as Spark's foreachBatch delivers them
+        if batch_id > session.last_batch_id:
+            session.push(batches[batch_id], batch_id=batch_id)
+            session.checkpoint()
+    if sys.argv[6] != "3":  # the driver dies with the micro-batches applied
+        print(json.dumps(seen), flush=True)
+        os._exit(0)
+    seen["w"] = session.flush()
+print(json.dumps(seen))
+"""
+
+
+def test_a_session_over_nodes_applies_each_micro_batch_once_across_a_lost_driver(cluster, tmp_path):
+    """Micro-batches pushed with their ``batch_id`` and checkpointed: the driver dies, a
+    new one resumes with ``last_batch_id``, skips the batches it covers, pushes the rest,
+    and the run equals serial over every event once."""
+    events, init = generate("sl", WorkloadSpec(events=3000, keys=1_000, seed=5))
+    write_workload(tmp_path, events, init)
+    out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
+    paths = [str(tmp_path / "events.parquet"), str(tmp_path / "init"), cluster]
+
+    def driver(batches: int) -> dict:
+        command = [sys.executable, "-c", MICRO_BATCHES, *paths, str(checkpoints), str(out)]
+        proc = subprocess.run([*command, str(batches)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert driver(2) == {"last": -1, "resumed": 0}
+    assert json.loads((checkpoints / "nodes.json").read_text())["last_batch_id"] == 1
+    again = driver(3)
+    assert again["last"] == 1 and again["resumed"] == 2 * (events.num_rows // 3)
+    assert again["w"] == events.num_rows
+    want = run_local("sl", events, init)
+    state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
+    assert_same_run(pq.read_table(out / "events"), state, want.events, want.state)
+
+
 def test_a_killed_driver_resumes_from_the_checkpoints_every_node_took(cluster, tmp_path):
     """The driver (`txstream run`) killed mid-run: the same command run again continues
     from the last checkpoint every node took and equals serial."""

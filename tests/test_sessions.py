@@ -1,4 +1,4 @@
-"""One session protocol (`txstream.sessions.StreamSession`): a session on one host and one
+"""One session protocol (`txstream.session.StreamSession`): a session on one host and one
 over several nodes take the same calls with the same arguments."""
 
 from __future__ import annotations
@@ -8,10 +8,9 @@ import inspect
 import pytest
 from txstream.job import Job
 from txstream.nodes.session import NodesSession
-from txstream.session import Session
-from txstream.sessions import StreamSession
+from txstream.session import Session, StreamSession
 
-METHODS = ["push", "flush", "query", "outputs", "close"]
+METHODS = ["push", "flush", "query", "outputs", "checkpoint", "close"]
 
 
 @pytest.mark.parametrize("session", [Session, NodesSession])
@@ -23,9 +22,10 @@ def test_both_sessions_take_the_protocols_arguments(session, method):
 
 
 @pytest.mark.parametrize("session", [Session, NodesSession])
-def test_both_sessions_have_the_watermark_as_a_property_and_are_context_managers(session):
-    assert isinstance(inspect.getattr_static(session, "watermark"), property)
-    assert inspect.signature(session.watermark.fget).return_annotation == "int"
+def test_both_sessions_have_the_protocols_properties_and_are_context_managers(session):
+    for name, kind in (("watermark", "int"), ("checkpointing", "bool")):
+        assert isinstance(inspect.getattr_static(session, name), property)
+        assert inspect.signature(getattr(session, name).fget).return_annotation == kind
     for name in ("__enter__", "__exit__"):
         assert inspect.signature(getattr(session, name)).parameters.keys() == (
             inspect.signature(getattr(StreamSession, name)).parameters.keys()
