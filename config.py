@@ -42,9 +42,9 @@ ABORT = ("auto", "eager", "lazy")
 SOURCES = ("spark", "arrow")
 TRANSPORTS = ("auto", "ray", "threads")
 LATENCY_TARGET_MS = 500.0
-"""Default push-to-output latency target (bench/latency: see README, Sessions)."""
+"""Default push-to-output latency target (bench/latency.py; docs/performance.md)."""
 CHECKPOINT_EVERY = 100
-"""Default punctuation batches between checkpoints (bench/recovery: see README)."""
+"""Default punctuation batches between checkpoints (bench/recovery.py; docs/performance.md)."""
 MAX_NODES = 62
 """Nodes a run can spread over (a transaction's participants are a bit each of an int64)."""
 PUNCTUATION_MS = 50.0

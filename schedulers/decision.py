@@ -11,7 +11,7 @@ every executor computes it from the same shared numbers, so the team agrees with
 message.
 
 The thresholds (`Thresholds`) were calibrated on this engine with bench/morphstream.py
-(see README, "MorphStream"): they are configuration, documented field by field.
+(docs/design.md, "morphstream"): they are configuration, documented field by field.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ has no units and no abort policy, so it is not counted under the other two."""
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Where the decision model switches (calibrated on a 2-core host, see README)."""
+    """Where the decision model switches (calibrated on a 2-core host: docs/performance.md)."""
 
     coarse_max_cross: float = 0.05
     """Coarse units only while at most this share of operations has a parametric read
