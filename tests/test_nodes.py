@@ -396,6 +396,16 @@ print(json.dumps({"w": w, "rows": rows.to_pylist(), "events": result.events.num_
 """
 
 
+def _session_script(script: str, folder: Path, cluster: str, *args: object) -> dict:
+    """The last line of ``script``'s output, as JSON: ``script`` run in a process of its
+    own over the workload written in ``folder`` and ``cluster``'s address, then ``args``."""
+    data = [str(folder / "events.parquet"), str(folder / "init"), cluster]
+    command = [sys.executable, "-c", script, *data, *map(str, args)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_a_session_over_nodes_answers_queries_at_a_cut_of_every_node(cluster, tmp_path):
     """`Job.start` over three nodes: a query between two pushes reads every node as of
     exactly the events pushed before it, in the order of the keys asked."""
@@ -403,17 +413,7 @@ def test_a_session_over_nodes_answers_queries_at_a_cut_of_every_node(cluster, tm
     # level is a round trip between the nodes)
     events, init = generate("sl", WorkloadSpec(events=6000, keys=1_000, seed=2))
     write_workload(tmp_path, events, init)
-    command = [
-        sys.executable,
-        "-c",
-        SESSION,
-        str(tmp_path / "events.parquet"),
-        str(tmp_path / "init"),
-        cluster,
-    ]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _session_script(SESSION, tmp_path, cluster)
     half = events.num_rows // 2
     assert got["w"] == half and got["events"] == events.num_rows
     want = run_local("sl", events.slice(0, half), init).state["accounts"].to_pylist()
@@ -454,17 +454,7 @@ def test_a_session_over_nodes_yields_its_outputs_since_a_ts(cluster, tmp_path):
     it, from ``since`` on, in ts order, as the committed outputs hold them at the end."""
     events, init = generate("sl", WorkloadSpec(events=4000, keys=1_000, seed=3))
     write_workload(tmp_path, events, init)
-    command = [
-        sys.executable,
-        "-c",
-        OUTPUTS,
-        str(tmp_path / "events.parquet"),
-        str(tmp_path / "init"),
-        cluster,
-    ]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _session_script(OUTPUTS, tmp_path, cluster)
     n, half = events.num_rows, events.num_rows // 2
     assert got["w"] == n and got["late"] == 0 and got["same"]
     assert got["first"] == list(range(half)) and got["rest"] == list(range(half, n))
@@ -550,13 +540,9 @@ def test_a_session_over_nodes_applies_each_micro_batch_once_across_a_lost_driver
     events, init = generate("sl", WorkloadSpec(events=3000, keys=1_000, seed=5))
     write_workload(tmp_path, events, init)
     out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
-    paths = [str(tmp_path / "events.parquet"), str(tmp_path / "init"), cluster]
 
     def driver(batches: int) -> dict:
-        command = [sys.executable, "-c", MICRO_BATCHES, *paths, str(checkpoints), str(out)]
-        proc = subprocess.run([*command, str(batches)], capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        return _session_script(MICRO_BATCHES, tmp_path, cluster, checkpoints, out, batches)
 
     assert driver(2) == {"last": -1, "resumed": 0}
     assert json.loads((checkpoints / "nodes.json").read_text())["last_batch_id"] == 1
