@@ -40,7 +40,7 @@ _FAILED = "_FAILED"
 """The file that holds the first line of the Spark job's failure."""
 _DONE = "_DONE"
 """The file that holds the number of partitions once the Spark job has ended."""
-_WRITTEN = "partition INT, rows BIGINT"
+_WRITTEN = "partition BIGINT, rows BIGINT"
 """What a writing task returns to the driver: its partition and rows."""
 
 
@@ -237,10 +237,14 @@ def _write_whole(path: Path, text: str) -> None:
 
 def first_line(exc: Exception) -> str:
     """The gist of an error, the Java one for a failed Spark call (its cause for a job's
-    future, which wraps a job's failure in an `ExecutionException`)."""
+    future, which wraps a job's failure in an `ExecutionException`), the Python one for a
+    failed Python worker (the last line of its traceback)."""
     java = getattr(exc, "java_exception", None)
     if java is not None and java.getCause() is not None:
         if java.getClass().getName() == "java.util.concurrent.ExecutionException":
             java = java.getCause()
     text = str(java.toString() if java is not None else exc).strip()
-    return text.splitlines()[0][:500] if text else type(exc).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "Traceback (most recent call last):" in lines:
+        return lines[-1][:500]
+    return lines[0][:500] if lines else type(exc).__name__

@@ -80,7 +80,7 @@ def main() -> None:
         try:
             Job("tp", progress=False).run(broken, init)
         except RuntimeFailure as exc:
-            assert str(exc).startswith("Spark failed to convert the input"), exc
+            assert "Spark failed to convert the input: ZeroDivisionError" in str(exc), exc
             assert "\n" not in str(exc), exc
         else:
             raise AssertionError("a failing Spark job gave a result")
