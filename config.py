@@ -127,6 +127,13 @@ class RunConfig:
     source: str = option(
         "spark", "read the input with Spark (through RayDP) or with pyarrow", choices=SOURCES
     )
+    spark_exchange_dir: str | None = option(
+        None,
+        "a folder that Spark's executors and this host share: a Spark DataFrame of a "
+        "cluster not on Ray is staged there (default: Spark on Ray, or a local one, "
+        "needs none)",
+        metavar="PATH",
+    )
     address: str | None = option(
         None,
         "Ray cluster to run on, HOST:PORT or auto (default: $RAY_ADDRESS, else a local Ray "

@@ -80,8 +80,8 @@ class Job:
     ) -> Result:
         """Run the job on ``events`` from ``init_state``: a session that gets all of
         ``events`` and closes. ``events``: what `event_source` takes (Arrow data, a Parquet
-        file or folder read by Spark or pyarrow per ``source``, a Spark DataFrame of the
-        running Spark on Ray, any Source), checked before anything starts. With
+        file or folder read by Spark or pyarrow per ``source``, a Spark DataFrame of any
+        classic Spark session, any Source), checked before anything starts. With
         ``output``, writes events.parquet, state/, metrics.json and _SUCCESS there,
         committed together at the end. With ``name``, outside readers can query it while
         it runs (see `start`)."""
@@ -140,10 +140,12 @@ class Job:
         if not needs_spark(events, self.config.source):
             return events, {}, None
         begin = time.perf_counter()
-        job_config = self._start_spark(stack)
+        job_config = self._start_spark(stack, events)
         started = time.perf_counter()
         with self.console.phase("staging the input"):
-            source = staged(events, topologies.get(self.config.topology), self.config.source)
+            topology = topologies.get(self.config.topology)
+            exchange_dir = self.config.spark_exchange_dir
+            source = staged(events, topology, self.config.source, exchange_dir)
             stack.callback(source.close)
         staged_at = time.perf_counter()
         spark_seconds = {
@@ -152,11 +154,16 @@ class Job:
         }
         return source, {"spark": spark_seconds}, job_config
 
-    def _start_spark(self, stack: ExitStack) -> Any:
+    def _start_spark(self, stack: ExitStack, events: Any = None) -> Any:
         """Ray (with the flags Spark's JVMs need) and Spark on it, for as long as ``stack``
-        is open; the Ray job config that a session started on it must use."""
+        is open; the Ray job config that a session started on it must use. A Spark of the
+        user's that is not on Ray (that of ``events`` if a DataFrame, else the active one)
+        needs neither: nothing starts, and the session starts the Ray it needs."""
         from txstream.connectors import spark
 
+        session = spark.staging_session(events)
+        if session is not None and not spark.on_ray(session):
+            return None
         cfg, console = self.config, self.console
         job_config = spark.ray_job_config()
         stack.enter_context(
@@ -202,7 +209,10 @@ class Job:
                         if not skip:
                             session.push(path)
                             return
-                        source = event_source(path, session.topology, self.config.source)
+                        cfg = self.config
+                        source = event_source(
+                            path, session.topology, cfg.source, cfg.spark_exchange_dir
+                        )
                         if hasattr(source, "close"):  # staged by Spark
                             stack.callback(source.close)
                         session.push(SkippedSource(source, skip))

@@ -205,7 +205,8 @@ class Session:
         goes on. ``batch_id``: the Spark micro-batch these events are; a checkpoint
         remembers the last one it covers (`txstream.connectors.streaming`)."""
         self._poll()
-        source = event_source(events, self.topology, self.config.source)
+        cfg = self.config
+        source = event_source(events, self.topology, cfg.source, cfg.spark_exchange_dir)
         made = source is not events
         if made and hasattr(source, "close"):  # staged by Spark for this push
             self._sources.append(source)

@@ -32,20 +32,28 @@ ACCEPTED = (
 )
 
 
-def event_source(events: Events, topology: Topology, read_files: str = "arrow") -> Source:
+def event_source(
+    events: Events,
+    topology: Topology,
+    read_files: str = "arrow",
+    exchange_dir: str | os.PathLike | None = None,
+) -> Source:
     """``events`` as one `Source` whose schema is ``topology``'s events; `SchemaError`
     if it is not, `UsageError` for a kind of input not taken.
 
     Takes an Arrow table or record batches (a RecordBatch, a list or iterator of them, a
     RecordBatchReader, read whole: an `ArrowSource` of the table), a Parquet file or
-    folder (files in name order; an `ArrowSource` of files too), a Spark DataFrame (of the
-    Spark running on this Ray) or any `Source` that knows its number of rows. Parquet
-    files are read by pyarrow, or by Spark with ``read_files="spark"``. What Spark reads
-    is staged by it in input order (`txstream.connectors.spark.SparkSource`, which needs a
-    running Spark; whoever called this closes it). It is `checked_events`, then `staged`:
-    a caller that starts Spark only for good input calls those two apart.
+    folder (files in name order; an `ArrowSource` of files too), a Spark DataFrame (of any
+    classic Spark session: RayDP's on this Ray, a local one, a cluster) or any `Source`
+    that knows its number of rows. Parquet files are read by pyarrow, or by Spark with
+    ``read_files="spark"``. What Spark reads is staged by it in input order
+    (`txstream.connectors.spark.SparkSource`, which needs a running Spark; whoever called
+    this closes it; ``exchange_dir``: the folder shared with the executors of a Spark that
+    is neither on Ray nor local). It is `checked_events`, then `staged`: a caller that
+    starts Spark only for good input calls those two apart.
     """
-    return staged(checked_events(events, topology, read_files), topology, read_files)
+    checked = checked_events(events, topology, read_files)
+    return staged(checked, topology, read_files, exchange_dir)
 
 
 def checked_events(
@@ -55,6 +63,11 @@ def checked_events(
     `Source`, or a Spark DataFrame as it is (Spark checks it as it stages it). Parquet
     files are checked from their footers; if Spark is to read them, Java must be there."""
     if is_spark_dataframe(events):
+        if type(events).__module__.startswith("pyspark.sql.connect"):
+            raise UsageError(
+                "a Spark Connect DataFrame cannot be read: txstream needs a classic "
+                "SparkSession (its driver in this process), or Arrow data or Parquet files"
+            )
         return events
     source = _source(events, topology)
     if source.num_rows is None:
@@ -77,10 +90,15 @@ def needs_spark(events: Source | DataFrame, read_files: str = "arrow") -> bool:
     return read_files == "spark" and isinstance(events, ArrowSource) and bool(events.files)
 
 
-def staged(events: Source | DataFrame, topology: Topology, read_files: str = "arrow") -> Source:
+def staged(
+    events: Source | DataFrame,
+    topology: Topology,
+    read_files: str = "arrow",
+    exchange_dir: str | os.PathLike | None = None,
+) -> Source:
     """``events`` (from `checked_events`) as the source to push: staged by Spark if it
-    reads them (`needs_spark`; Spark must be running), its schema checked; else as they
-    are."""
+    reads them (`needs_spark`; Spark must be running, see `event_source` for
+    ``exchange_dir``), its schema checked; else as they are."""
     if not needs_spark(events, read_files):
         return events
     from txstream.connectors import spark
@@ -90,7 +108,7 @@ def staged(events: Source | DataFrame, topology: Topology, read_files: str = "ar
             "source 'spark' reads Parquet files with Spark: start it (see "
             "txstream.connectors.spark.spark_session) or use source='arrow'"
         )
-    source = spark.SparkSource(events)
+    source = spark.SparkSource(events, exchange_dir=exchange_dir)
     try:
         topology.check_event_schema(source.schema)
     except BaseException:

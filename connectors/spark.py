@@ -6,7 +6,9 @@ every partition lands in the object store together, in Spark's partition order; 
 tasks leave their pooled Ray workers set to `load_code_from_local`. Instead, every row carries
 its input position, and each Spark task hands its partition to a fetcher actor in chunks
 as it converts them (`RayChunks`), while the consumer pulls the chunks in order, a few at a
-time, each as soon as Spark has it; the consumer checks the positions.
+time, each as soon as Spark has it; the consumer checks the positions. A Spark that is
+not RayDP's has no Ray workers to hand partitions to: there, the partitions come through
+files (`txstream.connectors.spark_exchange`), and the consumer reads them alike.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from txstream.connectors.spark_driver import (
     spark_configs,
     take_early,
 )
+from txstream.connectors.spark_exchange import ExchangeReader, SparkExchange, first_line
 from txstream.connectors.spark_fetcher import Chunk, PartitionFetcher
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
 from txstream.monitor.console import Console
@@ -52,7 +55,7 @@ from txstream.monitor.logs import level_number
 
 if TYPE_CHECKING:  # pyspark is imported only when Spark is used
     from py4j.java_gateway import JavaObject
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 POSITION = "__txstream_position"
@@ -362,6 +365,21 @@ def _active_session() -> SparkSession | None:
     return SparkSession.getActiveSession()
 
 
+def on_ray(spark: SparkSession) -> bool:
+    """Whether ``spark`` is RayDP's Spark on Ray (the one `spark_session` starts, or any at a
+    ``ray://`` master): its executors are Ray workers, which hand their partitions to a Ray
+    actor; any other Spark writes them to files (`SparkExchange`)."""
+    context = spark.sparkContext
+    return context.master.startswith("ray://") or context.applicationId in _FETCHERS
+
+
+def staging_session(events: object) -> SparkSession | None:
+    """The Spark session that would stage ``events``: a DataFrame's own, else the active
+    one (None if there is none)."""
+    session = getattr(events, "sparkSession", None)
+    return session if session is not None else _active_session()
+
+
 def spark_running() -> bool:
     """Whether this process has an active Spark session."""
     return _active_session() is not None
@@ -470,6 +488,11 @@ class SparkSource:
     partitions. Smaller chunks give the first events sooner but read a whole input slower
     (docs/performance.md). The source pickles without its Spark side; `close()` (in the
     driver) stops the conversion and frees the chunks.
+
+    That is RayDP's Spark on Ray (`on_ray`). Any other classic Spark session writes the
+    chunks, positions included, into an exchange folder (`SparkExchange`: local disk for a
+    local Spark, ``exchange_dir`` for a cluster) from a `mapInArrow` job, and `partitions`
+    reads them from there in the same order, with the same checks.
     """
 
     def __init__(
@@ -480,6 +503,7 @@ class SparkSource:
         chunk_rows: int = 1 << 20,
         prefetch: int = 2,
         fetch_timeout_s: float = 600.0,
+        exchange_dir: str | os.PathLike | None = None,
     ) -> None:
         from pyspark.sql import DataFrame, SparkSession
 
@@ -488,7 +512,8 @@ class SparkSource:
         files: list[DataFrame] = []
         if isinstance(data, DataFrame):
             self._spark = data.sparkSession
-            frame, self.num_rows = _positioned_frame(data)
+            _check_free(data)
+            plain, self.num_rows = data, data.count()
             split_bytes = None
         else:
             self._spark = SparkSession.getActiveSession()
@@ -498,14 +523,27 @@ class SparkSource:
                 )
             parquet = data if isinstance(data, ArrowSource) else ArrowSource(data)
             files = _file_reads(self._spark, parquet)
-            positioned = _positioned(files)
-            frame, self.num_rows = reduce(lambda a, b: a.union(b), positioned), parquet.num_rows
+            plain, self.num_rows = reduce(DataFrame.union, files), parquet.num_rows
             file_bytes = sum(f.stat().st_size for f in parquet.files)
             rows_bytes = partition_rows * file_bytes // max(1, self.num_rows)
             split_bytes = max(1, rows_bytes, _largest_row_group_bytes(parquet.files))
-        self.schema: pa.Schema = _event_schema(frame)
+        self.schema: pa.Schema = _event_schema(plain)
         self.prefetch = prefetch
         self.fetch_timeout_s = fetch_timeout_s
+        self._exchange: SparkExchange | None = None
+        self._reader: ExchangeReader | None = None
+        if not on_ray(self._spark):  # no Ray workers to hand partitions to: files
+            self._fetcher = self._key = None
+            self.num_partitions = plain.rdd.getNumPartitions()  # as planned
+            self._exchange = SparkExchange(
+                plain, POSITION, chunk_rows, exchange_dir, fetch_timeout_s
+            )
+            self._reader = self._exchange.reader
+            return
+        if files:
+            frame = reduce(DataFrame.union, _positioned(files))
+        else:
+            frame = plain.withColumn(POSITION, _row_ids())
         self._key = uuid.uuid4().hex
         name, self._fetcher = _fetcher(self._spark)
         schema_json = _arrow_schema_json(frame)
@@ -547,6 +585,9 @@ class SparkSource:
         converted it, at most `prefetch` asked for ahead: to read one where it lies
         (`partition_table`, on this node: a chunk file is given as its path to a consumer
         on the fetcher's node), the reader checking their order (`follow`)."""
+        if self._reader is not None:
+            yield from self._reader.chunks()
+            return
         node = ray.get_runtime_context().get_node_id()
         pending: deque[ray.ObjectRef] = deque()
         requested = 0
@@ -576,11 +617,14 @@ class SparkSource:
         try:
             self._conversion.get()
         except Exception as exc:  # any failure goes to the consumer
-            failure = f"Spark failed to convert the input: {_first_line(exc)}"
+            failure = f"Spark failed to convert the input: {first_line(exc)}"
         self._fetcher.converted.remote(self._key, failure)
 
     def close(self) -> None:
         """Stop the conversion and free the converted chunks (driver only)."""
+        if self._exchange is not None:
+            self._exchange.close()
+            return
         try:
             ray.get(self._fetcher.remove.remote(self._key))
         except ray.exceptions.RayActorError:  # Spark, and its fetcher, already stopped
@@ -608,6 +652,7 @@ _CONSUMER_FIELDS = (
     "fetch_timeout_s",
     "_fetcher",
     "_key",
+    "_reader",
 )
 
 
@@ -663,16 +708,16 @@ def _positioned(reads: Sequence[DataFrame]) -> list[DataFrame]:
     ]
 
 
-def _positioned_frame(frame: DataFrame) -> tuple[DataFrame, int]:
-    """Tag rows with `monotonically_increasing_id`: (partition index, row in partition).
+def _row_ids() -> Column:
+    """Each row's `monotonically_increasing_id`: (partition index, row in partition).
 
-    That is exactly the DataFrame's own order (partition index first), and the partitions
-    are converted as they are, so partition index order is input order.
+    That is exactly a DataFrame's own order (partition index first), and the partitions
+    are converted as they are, so partition index order is input order (the files of
+    `SparkExchange` number their rows alike).
     """
     from pyspark.sql import functions as F
 
-    _check_free(frame)
-    return frame.withColumn(POSITION, F.monotonically_increasing_id()), frame.count()
+    return F.monotonically_increasing_id()
 
 
 def _check_free(frame: DataFrame) -> None:
@@ -681,12 +726,11 @@ def _check_free(frame: DataFrame) -> None:
 
 
 def _event_schema(frame: DataFrame) -> pa.Schema:
-    """The Arrow schema Spark's own conversion gives, without the position column."""
+    """The Arrow schema Spark's own conversion gives."""
     try:
-        schema = arrow_schema(frame.schema)
+        return arrow_schema(frame.schema)
     except TypeError as exc:
         raise SchemaError(f"a Spark column has no Arrow type: {exc}") from exc
-    return schema.remove(schema.get_field_index(POSITION))
 
 
 def _arrow_batches(
@@ -823,17 +867,6 @@ def _start_fetcher() -> tuple[str, ray.actor.ActorHandle]:
     """A new partition fetcher, under a name of its own: Spark's tasks look it up by it."""
     name = f"txstream-fetcher-{uuid.uuid4().hex}"
     return name, PartitionFetcher.options(name=name).remote()
-
-
-def _first_line(exc: Exception) -> str:
-    """The gist of an error, the Java one for a failed Spark call (its cause for a job's
-    future, which wraps a job's failure in an `ExecutionException`)."""
-    java = getattr(exc, "java_exception", None)
-    if java is not None and java.getCause() is not None:
-        if java.getClass().getName() == "java.util.concurrent.ExecutionException":
-            java = java.getCause()
-    text = str(java.toString() if java is not None else exc).strip()
-    return text.splitlines()[0][:500] if text else type(exc).__name__
 
 
 def partition_table(

@@ -325,7 +325,8 @@ class NodesSession:
         if self._result is not None:
             raise UsageError("the session is closed")
         start = self.ts
-        source = event_source(events, self.plan.topology, self.config.source)
+        cfg = self.config
+        source = event_source(events, self.plan.topology, cfg.source, cfg.spark_exchange_dir)
         if source is not events and hasattr(source, "close"):  # staged by Spark for it
             self._stack.callback(source.close)
         size = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
