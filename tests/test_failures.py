@@ -3,6 +3,7 @@ usage error within seconds; executors against usable cores."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -174,6 +175,7 @@ def _untested(monkeypatch) -> None:
 
 def test_on_an_unchecked_ray_errors_name_actors_by_class(monkeypatch, caplog):
     _untested(monkeypatch)
+    caplog.set_level(logging.WARNING, logger=ray_private.__name__)
     failure = actor_failure(_task_error("Executor.process", ValueError("boom"), EXECUTOR_ID))
     assert str(failure) == "Executor: ValueError: boom"
     lost = ray.exceptions.RayActorError(SINK_ID, "The actor died.")
