@@ -144,7 +144,8 @@ def _cli(*args, timeout=300, env=(), watch=None):
     )
     watcher = TmpWatch(proc.pid, keep=watch) if watch else None
     ended: dict = {}
-    threading.Thread(target=_note_exit, args=(proc.pid, ended), daemon=True).start()
+    noting = threading.Thread(target=_note_exit, args=(proc.pid, ended), daemon=True)
+    noting.start()
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -152,6 +153,7 @@ def _cli(*args, timeout=300, env=(), watch=None):
         proc.communicate()
         raise
     result = SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=stderr, pid=proc.pid)
+    noting.join(timeout=5)  # it sees the process gone within its next poll
     result.outlived = ended.get("outlived")
     if watcher is not None:
         watcher.stop()
