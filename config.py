@@ -153,6 +153,11 @@ class RunConfig:
         "$RAY_ADDRESS, a session --name or --checkpoint-dir, threads otherwise)",
         choices=TRANSPORTS,
     )
+    dashboard: bool = option(
+        False,
+        "start Ray's dashboard with the local Ray of the run (needs ray[default]; with "
+        "--transport auto, the team then runs on Ray)",
+    )
     log_level: str = option(
         "info",
         "detail of the run's log (txstream, Ray and Spark), OUTPUT/_logs/txstream.log",

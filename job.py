@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from txstream import topologies
-from txstream.cluster.ray_runtime import ray_address, ray_session
+from txstream.cluster.ray_runtime import check_dashboard, ray_address, ray_session
 from txstream.cluster.topology import check_executors
 from txstream.cluster.transport import RayTransport, ThreadTransport
 from txstream.config import RunConfig
@@ -125,8 +125,10 @@ class Job:
             raise UsageError("--nodes N > 1 takes no --follow")
 
     def _plan(self, init_state: InitState, output: str | Path | None, **options: Any):
-        """Everything checked before anything starts (`txstream.engine.plan`); too many
-        executors for the cores is a warning."""
+        """Everything checked before anything starts (`txstream.engine.plan`, Ray's
+        dashboard's packages if asked); too many executors for the cores is a warning."""
+        if self.config.dashboard and ray_address(self.config.address) is None:
+            check_dashboard()
         warning = check_executors(self.config.executors)
         session_plan = plan(self.config, init_state, output, **options)
         if warning:
@@ -172,6 +174,7 @@ class Job:
                 job_config,
                 phase=console.phase,
                 logging_level=level_number(cfg.log_level),
+                dashboard=cfg.dashboard,
             )
         )
         stack.enter_context(spark.spark_session(console=console, log_level=cfg.log_level))

@@ -1,7 +1,9 @@
 """Starting or attaching to Ray, starting txstream's actors on it, and saying which one failed.
 
-A local Ray that txstream starts gets a private temporary folder for its session (logs,
-sockets, spilled objects), removed at shutdown whatever the outcome; its workers' output is
+A local Ray that txstream starts is started by ``ray.init``'s options alone, its dashboard
+only when asked; what it still uses of Ray's internals is in `txstream.cluster.ray_private`.
+It gets a private temporary folder for its session (logs, sockets, spilled objects),
+removed at shutdown whatever the outcome; its workers' output is
 forwarded to this process's stderr, which a run sends to its log (`txstream.monitor.logs`). An
 address is first checked reachable (its GCS port, within seconds): `ray.init` would retry
 for minutes.
@@ -12,19 +14,18 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
 import sys
 import threading
-import time
-import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from importlib.metadata import PackageNotFoundError, requires, version
 from pathlib import Path
 
-from txstream.cluster.scratch import scratch, sweep_abandoned_rays, written_whole
-from txstream.cluster.topology import usable_cores
+from txstream.cluster import ray_private
+from txstream.cluster.scratch import scratch, sweep_abandoned_rays
+from txstream.cluster.topology import memory_bytes, usable_cores
 from txstream.cluster.watch import watch_cluster
 from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
 
@@ -56,12 +57,14 @@ def ray_session(
     phase: Phase | None = None,
     logging_level: int = logging.WARNING,
     log_to_driver: bool = True,
+    dashboard: bool = False,
 ) -> Iterator[bool]:
     """A Ray session for one run: reuse an initialised one, attach to ``address`` (or
-    ``$RAY_ADDRESS``), or start a lean local Ray. Yields whether this call started or
-    attached it; shuts it down (and removes a local Ray's folder) only then. ``phase``
-    reports starting, connecting and stopping; ``log_to_driver``: the workers' output
-    comes to this process's stdout and stderr (a run sends them to its log)."""
+    ``$RAY_ADDRESS``), or start a local Ray, with Ray's ``dashboard`` if asked
+    (`check_dashboard`). Yields whether this call started or attached it; shuts it down
+    (and removes a local Ray's folder) only then. ``phase`` reports starting, connecting
+    and stopping; ``log_to_driver``: the workers' output comes to this process's stdout
+    and stderr (a run sends them to its log)."""
     import ray
 
     if ray.is_initialized():
@@ -70,7 +73,6 @@ def ray_session(
     phase = phase or (lambda _name: nullcontext())
     address = ray_address(address)
     options = dict(
-        include_dashboard=False,
         logging_level=logging_level,
         log_to_driver=log_to_driver,
         configure_logging=True,
@@ -84,37 +86,56 @@ def ray_session(
                 _init(address=gcs, **options)
             stack.enter_context(watch_cluster(_gcs_address(), f"the Ray cluster at {address}"))
         else:
+            if dashboard:
+                check_dashboard()
             sweep_abandoned_rays()
             folder = stack.enter_context(scratch("ray"))
-            with (
-                phase("starting Ray"),
-                _lean_head(),
-                _lean_worker_setup(),
-                _registration_polled(),
-                _environment(QUICK_CONNECT),
-            ):
+            with phase("starting Ray"), ray_private.quick_connect():
                 stack.callback(_shutdown, phase, "stopping Ray")
                 _init(
                     address="local",  # a Ray of its own, even if another one runs here
                     num_cpus=usable_cores(),
                     object_store_memory=_object_store_bytes(),
-                    _temp_dir=str(folder),
+                    include_dashboard=dashboard,
+                    **ray_private.temp_dir_option(folder),
                     **options,
                 )
-                if job_config is not None and job_config.jvm_options:  # Java workers to come
-                    java_library_placed(Path(_session_folder()))
+                session = ray_private.session_folder()
+                if session and job_config is not None and job_config.jvm_options:
+                    ray_private.java_library_placed(session, None, INSTALLATION_FILES)
             stack.enter_context(watch_cluster(_gcs_address(), "this run's local Ray"))
         yield True
 
 
-def _object_store_bytes() -> int:
-    """`OBJECT_STORE_BYTES`, or Ray's default share of the memory (30%) when that is smaller:
-    the memory as Ray reads it, a container's limit included."""
-    from ray._private import ray_constants
-    from ray._private.utils import get_system_memory
+OBJECT_STORE_SHARE = 0.3
+"""Ray's default share of the memory for a local Ray's object store."""
 
-    share = ray_constants.DEFAULT_OBJECT_STORE_MEMORY_PROPORTION * get_system_memory()
-    return min(OBJECT_STORE_BYTES, int(share))
+
+def _object_store_bytes() -> int:
+    """`OBJECT_STORE_BYTES`, or Ray's default share of the memory when that is smaller (a
+    container's limit included)."""
+    return min(OBJECT_STORE_BYTES, int(OBJECT_STORE_SHARE * memory_bytes()))
+
+
+DASHBOARD_EXTRA = "default"
+"""The extra of Ray's package that brings what its dashboard needs."""
+
+
+def check_dashboard() -> None:
+    """`UsageError` unless the packages of Ray's ``default`` extra are installed: without
+    them ``ray.init(include_dashboard=True)`` fails only after starting Ray."""
+    extra = f'extra == "{DASHBOARD_EXTRA}"'
+    for line in requires("ray") or []:
+        name = re.match(r"[A-Za-z0-9._-]+", line)
+        if name is None or extra not in line:
+            continue
+        try:
+            version(name[0])
+        except PackageNotFoundError:
+            raise UsageError(
+                f"--dashboard needs Ray's dashboard ({name[0]} is missing): "
+                f"pip install 'ray[{DASHBOARD_EXTRA}]'"
+            ) from None
 
 
 def _init(**options: object) -> None:
@@ -132,173 +153,9 @@ def _init(**options: object) -> None:
             signal.signal(signal.SIGTERM, sigterm)
 
 
-QUICK_CONNECT = {
-    "RAY_raylet_client_connect_timeout_milliseconds": "20",
-    "RAY_raylet_client_num_connect_attempts": "500",
-    "RAY_grpc_client_check_connection_status_interval_milliseconds": "20",
-}
-"""A local Ray's processes retry connecting to a socket not yet listening every 20 ms (for
-10 s, as Ray's default 10 tries a second apart): the raylet connects to its own object
-store as the store's thread starts, and when it comes first it would wait a whole second;
-and a gRPC call that found its server's channel not yet ready is sent again after 20 ms
-instead of a second: a Java worker's first calls (for the system config to its raylet,
-then to the GCS) can find it so, and a stall there puts RayDP's app master's address, or
-Spark's executor, a second late. In the environment while Ray starts, not in its system
-config: every process of it, workers included, reads them as it starts, before its first
-connection (a worker gets the system config only once connected to the raylet). The second a
-Java worker can still lose at that first call is gRPC's own
-(`worker_setup.JAVA_ENVIRONMENT`)."""
-
-
-@contextmanager
-def _environment(variables: dict[str, str]) -> Iterator[None]:
-    """``variables`` in this process's environment (those the user set stay as set), for
-    the processes started meanwhile; the environment as it was afterwards."""
-    added = {k: v for k, v in variables.items() if k not in os.environ}
-    os.environ.update(added)
-    try:
-        yield
-    finally:
-        for name in added:
-            os.environ.pop(name, None)
-
-
-@contextmanager
-def _lean_head() -> Iterator[None]:
-    """While ``ray.init`` starts a local Ray, its head starts neither the autoscaler
-    monitor nor the API server (the dashboard's head, which ``include_dashboard=False``
-    only makes minimal). A local Ray has nothing to scale, and txstream uses neither job
-    submission nor the state API; the API server is on the start's path (``ray.init``
-    waits until it has published its address) and the two cost about a CPU-second of a
-    start that keeps both cores busy. ``ray start --head
-    --no-monitor`` is Ray's own switch for the first; ``ray.init`` has none."""
-    from ray._private.node import Node
-
-    start_monitor, start_api_server = Node.start_monitor, Node.start_api_server
-    Node.start_monitor = lambda self: None
-    Node.start_api_server = lambda self, **_options: None
-    try:
-        yield
-    finally:
-        Node.start_monitor, Node.start_api_server = start_monitor, start_api_server
-
-
-@contextmanager
-def _lean_worker_setup() -> Iterator[None]:
-    """While ``ray.init`` starts a local Ray, its raylet is given `txstream.cluster.
-    worker_setup` to start its workers through instead of Ray's own setup script, which
-    imports Ray first: ~0.5 s before each Java worker's JVM starts (RayDP's app master,
-    then Spark's executor, one after the other on the way to Spark's first event), and
-    ~0.5 CPU-s for every Python worker, two of which start with Ray."""
-    import inspect
-
-    from ray._private import services
-    from txstream.cluster import worker_setup
-
-    start_raylet = services.start_raylet
-    signature = inspect.signature(start_raylet)
-
-    def lean_setup(*args: object, **kwargs: object) -> object:
-        bound = signature.bind(*args, **kwargs)
-        bound.arguments["setup_worker_path"] = worker_setup.__file__
-        return start_raylet(*bound.args, **bound.kwargs)
-
-    services.start_raylet = lean_setup
-    try:
-        yield
-    finally:
-        services.start_raylet = start_raylet
-
-
-REGISTRATION_POLL_S = 0.02
-"""How often a starting local Ray's GCS is asked whether its raylet has registered."""
-
-
-@contextmanager
-def _registration_polled() -> Iterator[None]:
-    """While ``ray.init`` starts a local Ray, its wait for the raylet to register asks the
-    GCS every `REGISTRATION_POLL_S`: Ray 2.60 asks once a second
-    (``GlobalStateAccessor::GetNode`` sleeps a whole second between tries), so a raylet
-    that registered just after a try would be seen up to a second late, and the start with
-    it. Ray's own wait then finds the node at its first try."""
-    from ray._private import services
-    from ray._private.state import GlobalState
-
-    get_node = services.get_node
-
-    def registered_first(gcs_address: str, node_id: str) -> dict:
-        state = GlobalState()
-        try:
-            state._initialize_global_state(services._get_gcs_client_options(gcs_address))
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not any(
-                node["NodeID"] == node_id and node["Alive"] for node in state.node_table()
-            ):
-                time.sleep(REGISTRATION_POLL_S)
-        except Exception:  # whatever went wrong: Ray's own wait, and its error
-            logging.getLogger(__name__).debug("polling the raylet's registration failed")
-        finally:
-            state.disconnect()
-        return get_node(gcs_address, node_id)
-
-    services.get_node = registered_first
-    try:
-        yield
-    finally:
-        services.get_node = get_node
-
-
 INSTALLATION_FILES = Path(sys.prefix) / "share" / "txstream"
 """What txstream makes once per installation, in its prefix (the virtualenv): Spark's class
 archive and converter jar (``./setup``), Ray's native library for Java (the first run)."""
-JAVA_LIBRARY = "native/linux/libcore_worker_library_java.so"
-"""Ray's native library for its Java workers, in Ray's jar."""
-
-
-def java_library_placed(
-    session: Path, jar: Path | None = None, kept: Path = INSTALLATION_FILES
-) -> None:
-    """Link Ray's native library for Java into the ``session`` folder, where Ray's Java
-    workers load it from: the first of them (RayDP's app master, on the way to Spark's
-    first event) would otherwise extract it from Ray's jar, tens of MB inflated on the way.
-    It is extracted once, into ``kept``, under a name that carries the jar's size and time;
-    with no such entry in the jar, or nowhere to keep it, Ray extracts it itself. ``jar``:
-    Ray's own by default."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ray
-
-    jar = jar or Path(ray.__file__).parent / "jars" / "ray_dist.jar"
-    try:
-        stat = jar.stat()
-        library = kept / f"ray-java-{stat.st_size}-{int(stat.st_mtime)}.so"
-        if not library.is_file():
-            _extract(jar, library)
-        target = session / Path(JAVA_LIBRARY).name
-        if not target.exists():
-            target.symlink_to(library)
-    except (OSError, KeyError, zipfile.BadZipFile):  # Ray's own extraction then
-        logging.getLogger(__name__).debug("Ray's Java library not placed", exc_info=True)
-
-
-def _extract(jar: Path, library: Path) -> None:
-    """The jar's `JAVA_LIBRARY` written to ``library`` (whole or not at all), in place of
-    those extracted from other jars."""
-    library.parent.mkdir(parents=True, exist_ok=True)
-    for stale in library.parent.glob("ray-java-*.so"):
-        if stale != library:  # another run may have just made this one
-            stale.unlink(missing_ok=True)
-    with written_whole(library) as partial:
-        with zipfile.ZipFile(jar) as archive, archive.open(JAVA_LIBRARY) as src:
-            with open(partial, "wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-
-
-def _session_folder() -> str:
-    """The session folder of the local Ray this process started."""
-    import ray
-
-    return ray._private.worker._global_node.get_session_dir_path()
 
 
 def _gcs_address() -> str:
@@ -321,15 +178,15 @@ def reachable_address(address: str) -> str:
     port accepts a connection; a `UsageError` within seconds otherwise."""
     target = address
     if address == "auto":
-        from ray._private.services import canonicalize_bootstrap_address
-
         try:
-            target = canonicalize_bootstrap_address("auto")
+            target = ray_private.running_ray()
         except ConnectionError as exc:
             raise UsageError(
                 "--address auto: no running Ray found here (start one with `ray start "
                 "--head`, or leave --address out for a local Ray)"
             ) from exc
+        if target is None:  # ray.init looks for it
+            return address
     host, _, port = target.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise UsageError(f"--address {address}: expected auto or HOST:PORT")
@@ -365,7 +222,9 @@ def start_actor(
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
     actor = ray.remote(num_cpus=0, max_restarts=0, **groups)(cls).options(**options)
     actor = actor.remote(*args, **kwargs)
-    _LABELS[actor._actor_id.hex()] = label or cls.__name__
+    known_as = ray_private.actor_id(actor)
+    if known_as is not None:
+        _LABELS[known_as] = label or cls.__name__
     return actor
 
 
@@ -374,7 +233,7 @@ def stop_actors(actors: list) -> None:
     import ray
 
     for actor in actors:
-        _LABELS.pop(actor._actor_id.hex(), None)
+        _LABELS.pop(ray_private.actor_id(actor), None)
         try:
             ray.kill(actor, no_restart=True)
         except Exception:  # already dead or Ray gone: nothing left to stop
@@ -409,22 +268,17 @@ def actor_failure(exc: BaseException) -> TxstreamError:
 
 
 def _actor_label(exc: BaseException) -> str | None:
-    """The txstream name of the actor an error comes from, else its class name.
+    """The txstream name of the actor an error comes from, else its class name: from Ray's
+    error text (`ray_private.innermost_actor`), else from the error's attributes (a dead
+    actor's id, the called method's class)."""
+    import ray
 
-    An error raised by an actor call that waited on another actor carries the other's
-    error only as text: its innermost header reads ``ray::Executor.process() (pid=...,
-    actor_id=<hex>, repr=...)``.
-    """
-    headers = [line for line in str(exc).splitlines() if "ray::" in line]
-    innermost = headers[-1] if headers else ""
-    found = re.search(r"actor_id=([0-9a-f]+)", innermost)
-    actor_id = found[1] if found else None
-    if len(headers) <= 1 and actor_id is None:
-        actor_id = getattr(exc, "_actor_id", None) or getattr(exc, "actor_id", None)
-    if actor_id in _LABELS:
-        return _LABELS[actor_id]
-    found = re.search(r"ray::(\w+)\.|class_name: (\w+)", innermost or str(exc))
-    return (found[1] or found[2]) if found else None
+    found = ray_private.innermost_actor(exc)
+    if found is None:
+        method = exc.function_name if isinstance(exc, ray.exceptions.RayTaskError) else ""
+        found = getattr(exc, "actor_id", None), method.partition(".")[0] or None
+    actor_id, class_name = found
+    return _LABELS.get(actor_id, class_name) if actor_id else class_name
 
 
 def _death(exc: BaseException) -> str:

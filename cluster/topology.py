@@ -142,6 +142,24 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
+CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+"""Where a container's memory limit is read (cgroup v2, then v1)."""
+
+
+def memory_bytes() -> int:
+    """The memory this process's processes may use: the host's, or its container's limit
+    when that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in CGROUP_MEMORY_LIMITS:
+        try:
+            limit = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            return min(total, int(limit))
+    return total
+
+
 def check_executors(executors: int) -> str | None:
     """A warning when ``executors`` outnumber the usable cores; a `UsageError` when they
     are more than `OVERSUBSCRIPTION_LIMIT` times as many."""

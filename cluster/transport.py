@@ -39,10 +39,17 @@ class RayTransport:
     separate_processes = True
 
     def session(
-        self, address: str | None, job_config: object | None, phase: Phase, logging_level: int
+        self,
+        address: str | None,
+        job_config: object | None,
+        phase: Phase,
+        logging_level: int,
+        dashboard: bool = False,
     ) -> AbstractContextManager[bool]:
         """Ray for the run (see `ray_session`)."""
-        return ray_session(address, job_config, phase=phase, logging_level=logging_level)
+        return ray_session(
+            address, job_config, phase=phase, logging_level=logging_level, dashboard=dashboard
+        )
 
     def start(
         self,
@@ -95,7 +102,12 @@ class ThreadTransport:
 
     @contextmanager
     def session(
-        self, address: str | None, job_config: object | None, phase: Phase, logging_level: int
+        self,
+        address: str | None,
+        job_config: object | None,
+        phase: Phase,
+        logging_level: int,
+        dashboard: bool = False,
     ) -> Iterator[bool]:
         """Nothing to start but this process's malloc (`keep_freed_memory`); the lanes
         of the actors end with it."""
@@ -199,15 +211,15 @@ class _Lane:
 
 
 def transport_for(
-    choice: str, address: str | None, named: bool, checkpoints: bool
+    choice: str, address: str | None, named: bool, checkpoints: bool, dashboard: bool = False
 ) -> RayTransport | ThreadTransport:
     """The transport of a run told ``--transport choice``: ``auto`` is Ray where something
     outside this process must reach the team (a cluster at ``address`` or ``$RAY_ADDRESS``,
-    a ``named`` session) or where the run must outlive one of its actors (``checkpoints``:
-    a dead actor's team is recovered without the driver); threads otherwise (no Ray
-    start-up for a local run)."""
+    a ``named`` session, Ray's ``dashboard``) or where the run must outlive one of its
+    actors (``checkpoints``: a dead actor's team is recovered without the driver); threads
+    otherwise (no Ray start-up for a local run)."""
     if choice == "auto":
-        ray_needed = ray_address(address) or named or checkpoints
+        ray_needed = ray_address(address) or named or checkpoints or dashboard
         choice = "ray" if ray_needed else "threads"
     return RayTransport() if choice == "ray" else ThreadTransport()
 

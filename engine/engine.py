@@ -93,7 +93,11 @@ class Engine:
         self.config = plan.config
         self.console = console
         self.transport = transport or transport_for(
-            self.config.transport, self.config.address, bool(plan.name), plan.store is not None
+            self.config.transport,
+            self.config.address,
+            bool(plan.name),
+            plan.store is not None,
+            self.config.dashboard,
         )
         self.launches = 0
         """Teams launched so far (a recovery launches another)."""
@@ -141,7 +145,9 @@ class Engine:
         # without one (a session of a Python program), only its errors show
         ray_logging = level_number(cfg.log_level) if captured() or cfg.verbose else logging.ERROR
         stack.enter_context(
-            self.transport.session(cfg.address, job_config, self.console.phase, ray_logging)
+            self.transport.session(
+                cfg.address, job_config, self.console.phase, ray_logging, cfg.dashboard
+            )
         )
         stack.callback(self.stop)
 

@@ -59,7 +59,7 @@ def _abandoned_outputs(wait_s: float = 10.0) -> list[str]:
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A lean local Ray, with the JVM flags Spark needs; actors see tests/ on their path
+    """A local Ray, with the JVM flags Spark needs; actors see tests/ on their path
     (for test topologies)."""
     from ray.job_config import JobConfig
     from txstream.cluster.ray_runtime import ray_session

@@ -21,6 +21,7 @@ import pytest
 from conftest import TESTS, run_command, txstream_segments, wait_for_team
 from tmp_watch import TmpWatch
 from txstream.cli.main import main
+from txstream.cluster import ray_runtime
 from txstream.cluster.scratch import descendants
 from txstream.cluster.topology import usable_cores
 from txstream.monitor.console import _si
@@ -143,7 +144,8 @@ def _cli(*args, timeout=300, env=(), watch=None):
     )
     watcher = TmpWatch(proc.pid, keep=watch) if watch else None
     ended: dict = {}
-    threading.Thread(target=_note_exit, args=(proc.pid, ended), daemon=True).start()
+    noting = threading.Thread(target=_note_exit, args=(proc.pid, ended), daemon=True)
+    noting.start()
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -151,6 +153,7 @@ def _cli(*args, timeout=300, env=(), watch=None):
         proc.communicate()
         raise
     result = SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=stderr, pid=proc.pid)
+    noting.join(timeout=5)  # it sees the process gone within its next poll
     result.outlived = ended.get("outlived")
     if watcher is not None:
         watcher.stop()
@@ -480,6 +483,38 @@ def test_absurd_executor_count_is_refused_before_anything_starts(tmp_path, capsy
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "usable cores: the executors would mostly wait" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_dashboard_without_rays_default_extra_is_exit_2_with_one_line(
+    tmp_path, capsys, monkeypatch
+):
+    from importlib.metadata import PackageNotFoundError
+
+    def missing(name: str) -> str:
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(ray_runtime, "version", missing)
+    data = _generate(tmp_path, "sl", events=10)
+    capsys.readouterr()
+    code = main(
+        [
+            "run",
+            "sl",
+            "--input",
+            str(data / "events.parquet"),
+            "--init-state",
+            str(data / "init"),
+            "--output",
+            str(tmp_path / "out"),
+            "--source",
+            "arrow",
+            "--dashboard",
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'ray[default]'" in err
     assert not (tmp_path / "out").exists()
 
 

@@ -3,16 +3,20 @@ usage error within seconds; executors against usable cores."""
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import ray
 from ray.exceptions import ActorDiedError, RayTaskError
-from txstream.cluster import ray_runtime, topology
+from txstream.cluster import ray_private, ray_runtime, topology
 from txstream.cluster.ray_runtime import _LABELS, actor_failure, reachable_address
 from txstream.cluster.topology import check_executors
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
@@ -88,48 +92,15 @@ def test_an_unreachable_address_is_a_usage_error_within_seconds():
         reachable_address("nowhere")
 
 
-def test_a_local_ray_starts_without_a_monitor_or_an_api_server(ray_cluster):
-    """Neither has work in a local Ray of txstream's; its head starts the rest as usual,
-    and Ray's own methods are back in place once it has started."""
+def test_a_local_ray_starts_through_ray_init_alone(ray_cluster):
+    """No part of Ray is replaced: a local Ray starts its processes as Ray does, without
+    a dashboard unless asked."""
     from ray._private import ray_constants, worker
-    from ray._private.node import Node
 
     started = worker._global_node.all_processes
     assert ray_constants.PROCESS_TYPE_RAYLET in started
     assert ray_constants.PROCESS_TYPE_GCS_SERVER in started
-    assert ray_constants.PROCESS_TYPE_MONITOR not in started
-    assert ray_constants.PROCESS_TYPE_DASHBOARD not in started
-    assert Node.start_monitor.__qualname__ == "Node.start_monitor"
-    assert Node.start_api_server.__qualname__ == "Node.start_api_server"
-
-
-_START_WITH_BROKEN_POLL = """
-import ray
-from ray._private import services, state
-from txstream.cluster.ray_runtime import ray_session
-
-def broken(self):
-    raise RuntimeError("no node table")
-
-state.GlobalState.node_table = broken
-get_node = services.get_node
-with ray_session(log_to_driver=False) as started:
-    assert started and ray.cluster_resources()["CPU"] >= 1
-assert services.get_node is get_node and not ray.is_initialized()
-print("started")
-"""
-
-
-def test_a_local_ray_starts_when_polling_its_registration_fails():
-    """The raylet's registration is polled only to see it sooner: if polling fails, Ray's
-    own wait still starts Ray, and Ray's function is back in place afterwards."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _START_WITH_BROKEN_POLL],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0 and "started" in proc.stdout, proc.stderr[-2000:]
+    assert ray_constants.PROCESS_TYPE_MONITOR in started
 
 
 def test_quick_connect_settings_last_as_long_as_a_local_rays_start(monkeypatch):
@@ -137,7 +108,7 @@ def test_quick_connect_settings_last_as_long_as_a_local_rays_start(monkeypatch):
     setting the user made stays theirs."""
     monkeypatch.delenv("RAY_raylet_client_connect_timeout_milliseconds", raising=False)
     monkeypatch.setenv("RAY_raylet_client_num_connect_attempts", "7")
-    with ray_runtime._environment(ray_runtime.QUICK_CONNECT):
+    with ray_private.quick_connect():
         assert os.environ["RAY_raylet_client_connect_timeout_milliseconds"] == "20"
         assert os.environ["RAY_raylet_client_num_connect_attempts"] == "7"
     assert "RAY_raylet_client_connect_timeout_milliseconds" not in os.environ
@@ -153,6 +124,119 @@ def test_auto_without_a_running_ray(monkeypatch):
     monkeypatch.setattr(services, "canonicalize_bootstrap_address", nothing_running)
     with pytest.raises(UsageError, match="--address auto: no running Ray found"):
         reachable_address("auto")
+
+
+def test_dashboard_refused_without_rays_default_extra(monkeypatch):
+    """One line naming the install; the core packages alone pass."""
+    from importlib.metadata import PackageNotFoundError
+
+    installed = ray_runtime.version
+
+    def without(name: str) -> str:
+        if name.lower() in {"aiohttp", "aiohttp-cors", "aiohttp_cors"}:
+            raise PackageNotFoundError(name)
+        return installed(name)
+
+    monkeypatch.setattr(ray_runtime, "version", without)
+    with pytest.raises(UsageError, match=r"pip install 'ray\[default\]'") as refused:
+        ray_runtime.check_dashboard()
+    assert "\n" not in str(refused.value)
+
+
+_DASHBOARD = """
+import urllib.error
+import urllib.request
+from ray._private import worker
+from txstream.cluster.ray_runtime import ray_session
+
+with ray_session(log_to_driver=False, dashboard=True):
+    url = worker._global_node.webui_url
+    try:
+        with urllib.request.urlopen(f"http://{url}/api/version", timeout=30) as answer:
+            status = answer.status
+    except urllib.error.HTTPError as refused:  # Ray's token authentication, when on
+        status = refused.code
+    assert status in (200, 401), status
+print("served")
+"""
+
+
+def test_a_local_ray_with_its_dashboard():
+    try:
+        ray_runtime.check_dashboard()
+    except UsageError:
+        pytest.skip("ray[default] is not installed")
+    proc = subprocess.run(
+        [sys.executable, "-c", _DASHBOARD], capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0 and "served" in proc.stdout, proc.stderr[-2000:]
+
+
+def _untested(monkeypatch) -> None:
+    """This process takes for an unchecked Ray: every private interface's fallback."""
+    monkeypatch.setattr(ray_private, "TESTED", ((0, 0), (0, 1)))
+    monkeypatch.setattr(ray_private, "_REPORTED", set())
+
+
+def test_on_an_unchecked_ray_errors_name_actors_by_class(monkeypatch, caplog):
+    _untested(monkeypatch)
+    caplog.set_level(logging.WARNING, logger=ray_private.__name__)
+    failure = actor_failure(_task_error("Executor.process", ValueError("boom"), EXECUTOR_ID))
+    assert str(failure) == "Executor: ValueError: boom"
+    lost = ray.exceptions.RayActorError(SINK_ID, "The actor died.")
+    assert str(actor_failure(lost)) == "Sink: The actor died."
+    assert ray_private.actor_id(object()) is None
+    assert ray_private.innermost_actor(lost) is None
+    (line,) = [r.getMessage() for r in caplog.records if r.name == ray_private.__name__]
+    assert "not one txstream was checked with: errors name actors by class" in line
+
+
+def test_on_an_unchecked_ray_the_public_ways_are_taken(monkeypatch):
+    _untested(monkeypatch)
+    assert ray_private.temp_dir_option(Path("/x")) == {}
+    assert ray_private.session_folder() is None
+    assert ray_private.running_ray() is None
+    assert reachable_address("auto") == "auto"  # ray.init finds it
+    monkeypatch.delenv("RAY_raylet_client_connect_timeout_milliseconds", raising=False)
+    with ray_private.quick_connect():
+        assert "RAY_raylet_client_connect_timeout_milliseconds" not in os.environ
+
+
+_START_UNCHECKED = """
+import ray
+from txstream.cluster import ray_private
+from txstream.cluster.ray_runtime import ray_session, start_actor, stop_actors
+
+ray_private.TESTED = ((0, 0), (0, 1))
+
+class Echo:
+    def echo(self, x):
+        return x
+
+with ray_session(log_to_driver=False) as started:
+    actor = start_actor(Echo)
+    assert started and ray.get(actor.echo.remote(7)) == 7
+    stop_actors([actor])
+assert not ray.is_initialized()
+print("started")
+"""
+
+
+def test_a_local_ray_starts_on_an_unchecked_ray(tmp_path):
+    """With every private interface's fallback: Ray's own temporary folder (here the
+    test's, which Ray takes from ``TMPDIR``), its own retries, actors named by class."""
+    folder = Path(tempfile.mkdtemp(prefix="txs-unchecked-"))
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _START_UNCHECKED],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "TMPDIR": str(folder)},
+        )
+        assert proc.returncode == 0 and "started" in proc.stdout, proc.stderr[-2000:]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_executors_against_usable_cores(monkeypatch):

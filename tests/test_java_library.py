@@ -8,8 +8,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from txstream.cluster import ray_runtime
-from txstream.cluster.ray_runtime import JAVA_LIBRARY, java_library_placed
+from txstream.cluster import ray_private
+from txstream.cluster.ray_private import JAVA_LIBRARY, java_library_placed
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux")
 
@@ -41,7 +41,7 @@ def test_extracted_once_and_linked_into_every_session(tmp_path, monkeypatch):
     def no_extraction(*args):
         raise AssertionError("extracted again")
 
-    monkeypatch.setattr(ray_runtime, "_extract", no_extraction)
+    monkeypatch.setattr(ray_private, "_extract", no_extraction)
     second = _session(tmp_path, "session_2")
     java_library_placed(second, jar, kept)
     assert (second / "libcore_worker_library_java.so").read_bytes() == b"library 1"

@@ -87,14 +87,15 @@ def test_morphstream_runs_every_batch_with_the_dimensions_it_is_given():
 def test_the_transport_is_chosen_by_what_must_reach_the_team(monkeypatch):
     from txstream.cluster.transport import RayTransport, ThreadTransport, transport_for
 
-    def chosen(choice, address=None, named=False, checkpoints=False):
-        return type(transport_for(choice, address, named, checkpoints))
+    def chosen(choice, address=None, named=False, checkpoints=False, dashboard=False):
+        return type(transport_for(choice, address, named, checkpoints, dashboard))
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert chosen("auto") is ThreadTransport
     assert chosen("auto", address="127.0.0.1:6379") is RayTransport
     assert chosen("auto", named=True) is RayTransport
     assert chosen("auto", checkpoints=True) is RayTransport
+    assert chosen("auto", dashboard=True) is RayTransport
     assert chosen("ray") is RayTransport
     assert chosen("threads", checkpoints=True) is ThreadTransport
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
