@@ -54,6 +54,12 @@ METRIC_KEYS = {
 }
 
 
+def _run_sl(data, out, *options: str) -> int:
+    """`txstream run sl` in this process over the workload in ``data`` into ``out``."""
+    run = ["run", "sl", "--input", str(data / "events.parquet"), "--init-state"]
+    return main([*run, str(data / "init"), "--output", str(out), *options])
+
+
 def _generate(tmp_path, topology, events=3000):
     data = tmp_path / "data"
     assert (
@@ -466,20 +472,7 @@ def test_unreachable_address_is_exit_2_with_one_line_within_seconds(tmp_path):
 def test_absurd_executor_count_is_refused_before_anything_starts(tmp_path, capsys):
     data = _generate(tmp_path, "sl", events=10)
     capsys.readouterr()
-    code = main(
-        [
-            "run",
-            "sl",
-            "--input",
-            str(data / "events.parquet"),
-            "--init-state",
-            str(data / "init"),
-            "--output",
-            str(tmp_path / "out"),
-            "--executors",
-            str(4 * usable_cores() + 1),
-        ]
-    )
+    code = _run_sl(data, tmp_path / "out", "--executors", str(4 * usable_cores() + 1))
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "usable cores: the executors would mostly wait" in err
@@ -497,21 +490,7 @@ def test_dashboard_without_rays_default_extra_is_exit_2_with_one_line(
     monkeypatch.setattr(ray_runtime, "version", missing)
     data = _generate(tmp_path, "sl", events=10)
     capsys.readouterr()
-    code = main(
-        [
-            "run",
-            "sl",
-            "--input",
-            str(data / "events.parquet"),
-            "--init-state",
-            str(data / "init"),
-            "--output",
-            str(tmp_path / "out"),
-            "--source",
-            "arrow",
-            "--dashboard",
-        ]
-    )
+    code = _run_sl(data, tmp_path / "out", "--source", "arrow", "--dashboard")
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'ray[default]'" in err
