@@ -17,6 +17,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SELF = Path(__file__).resolve().relative_to(ROOT).as_posix()
 SKIPPED = ("bench/results/",)
+UNTRACKED = {".git", ".venv", "__pycache__", "data", "out"}
+"""Folders a tree walk passes over where git cannot list the tracked files."""
+S = "stop"
+"""The word, joined here so that this file does not carry the phrases it looks for."""
 
 _UNITS = "first|second|third|fourth|fifth|sixth|seventh|eighth|ninth"
 _ORDINALS = (
@@ -28,8 +32,8 @@ _ORDINALS = (
 A lowercase "first" is left out: "the first round" of a benchmark is its warm-up, not a
 period of work."""
 WORK_PERIOD = {
-    "a numbered stop": re.compile(r"\bstops? \d+\b", re.I),
-    "this stop": re.compile(r"\bthis stop\b(?!\()", re.I),
+    "a numbered stop": re.compile(rf"\b{S}s? \d+\b", re.I),
+    "the present period": re.compile(rf"\bthis {S}\b(?!\()", re.I),
     "a numbered pass or round": re.compile(rf"\b(?:{_ORDINALS}) (?:pass|round)\b", re.I),
     "a named helper": re.compile(r"\bhelpers? `\w+`"),
     "an issue number": re.compile(r"\bissues? #?\d+\b", re.I),
@@ -42,14 +46,19 @@ through data, a round trip and "#" in code do not match."""
 
 def tracked_texts() -> list[Path]:
     """Tracked files of the repository, as paths relative to it, but for `SKIPPED` and this
-    file (its patterns would match themselves)."""
+    file (its patterns would match themselves); outside a git checkout, every file of the
+    tree but those under `UNTRACKED`."""
     try:
         listed = subprocess.run(
             ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
         ).stdout
+        names = [n for n in listed.decode().split("\0") if n]
     except (OSError, subprocess.CalledProcessError):
-        pytest.skip("not a git checkout")
-    names = [n for n in listed.decode().split("\0") if n]
+        names = [
+            p.relative_to(ROOT).as_posix()
+            for p in ROOT.rglob("*")
+            if not UNTRACKED.intersection(p.relative_to(ROOT).parts)
+        ]
     return [
         Path(n) for n in names if not n.startswith(SKIPPED) and n != SELF and (ROOT / n).is_file()
     ]
@@ -79,12 +88,12 @@ def work_period_words(path: Path, text: str) -> list[str]:
 @pytest.mark.parametrize(
     ("line", "kind"),
     [
-        ("connects sooner (docs/performance.md, stop 49)", "a numbered stop"),
-        ("Stop 28's figures", "a numbered stop"),
-        ("as measured this stop", "this stop"),
+        (f"connects sooner (docs/performance.md, {S} 49)", "a numbered stop"),
+        (f"{S.title()} 28's figures", "a numbered stop"),
+        (f"as measured this {S}", "the present period"),
         ("in the third pass over the docs", "a numbered pass or round"),
         ("a 2nd round of review", "a numbered pass or round"),
-        ("### Twenty-first pass (stop 47): Spark's driver", "a numbered pass or round"),
+        (f"### Twenty-first pass ({S} 47): Spark's driver", "a numbered pass or round"),
         ("Second pass: the first run", "a numbered pass or round"),
         ("the helper `sparkstop` ends it", "a named helper"),
         ("the acceptance of issue 12", "an issue number"),
