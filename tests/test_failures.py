@@ -9,8 +9,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+import venv
 from pathlib import Path
 
 import pytest
@@ -161,13 +163,27 @@ print("served")
 """
 
 
-def test_a_local_ray_with_its_dashboard():
-    try:
-        ray_runtime.check_dashboard()
-    except UsageError:
-        pytest.skip("ray[default] is not installed")
+@pytest.fixture(scope="module")
+def python_with_dashboard(tmp_path_factory) -> str:
+    """An interpreter that sees this one's packages and those of ``ray[default]``: a
+    virtualenv of its own, as in the project's Ray would start its dashboard's processes in
+    full for every run."""
+    folder = tmp_path_factory.mktemp("dashboard-venv")
+    venv.create(folder, with_pip=True)
+    (site_packages,) = (folder / "lib").glob("python*/site-packages")
+    ours = sysconfig.get_paths()["purelib"]
+    (site_packages / "txstream-packages.pth").write_text(
+        f"import site; site.addsitedir({ours!r})\n"
+    )
+    python = str(folder / "bin" / "python")
+    install = [python, "-m", "pip", "install", "-q", f"ray[default]=={ray.__version__}"]
+    subprocess.run(install, check=True, capture_output=True, timeout=900)
+    return python
+
+
+def test_a_local_ray_with_its_dashboard(python_with_dashboard):
     proc = subprocess.run(
-        [sys.executable, "-c", _DASHBOARD], capture_output=True, text=True, timeout=180
+        [python_with_dashboard, "-c", _DASHBOARD], capture_output=True, text=True, timeout=180
     )
     assert proc.returncode == 0 and "served" in proc.stdout, proc.stderr[-2000:]
 
