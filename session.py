@@ -333,6 +333,8 @@ class Session:
         batch; ingestion does not wait for it."""
         self._poll()
         plan = self.plan
+        if plan.keys and table in plan.keys:  # by natural key: the controller's index
+            return self._engine.get(self._engine.controller.query.remote(table, keys))
         return self._engine.snapshots.query(
             plan.layout, plan.tables, table, keys, lambda: self.watermark, self.config.timeout_s
         )
@@ -392,9 +394,10 @@ class Session:
         self._to_controller(self._outbox.drain)
         engine.controller.close.remote()
         bar = self._wait_with_progress()
+        indexes = engine.get(engine.controller.key_indexes.remote()) if self.plan.keys else None
         run_info, coordinator, summary = engine.finish()
         seconds = time.perf_counter() - self._started
-        tables = engine.state.tables(self.topology)
+        tables = engine.state.tables(self.topology, indexes)
         output = self.plan.output
         schema = output_schema(self.topology)
         if self.recoveries or self.resumed_from:  # the last Sink saw only the last events

@@ -134,7 +134,7 @@ class Executor:
         if cpu is not None:
             pin_process(cpu)
         self.config = config
-        self.topology = topologies.get(config.topology)
+        self.topology = topologies.get(config.topology, config.key_type)
         self._no_rows = pa.RecordBatch.from_pylist([], schema=rows_schema(self.topology))
         """What an empty share outputs."""
         self.state = SharedState.attach(state)

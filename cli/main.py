@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from txstream.cli.watchdog import watchdog
 from txstream.cluster.ray_runtime import ray_address
-from txstream.config import BUNDLED, RunConfig
+from txstream.config import BUNDLED, KEY_TYPES, RunConfig
 from txstream.errors import RuntimeFailure, SchemaError, TxstreamError, UsageError
 from txstream.monitor.logs import log_of, version
 
@@ -112,6 +112,20 @@ def _parser() -> argparse.ArgumentParser:
         help="keys each GS write reads (default: 2)",
     )
     gen.add_argument("--seed", type=int, default=0, metavar="S", help="random seed")
+    gen.add_argument(
+        "--key-type",
+        choices=KEY_TYPES,
+        default="dense",
+        help="sl: keys 0..K-1, sparse random int64 ids or string ids acct-0000001, asset-0000001",
+    )
+    gen.add_argument(
+        "--new-keys",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="sl on int64 or string keys: share of events that open an account or asset "
+        "not in the init state",
+    )
 
     run = verbs.add_parser(
         "run",
@@ -241,6 +255,8 @@ def _generate(args: argparse.Namespace) -> None:
             txn_length=args.txn_length,
             deps=args.deps,
             seed=args.seed,
+            key_type=args.key_type,
+            new_keys=args.new_keys,
         )
         events, init = generate(args.topology, spec)
     except ValueError as exc:

@@ -46,6 +46,7 @@ from txstream.monitor.logs import captured, level_number
 from txstream.schedulers.team.placement import seats
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer
 from txstream.state.chunk import sweep_segments
+from txstream.state.keys import StreamKeys
 from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
 from txstream.state.snapshots import SnapshotRing
 from txstream.state.sync import ask_to_stop, sync_words
@@ -217,6 +218,7 @@ class Engine:
             plan.tables,
             buffer,
             ts,
+            StreamKeys(plan.keys, topology.key_columns) if plan.keys else None,
             feeder=True,
             name=plan.name if named else None,
             namespace=NAMESPACE if named else None,
@@ -228,7 +230,7 @@ class Engine:
         with self.console.phase(team if self.launches == 0 else f"re{team}"):
             pids = self._get_watching(
                 [
-                    e.warm_up.remote(topology.event_schema, None if pin else cpu)
+                    e.warm_up.remote(topology.engine_schema, None if pin else cpu)
                     for e, (_, cpu) in zip(executors, plan.cores, strict=True)
                 ]
             )

@@ -13,6 +13,8 @@ from typing import Protocol
 import numpy as np
 from txstream.errors import RuntimeFailure
 
+LIVE = "_live"
+"""The column of a table of natural keys that is 1 where a key exists (contract §2)."""
 FOREIGN_ROWS = 1 << 17
 """Rows per table a node keeps for other nodes' keys (fewer if the table has fewer): what
 one step's transactions across nodes may touch of them (`txstream.nodes.sequencer` cuts a
@@ -25,6 +27,11 @@ class TableSpec(Protocol):
 
     name: str
     columns: tuple[str, ...]
+    """Its value columns."""
+    state_columns: tuple[str, ...]
+    """The columns the state holds: the value columns, and `LIVE` for natural keys."""
+    key: str
+    """Its key type (`txstream.state.keys.KEY_TYPES`)."""
     init_min: int | None
     """The smallest value its init state may hold (None: any)."""
 
@@ -122,7 +129,7 @@ class Layout:
         bases: dict[tuple[str, str], int] = {}
         cells = 0
         for table in tables:
-            for column in table.columns:
+            for column in table.state_columns:
                 bases[(table.name, column)] = cells
                 cells += stored[table.name]
         return Layout(sizes=dict(sizes), bases=bases, cells=cells, stored=stored, share=share)

@@ -1,0 +1,447 @@
+"""Natural keys: each table's index from a key (sparse int64 or UTF-8 string) to its row,
+and the stable hash that places a key on a node (contract §2).
+
+Schedulers and kernels work on dense rows only; a chunk's key columns are turned into rows
+before it is handed to the team, in ``ts`` order, so a new key gets the next free row in
+the order the stream first names it, whatever runs the chunk. An index is an open-addressing
+hash table of ``row + 1`` (0: free slot) over the keys held in row order: for int64 keys
+the values, for strings their bytes and offsets, so it costs the key bytes plus 16 to 32
+bytes a key.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from txstream.config import KEY_TYPES
+from txstream.errors import RuntimeFailure, SchemaError, UsageError
+from txstream.state._numba import inline, jit
+from txstream.state.layout import LIVE
+
+DENSE, INT64, STRING = KEY_TYPES
+"""Key types of a table: dense rows ``0..K-1`` (the key is the row), any int64, UTF-8."""
+NATURAL = (INT64, STRING)
+MISSING, FULL = -1, -2
+"""Rows the kernels give a key that is not in the index (or malformed) and one that did
+not fit (`--max-keys`)."""
+LOAD = 0.7
+"""Largest share of used slots before the slots double."""
+
+
+# ---------------------------------------------------------------- hashing
+@inline
+def _mix(x):
+    """A fixed 64-bit finaliser (splitmix64): every bit of the key moves every bit."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@inline
+def _hash_int(key):
+    return _mix(np.uint64(key))
+
+
+@inline
+def _hash_bytes(data, start, end):
+    """FNV-1a over the bytes, finalised by `_mix`."""
+    h = np.uint64(0xCBF29CE484222325)
+    for i in range(start, end):
+        h = (h ^ np.uint64(data[i])) * np.uint64(0x100000001B3)
+    return _mix(h)
+
+
+@jit
+def _hash_ints(keys, out):
+    for i in range(len(keys)):
+        out[i] = _hash_int(keys[i])
+
+
+@jit
+def _hash_strings(offsets, data, out):
+    for i in range(len(out)):
+        out[i] = _hash_bytes(data, offsets[i], offsets[i + 1])
+
+
+def key_hash(keys: pa.Array | np.ndarray) -> np.ndarray:
+    """A stable 64-bit hash of every key (int64 values, or the UTF-8 bytes of strings):
+    the same in every process and on every host, unlike Python's salted ``hash``."""
+    out = np.empty(len(keys), np.uint64)
+    if isinstance(keys, np.ndarray) or pa.types.is_integer(keys.type):
+        _hash_ints(np.ascontiguousarray(keys, np.int64), out)
+    else:
+        offsets, data = _string_buffers(_plain_strings(keys))
+        _hash_strings(offsets, data, out)
+    return out
+
+
+def node_of(keys: pa.Array | np.ndarray, nodes: int) -> np.ndarray:
+    """The node (``0..nodes-1``) that owns every key: `key_hash` modulo ``nodes``."""
+    return (key_hash(keys) % np.uint64(nodes)).astype(np.int64)
+
+
+# ---------------------------------------------------------------- kernels
+@inline
+def _probe_int(slots, keys_by_row, key):
+    """The slot of ``key``, or the free slot where it would go."""
+    mask = len(slots) - 1
+    h = np.int64(_hash_int(key) & np.uint64(mask))
+    while slots[h] != 0 and keys_by_row[slots[h] - 1] != key:
+        h = (h + 1) & mask
+    return h
+
+
+@inline
+def _same(data, start, end, key_offsets, key_bytes, row):
+    a, b = key_offsets[row], key_offsets[row + 1]
+    if b - a != end - start:
+        return False
+    for i in range(end - start):
+        if key_bytes[a + i] != data[start + i]:
+            return False
+    return True
+
+
+@inline
+def _probe_bytes(slots, key_offsets, key_bytes, data, start, end):
+    mask = len(slots) - 1
+    h = np.int64(_hash_bytes(data, start, end) & np.uint64(mask))
+    while slots[h] != 0 and not _same(data, start, end, key_offsets, key_bytes, slots[h] - 1):
+        h = (h + 1) & mask
+    return h
+
+
+@jit
+def _find_ints(slots, keys_by_row, keys, out):
+    for i in range(len(keys)):
+        out[i] = slots[_probe_int(slots, keys_by_row, keys[i])] - 1
+
+
+@jit
+def _add_ints(slots, keys_by_row, count, limit, keys, out):
+    """Rows of ``keys`` in order, each missing one added at the next row (FULL past
+    ``limit`` rows); returns the new count."""
+    for i in range(len(keys)):
+        h = _probe_int(slots, keys_by_row, keys[i])
+        if slots[h] == 0:
+            if count == limit:
+                out[i] = FULL
+                continue
+            keys_by_row[count] = keys[i]
+            count += 1
+            slots[h] = count
+        out[i] = slots[h] - 1
+    return count
+
+
+@jit
+def _find_strings(slots, key_offsets, key_bytes, offsets, data, out):
+    for i in range(len(out)):
+        start, end = offsets[i], offsets[i + 1]
+        if end == start:
+            out[i] = MISSING
+        else:
+            out[i] = slots[_probe_bytes(slots, key_offsets, key_bytes, data, start, end)] - 1
+
+
+@jit
+def _add_strings(slots, key_offsets, key_bytes, count, limit, offsets, data, out):
+    """As `_add_ints`, for strings (an empty one is malformed: MISSING, not added)."""
+    for i in range(len(out)):
+        start, end = offsets[i], offsets[i + 1]
+        if end == start:
+            out[i] = MISSING
+            continue
+        h = _probe_bytes(slots, key_offsets, key_bytes, data, start, end)
+        if slots[h] == 0:
+            if count == limit:
+                out[i] = FULL
+                continue
+            used = key_offsets[count]
+            for j in range(end - start):
+                key_bytes[used + j] = data[start + j]
+            key_offsets[count + 1] = used + end - start
+            count += 1
+            slots[h] = count
+        out[i] = slots[h] - 1
+    return count
+
+
+@jit
+def _rehash_ints(slots, keys_by_row, count):
+    for row in range(count):
+        slots[_probe_int(slots, keys_by_row, keys_by_row[row])] = row + 1
+
+
+@jit
+def _rehash_strings(slots, key_offsets, key_bytes, count):
+    for row in range(count):
+        start, end = key_offsets[row], key_offsets[row + 1]
+        slots[_probe_bytes(slots, key_offsets, key_bytes, key_bytes, start, end)] = row + 1
+
+
+# ---------------------------------------------------------------- the index
+class KeyIndex:
+    """The rows of one table's natural keys (module docstring); at most ``limit`` keys."""
+
+    def __init__(self, table: str, key_type: str, limit: int):
+        if key_type not in NATURAL:
+            raise ValueError(f"a key index holds int64 or string keys, not {key_type!r}")
+        self.table, self.key_type, self.limit = table, key_type, limit
+        self.count = 0
+        self._slots = np.zeros(16, np.int64)
+        self._keys = np.zeros(16, np.int64)
+        """int64 keys by row, or string offsets (``count + 1`` used)."""
+        self._bytes = np.zeros(64 if key_type == STRING else 0, np.uint8)
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the index holds."""
+        return self._slots.nbytes + self._keys.nbytes + self._bytes.nbytes
+
+    def add_init(self, keys: pa.Array, label: str) -> None:
+        """Rows ``0..len(keys)-1`` for an init state's ``keys``; SchemaError if one is
+        null, empty, of another type or there twice."""
+        keys = _conformed(keys, self.key_type, label)
+        if keys.null_count:
+            raise SchemaError(f"{label}: column 'key' has nulls")
+        before = self.count
+        rows = self._add(keys)
+        if (rows == MISSING).any():
+            raise SchemaError(f"{label}: an empty string is not a key")
+        if (rows == FULL).any():
+            raise SchemaError(f"{label}: more than {self.limit} keys (--max-keys)")
+        if self.count - before != len(keys):
+            raise SchemaError(f"{label}: a key appears twice")
+
+    def rows(self, columns: list[pa.ChunkedArray | pa.Array]) -> list[pa.Array]:
+        """The rows of the keys in ``columns`` (of one chunk, in ``ts`` order), as int64
+        columns with the same nulls; a missing key is given the next row in the order
+        of first appearance, event by event and, within an event, column by column. A
+        malformed key (an empty string) gets -1. RuntimeFailure past `limit` keys."""
+        plain = [_conformed(pa.concat_arrays(_chunks(c)), self.key_type, "events") for c in columns]
+        found = [self.find(c) for c in plain]
+        missing = [
+            np.flatnonzero((rows == MISSING) & _valid(c))
+            for rows, c in zip(found, plain, strict=True)
+        ]
+        if any(len(m) for m in missing):
+            order = np.argsort(
+                np.concatenate([m * len(plain) + i for i, m in enumerate(missing)]), kind="stable"
+            )
+            keys = pa.concat_arrays(
+                [c.take(pa.array(m)) for c, m in zip(plain, missing, strict=True)]
+            )
+            added = self._add(keys.take(pa.array(order)))
+            if (added == FULL).any():
+                raise RuntimeFailure(
+                    f"table {self.table!r}: more than {self.limit} keys (--max-keys {self.limit})"
+                )
+            rows_in_order = np.empty(len(order), np.int64)
+            rows_in_order[order] = added
+            start = 0
+            for rows, m in zip(found, missing, strict=True):
+                rows[m] = rows_in_order[start : start + len(m)]
+                start += len(m)
+        return [
+            pa.Array.from_buffers(pa.int64(), len(c), [_validity(c), pa.py_buffer(rows)])
+            for rows, c in zip(found, plain, strict=True)
+        ]
+
+    def find(self, keys: pa.Array) -> np.ndarray:
+        """The row of every key, MISSING if it has none (or is null or malformed)."""
+        keys = _conformed(keys, self.key_type, "keys")
+        out = np.empty(len(keys), np.int64)
+        if self.key_type == INT64:
+            _find_ints(self._slots, self._keys, _ints(keys), out)
+        else:
+            _find_strings(self._slots, self._keys, self._bytes, *_string_buffers(keys), out)
+        out[~_valid(keys)] = MISSING
+        return out
+
+    def keys(self, rows: np.ndarray | None = None) -> pa.Array:
+        """The natural keys of ``rows`` (default: every row, in row order)."""
+        n = self.count
+        if self.key_type == INT64:
+            every = pa.array(self._keys[:n].copy())
+        else:
+            offsets = self._keys[: n + 1].copy()
+            data = self._bytes[: offsets[-1]].copy()
+            every = pa.LargeStringArray.from_buffers(
+                n, pa.py_buffer(offsets), pa.py_buffer(data)
+            ).cast(pa.string())
+        return every if rows is None else every.take(pa.array(rows, pa.int64()))
+
+    def _add(self, keys: pa.Array) -> np.ndarray:
+        """Rows of ``keys`` (valid ones), adding the missing ones in order."""
+        self._reserve(len(keys), _string_bytes(keys) if self.key_type == STRING else 0)
+        out = np.empty(len(keys), np.int64)
+        if self.key_type == INT64:
+            self.count = _add_ints(
+                self._slots, self._keys, self.count, self.limit, _ints(keys), out
+            )
+        else:
+            offsets, data = _string_buffers(keys)
+            self.count = _add_strings(
+                self._slots, self._keys, self._bytes, self.count, self.limit, offsets, data, out
+            )
+        return out
+
+    def _reserve(self, keys: int, key_bytes: int) -> None:
+        """Room for ``keys`` more keys of ``key_bytes`` bytes: arrays grow by half again as
+        much as needed, the slots double (a rehash) past `LOAD`."""
+        wanted = min(self.count + keys, self.limit) + 1
+        if wanted > len(self._keys):
+            self._keys = _grown(self._keys, wanted)
+        if self.key_type == STRING:
+            used = int(self._keys[self.count])
+            if used + key_bytes > len(self._bytes):
+                self._bytes = _grown(self._bytes, used + key_bytes)
+        slots = len(self._slots)
+        while wanted > LOAD * slots:
+            slots *= 2
+        if slots != len(self._slots):
+            self._slots = np.zeros(slots, np.int64)
+            if self.key_type == INT64:
+                _rehash_ints(self._slots, self._keys, self.count)
+            else:
+                _rehash_strings(self._slots, self._keys, self._bytes, self.count)
+
+
+def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
+    bigger = np.zeros(max(wanted + wanted // 2, 16), array.dtype)
+    bigger[: len(array)] = array
+    return bigger
+
+
+# ---------------------------------------------------------------- Arrow columns
+def _chunks(column: pa.ChunkedArray | pa.Array) -> list[pa.Array]:
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    return [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in chunks] or [
+        pa.array([], column.type.value_type if pa.types.is_dictionary(column.type) else column.type)
+    ]
+
+
+def _plain_strings(keys: pa.Array | pa.ChunkedArray) -> pa.Array:
+    keys = pa.concat_arrays(_chunks(keys)) if isinstance(keys, pa.ChunkedArray) else keys
+    keys = keys.dictionary_decode() if pa.types.is_dictionary(keys.type) else keys
+    return keys.cast(pa.large_string())
+
+
+def _conformed(keys: pa.Array | pa.ChunkedArray, key_type: str, label: str) -> pa.Array:
+    """``keys`` as int64 or large_string; SchemaError if they are of another kind."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = pa.concat_arrays(_chunks(keys))
+    elif not isinstance(keys, pa.Array):
+        keys = pa.array(keys)
+    value_type = keys.type.value_type if pa.types.is_dictionary(keys.type) else keys.type
+    if pa.types.is_null(value_type):
+        return pa.nulls(len(keys), pa.int64() if key_type == INT64 else pa.large_string())
+    if key_type == INT64:
+        if not pa.types.is_integer(value_type):
+            raise SchemaError(f"{label}: key of type {value_type}, expected int64")
+        return pc.cast(keys, pa.int64())
+    if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)):
+        raise SchemaError(f"{label}: key of type {value_type}, expected string")
+    return _plain_strings(keys)
+
+
+def _ints(keys: pa.Array) -> np.ndarray:
+    return keys.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _valid(keys: pa.Array) -> np.ndarray:
+    if keys.null_count == 0:
+        return np.ones(len(keys), bool)
+    return keys.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _validity(keys: pa.Array) -> pa.Buffer | None:
+    if keys.null_count == 0:
+        return None
+    return pc.is_valid(keys).buffers()[1] if keys.offset else keys.buffers()[0]
+
+
+def _string_buffers(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Offsets (int64, one more than keys) and bytes of a large_string array."""
+    buffers = keys.buffers()
+    offsets = np.frombuffer(buffers[1], np.int64)[keys.offset : keys.offset + len(keys) + 1]
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    return np.ascontiguousarray(offsets), data
+
+
+def _string_bytes(keys: pa.Array) -> int:
+    offsets, _ = _string_buffers(keys)
+    return int(offsets[-1] - offsets[0]) if len(offsets) else 0
+
+
+# ---------------------------------------------------------------- a stream's keys
+class StreamKeys:
+    """Every table's key index and the event columns that carry its keys (a topology's
+    ``key_columns``): what turns a chunk's keys into rows, and a query's keys back."""
+
+    def __init__(self, indexes: dict[str, KeyIndex], columns: dict[str, str]):
+        self.indexes = indexes
+        self.columns = columns
+        self._lock = threading.Lock()
+        """Held while a chunk adds keys: a query from another thread reads them."""
+
+    def __getstate__(self) -> dict:
+        return {"indexes": self.indexes, "columns": self.columns}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["indexes"], state["columns"])
+
+    def rows(self, events: pa.Table) -> pa.Table:
+        """``events`` (one chunk, in ``ts`` order) with every key column turned into the
+        rows of its keys (`KeyIndex.rows`): int64, null where the key is null, -1 where it
+        is malformed."""
+        by_table: dict[str, list[str]] = {}
+        for column, table in self.columns.items():
+            by_table.setdefault(table, []).append(column)
+        with self._lock:
+            for table, names in by_table.items():
+                rows = self.indexes[table].rows([events.column(name) for name in names])
+                for name, column in zip(names, rows, strict=True):
+                    events = events.set_column(
+                        events.schema.get_field_index(name), pa.field(name, pa.int64()), column
+                    )
+        return events
+
+    def query(
+        self,
+        table: str,
+        keys: list | None,
+        read: Callable[[np.ndarray], tuple[int, pa.Table]],
+    ) -> tuple[int, pa.Table]:
+        """``(w, rows)`` of a table of natural keys: ``read(rows)`` gives the state's rows
+        (``key`` = the row, the value columns and `LIVE`) as of ``w``; of these, the keys
+        that exist, with their natural key: the given ``keys`` in that order (a missing
+        one left out), or every key sorted."""
+        index = self.indexes[table]
+        with self._lock:
+            if keys is None:
+                rows = np.arange(len(index), dtype=np.int64)
+            else:
+                try:
+                    rows = index.find(pa.array(keys))
+                except (SchemaError, pa.ArrowException) as exc:
+                    raise UsageError(
+                        f"query: keys of {table!r} are {index.key_type}: {exc}"
+                    ) from exc
+                rows = rows[rows >= 0]
+            natural = index.keys(rows)
+        if keys is None:
+            order = np.asarray(pc.array_sort_indices(natural))
+            rows, natural = rows[order], natural.take(pa.array(order))
+        ts, got = read(rows)
+        live = np.asarray(got.column(LIVE)) == 1
+        got = got.drop_columns([LIVE]).set_column(0, "key", natural)
+        return ts, got.filter(pa.array(live))
