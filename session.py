@@ -48,6 +48,7 @@ from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
 from txstream.monitor.console import Console, ProgressBar
 from txstream.monitor.metrics import session_metrics
 from txstream.result import Result
+from txstream.state.keys import dense_keys
 from txstream.state.operations import STATUS_NAMES
 from txstream.topologies.api import conform_events
 
@@ -335,6 +336,7 @@ class Session:
         plan = self.plan
         if plan.keys and table in plan.keys:  # by natural key: the controller's index
             return self._engine.get(self._engine.controller.query.remote(table, keys))
+        keys = dense_keys(table, keys)
         return self._engine.snapshots.query(
             plan.layout, plan.tables, table, keys, lambda: self.watermark, self.config.timeout_s
         )

@@ -33,7 +33,7 @@ from txstream import schedulers
 from txstream.actors.punctuation import Chunk, ChunkSizer, Punctuator
 from txstream.cluster.transport import LocalActor, get, wait_all
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
-from txstream.state.keys import KeyIndex, StreamKeys
+from txstream.state.keys import KeyIndex, StreamKeys, dense_keys
 from txstream.state.shared import ArrayHandle
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.state.watermark import Watermark
@@ -381,7 +381,7 @@ class ProgressController:
 
         if self.keys is not None and table in self.keys.indexes:
             return self.keys.query(table, keys, read)
-        return read(keys)
+        return read(dense_keys(table, keys))
 
     def key_indexes(self) -> dict[str, KeyIndex]:
         """The key index of every table of natural keys, as the chunks so far made it."""

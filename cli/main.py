@@ -181,7 +181,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the Ray cluster the session runs on (required)",
     )
     query.add_argument("--name", required=True, help="the session's --name (required)")
-    query.add_argument("--keys", default=None, metavar="K,...", help="keys (default: all)")
+    query.add_argument(
+        "--keys", default=None, metavar="K,...", help="keys, integers or strings (default: all)"
+    )
 
     report = verbs.add_parser(
         "report",
@@ -376,11 +378,10 @@ def _ask_session(args: argparse.Namespace, method: str, *call_args: object):
 
 def _query(args: argparse.Namespace) -> None:
     keys = None
-    if args.keys is not None:
-        try:
-            keys = [int(k) for k in args.keys.split(",") if k.strip()]
-        except ValueError as exc:
-            raise UsageError(f"--keys must be integers separated by commas: {args.keys}") from exc
+    if args.keys is not None:  # integers, or a table's natural string keys
+        keys = [k.strip() for k in args.keys.split(",") if k.strip()]
+        if all(k.lstrip("-").isdigit() for k in keys):
+            keys = [int(k) for k in keys]
     watermark, rows = _ask_session(args, "query", args.table, keys)
     print(f"watermark {watermark}")
     print(",".join(rows.column_names))

@@ -85,12 +85,31 @@ def node_of(keys: pa.Array | np.ndarray, nodes: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- kernels
+# A slot holds ``tag | (row + 1)``: the high bits of the key's hash above the row, so that
+# a probe past other keys rarely reads them (a cache miss each); 0 is a free slot.
+LOW = (1 << 32) - 1
+"""The bits of a slot that hold ``row + 1``: a table holds fewer than 2^32 - 1 keys."""
+
+
 @inline
-def _probe_int(slots, keys_by_row, key):
-    """The slot of ``key``, or the free slot where it would go."""
+def _tag(hashed):
+    return np.int64(hashed >> np.uint64(33)) << 32
+
+
+@inline
+def _row(slot):
+    return (slot & LOW) - 1
+
+
+@inline
+def _probe_int(slots, keys_by_row, key, hashed):
+    """The slot of ``key`` (of hash ``hashed``), or the free slot where it would go."""
     mask = len(slots) - 1
-    h = np.int64(_hash_int(key) & np.uint64(mask))
-    while slots[h] != 0 and keys_by_row[slots[h] - 1] != key:
+    tag = _tag(hashed)
+    h = np.int64(hashed & np.uint64(mask))
+    while slots[h] != 0:
+        if slots[h] - (slots[h] & LOW) == tag and keys_by_row[_row(slots[h])] == key:
+            break
         h = (h + 1) & mask
     return h
 
@@ -107,10 +126,15 @@ def _same(data, start, end, key_offsets, key_bytes, row):
 
 
 @inline
-def _probe_bytes(slots, key_offsets, key_bytes, data, start, end):
+def _probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed):
     mask = len(slots) - 1
-    h = np.int64(_hash_bytes(data, start, end) & np.uint64(mask))
-    while slots[h] != 0 and not _same(data, start, end, key_offsets, key_bytes, slots[h] - 1):
+    tag = _tag(hashed)
+    h = np.int64(hashed & np.uint64(mask))
+    while slots[h] != 0:
+        if slots[h] - (slots[h] & LOW) == tag and _same(
+            data, start, end, key_offsets, key_bytes, _row(slots[h])
+        ):
+            break
         h = (h + 1) & mask
     return h
 
@@ -118,7 +142,8 @@ def _probe_bytes(slots, key_offsets, key_bytes, data, start, end):
 @jit
 def _find_ints(slots, keys_by_row, keys, out):
     for i in range(len(keys)):
-        out[i] = slots[_probe_int(slots, keys_by_row, keys[i])] - 1
+        h = _probe_int(slots, keys_by_row, keys[i], _hash_int(keys[i]))
+        out[i] = _row(slots[h]) if slots[h] != 0 else MISSING
 
 
 @jit
@@ -126,15 +151,16 @@ def _add_ints(slots, keys_by_row, count, limit, keys, out):
     """Rows of ``keys`` in order, each missing one added at the next row (FULL past
     ``limit`` rows); returns the new count."""
     for i in range(len(keys)):
-        h = _probe_int(slots, keys_by_row, keys[i])
+        hashed = _hash_int(keys[i])
+        h = _probe_int(slots, keys_by_row, keys[i], hashed)
         if slots[h] == 0:
             if count == limit:
                 out[i] = FULL
                 continue
             keys_by_row[count] = keys[i]
             count += 1
-            slots[h] = count
-        out[i] = slots[h] - 1
+            slots[h] = _tag(hashed) | count
+        out[i] = _row(slots[h])
     return count
 
 
@@ -142,10 +168,9 @@ def _add_ints(slots, keys_by_row, count, limit, keys, out):
 def _find_strings(slots, key_offsets, key_bytes, offsets, data, out):
     for i in range(len(out)):
         start, end = offsets[i], offsets[i + 1]
-        if end == start:
-            out[i] = MISSING
-        else:
-            out[i] = slots[_probe_bytes(slots, key_offsets, key_bytes, data, start, end)] - 1
+        hashed = _hash_bytes(data, start, end)
+        h = _probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed)
+        out[i] = _row(slots[h]) if slots[h] != 0 and end > start else MISSING
 
 
 @jit
@@ -156,7 +181,8 @@ def _add_strings(slots, key_offsets, key_bytes, count, limit, offsets, data, out
         if end == start:
             out[i] = MISSING
             continue
-        h = _probe_bytes(slots, key_offsets, key_bytes, data, start, end)
+        hashed = _hash_bytes(data, start, end)
+        h = _probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed)
         if slots[h] == 0:
             if count == limit:
                 out[i] = FULL
@@ -166,22 +192,25 @@ def _add_strings(slots, key_offsets, key_bytes, count, limit, offsets, data, out
                 key_bytes[used + j] = data[start + j]
             key_offsets[count + 1] = used + end - start
             count += 1
-            slots[h] = count
-        out[i] = slots[h] - 1
+            slots[h] = _tag(hashed) | count
+        out[i] = _row(slots[h])
     return count
 
 
 @jit
 def _rehash_ints(slots, keys_by_row, count):
     for row in range(count):
-        slots[_probe_int(slots, keys_by_row, keys_by_row[row])] = row + 1
+        hashed = _hash_int(keys_by_row[row])
+        slots[_probe_int(slots, keys_by_row, keys_by_row[row], hashed)] = _tag(hashed) | (row + 1)
 
 
 @jit
 def _rehash_strings(slots, key_offsets, key_bytes, count):
     for row in range(count):
         start, end = key_offsets[row], key_offsets[row + 1]
-        slots[_probe_bytes(slots, key_offsets, key_bytes, key_bytes, start, end)] = row + 1
+        hashed = _hash_bytes(key_bytes, start, end)
+        h = _probe_bytes(slots, key_offsets, key_bytes, key_bytes, start, end, hashed)
+        slots[h] = _tag(hashed) | (row + 1)
 
 
 # ---------------------------------------------------------------- the index
@@ -191,6 +220,8 @@ class KeyIndex:
     def __init__(self, table: str, key_type: str, limit: int):
         if key_type not in NATURAL:
             raise ValueError(f"a key index holds int64 or string keys, not {key_type!r}")
+        if limit >= LOW:
+            raise UsageError(f"--max-keys must be below {LOW}")
         self.table, self.key_type, self.limit = table, key_type, limit
         self.count = 0
         self._slots = np.zeros(16, np.int64)
@@ -225,20 +256,15 @@ class KeyIndex:
         """The rows of the keys in ``columns`` (of one chunk, in ``ts`` order), as int64
         columns with the same nulls; a missing key is given the next row in the order
         of first appearance, event by event and, within an event, column by column. A
-        malformed key (an empty string) gets -1. RuntimeFailure past `limit` keys."""
-        plain = [_conformed(pa.concat_arrays(_chunks(c)), self.key_type, "events") for c in columns]
-        found = [self.find(c) for c in plain]
-        missing = [
-            np.flatnonzero((rows == MISSING) & _valid(c))
-            for rows, c in zip(found, plain, strict=True)
-        ]
+        malformed key (an empty string) gets -1. RuntimeFailure past `limit` keys.
+        Strings are looked up once per distinct string (per dictionary entry)."""
+        looked = [self._look_up(column) for column in columns]
+        missing = [np.flatnonzero((rows == MISSING) & valid) for rows, valid, _ in looked]
         if any(len(m) for m in missing):
             order = np.argsort(
-                np.concatenate([m * len(plain) + i for i, m in enumerate(missing)]), kind="stable"
+                np.concatenate([m * len(looked) + i for i, m in enumerate(missing)]), kind="stable"
             )
-            keys = pa.concat_arrays(
-                [c.take(pa.array(m)) for c, m in zip(plain, missing, strict=True)]
-            )
+            keys = pa.concat_arrays([at(m) for (_, _, at), m in zip(looked, missing, strict=True)])
             added = self._add(keys.take(pa.array(order)))
             if (added == FULL).any():
                 raise RuntimeFailure(
@@ -247,13 +273,43 @@ class KeyIndex:
             rows_in_order = np.empty(len(order), np.int64)
             rows_in_order[order] = added
             start = 0
-            for rows, m in zip(found, missing, strict=True):
+            for (rows, _, _), m in zip(looked, missing, strict=True):
                 rows[m] = rows_in_order[start : start + len(m)]
                 start += len(m)
         return [
-            pa.Array.from_buffers(pa.int64(), len(c), [_validity(c), pa.py_buffer(rows)])
-            for rows, c in zip(found, plain, strict=True)
+            pa.Array.from_buffers(
+                pa.int64(),
+                len(rows),
+                [
+                    None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little")),
+                    pa.py_buffer(rows),
+                ],
+            )
+            for rows, valid, _ in looked
         ]
+
+    def _look_up(
+        self, column: pa.ChunkedArray | pa.Array
+    ) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], pa.Array]]:
+        """(rows, valid, keys at positions) of one key column: its rows (MISSING where
+        not in the index), where it is not null, and how to take its keys."""
+        if self.key_type == INT64:
+            keys = _conformed(column, INT64, "events")
+            return self.find(keys), _valid(keys), lambda at: keys.take(pa.array(at))
+        encoded = _dictionary_encoded(column)
+        indices, entries = encoded.indices, encoded.dictionary
+        valid = _valid(indices)
+        entry = indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        if len(entries) > len(entry):  # a dictionary of more than the chunk: its part in use
+            used = np.zeros(len(entries), bool)
+            used[entry] = True
+            used = np.flatnonzero(used)
+            entry_rows = np.full(len(entries), MISSING, np.int64)
+            entry_rows[used] = self.find(entries.take(pa.array(used)))
+        else:
+            entry_rows = self.find(entries)
+        rows = entry_rows[entry] if len(entries) else np.full(len(entry), MISSING, np.int64)
+        return rows, valid, lambda at: entries.take(pa.array(entry[at]))
 
     def find(self, keys: pa.Array) -> np.ndarray:
         """The row of every key, MISSING if it has none (or is null or malformed)."""
@@ -281,6 +337,7 @@ class KeyIndex:
 
     def _add(self, keys: pa.Array) -> np.ndarray:
         """Rows of ``keys`` (valid ones), adding the missing ones in order."""
+        keys = _conformed(keys, self.key_type, "keys")
         self._reserve(len(keys), _string_bytes(keys) if self.key_type == STRING else 0)
         out = np.empty(len(keys), np.int64)
         if self.key_type == INT64:
@@ -329,6 +386,26 @@ def _chunks(column: pa.ChunkedArray | pa.Array) -> list[pa.Array]:
     ]
 
 
+def _dictionary_encoded(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
+    """A string key column as one dictionary array (its chunks' dictionaries unified);
+    SchemaError if it holds no strings."""
+    chunks = column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column])
+    value_type = chunks.type.value_type if pa.types.is_dictionary(chunks.type) else chunks.type
+    if pa.types.is_null(value_type):
+        return pa.DictionaryArray.from_arrays(
+            pa.nulls(len(chunks), pa.int32()), pa.array([], pa.string())
+        )
+    if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)):
+        raise SchemaError(f"events: key of type {value_type}, expected string")
+    if not pa.types.is_dictionary(chunks.type):
+        chunks = pc.dictionary_encode(chunks)
+    if chunks.num_chunks == 0:
+        return pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
+    if chunks.num_chunks > 1:
+        chunks = chunks.unify_dictionaries()
+    return pa.concat_arrays(chunks.chunks) if chunks.num_chunks > 1 else chunks.chunk(0)
+
+
 def _plain_strings(keys: pa.Array | pa.ChunkedArray) -> pa.Array:
     keys = pa.concat_arrays(_chunks(keys)) if isinstance(keys, pa.ChunkedArray) else keys
     keys = keys.dictionary_decode() if pa.types.is_dictionary(keys.type) else keys
@@ -361,12 +438,6 @@ def _valid(keys: pa.Array) -> np.ndarray:
     if keys.null_count == 0:
         return np.ones(len(keys), bool)
     return keys.is_valid().to_numpy(zero_copy_only=False)
-
-
-def _validity(keys: pa.Array) -> pa.Buffer | None:
-    if keys.null_count == 0:
-        return None
-    return pc.is_valid(keys).buffers()[1] if keys.offset else keys.buffers()[0]
 
 
 def _string_buffers(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -430,6 +501,8 @@ class StreamKeys:
             if keys is None:
                 rows = np.arange(len(index), dtype=np.int64)
             else:
+                if index.key_type == STRING:  # a command line's ids may look like integers
+                    keys = [str(k) for k in keys]
                 try:
                     rows = index.find(pa.array(keys))
                 except (SchemaError, pa.ArrowException) as exc:
@@ -445,3 +518,10 @@ class StreamKeys:
         live = np.asarray(got.column(LIVE)) == 1
         got = got.drop_columns([LIVE]).set_column(0, "key", natural)
         return ts, got.filter(pa.array(live))
+
+
+def dense_keys(table: str, keys: list | None) -> list | None:
+    """The keys of a query of a table of dense keys: UsageError unless integers."""
+    if keys is not None and not all(isinstance(k, int | np.integer) for k in keys):
+        raise UsageError(f"query: the keys of {table!r} are integers 0..K-1")
+    return keys
