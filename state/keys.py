@@ -20,11 +20,12 @@ import pyarrow.compute as pc
 from txstream.config import KEY_TYPES
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
 from txstream.state._numba import inline, jit
-from txstream.state.layout import LIVE
 
 DENSE, INT64, STRING = KEY_TYPES
 """Key types of a table: dense rows ``0..K-1`` (the key is the row), any int64, UTF-8."""
 NATURAL = (INT64, STRING)
+LIVE = "_live"
+"""The column of a table of natural keys that is 1 where a key exists (contract §2)."""
 MISSING, FULL = -1, -2
 """Rows the kernels give a key that is not in the index (or malformed) and one that did
 not fit (`--max-keys`)."""

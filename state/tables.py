@@ -13,8 +13,8 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from txstream.state.keys import KeyIndex
-from txstream.state.layout import LIVE, Layout, TablesSpec
+from txstream.state.keys import LIVE, KeyIndex
+from txstream.state.layout import Layout, TablesSpec
 from txstream.state.shared import ArrayHandle, SharedArray
 
 EMPTY = -1

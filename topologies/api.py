@@ -26,9 +26,9 @@ import pyarrow.compute as pc
 from txstream.errors import SchemaError, TopologyError
 from txstream.state._kernels import ARG, AT_LEAST_ARG, CALLED, VALUE, Udf, compile_for
 from txstream.state._numba import USER_SIG
-from txstream.state.keys import DENSE, KEY_TYPES, NATURAL
+from txstream.state.keys import DENSE, KEY_TYPES, LIVE, NATURAL
 from txstream.state.keys import STRING as STRING_KEY
-from txstream.state.layout import LIVE, Layout
+from txstream.state.layout import Layout
 from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE
 from txstream.topologies._kernels import (
     CONSTANT,
