@@ -116,7 +116,9 @@ def _parser() -> argparse.ArgumentParser:
         "--key-type",
         choices=KEY_TYPES,
         default="dense",
-        help="sl: keys 0..K-1, sparse random int64 ids or string ids acct-0000001, asset-0000001",
+        metavar="TYPE",
+        help="sl: dense keys 0..K-1, sparse random int64 ids or string ids acct-0000001, "
+        "asset-0000001 (dense, int64, string)",
     )
     gen.add_argument(
         "--new-keys",
