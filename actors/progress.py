@@ -383,6 +383,10 @@ class ProgressController:
             return self.keys.query(table, keys, read)
         return read(dense_keys(table, keys))
 
+    def key_arrays(self) -> dict[str, np.ndarray]:
+        """The key indexes as a checkpoint stores them (`StreamKeys.arrays`)."""
+        return {} if self.keys is None else self.keys.arrays()
+
     def key_indexes(self) -> dict[str, KeyIndex]:
         """The key index of every table of natural keys, as the chunks so far made it."""
         return {} if self.keys is None else self.keys.indexes

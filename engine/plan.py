@@ -103,8 +103,6 @@ def plan(
     natural = [t for t in topology.tables if t.natural]
     if natural and (share is not None or config.nodes > 1):
         raise UsageError("--nodes N > 1 runs on dense keys only; natural keys run on one node")
-    if natural and config.checkpoint_dir is not None:
-        raise UsageError("--checkpoint-dir keeps dense keys only; natural keys run without")
     limits = {t.name: config.max_keys or 2 * sizes[t.name] + EXTRA_KEYS for t in natural}
     sizes |= limits
     keys = key_indexes(topology, init, limits)

@@ -26,6 +26,8 @@ DENSE, INT64, STRING = KEY_TYPES
 NATURAL = (INT64, STRING)
 LIVE = "_live"
 """The column of a table of natural keys that is 1 where a key exists (contract §2)."""
+KEYS_PREFIX = "keys-"
+"""Names of the arrays of key indexes in a checkpoint (`StreamKeys.arrays`)."""
 MISSING, FULL = -1, -2
 """Rows the kernels give a key that is not in the index (or malformed) and one that did
 not fit (`--max-keys`)."""
@@ -336,6 +338,25 @@ class KeyIndex:
             ).cast(pa.string())
         return every if rows is None else every.take(pa.array(rows, pa.int64()))
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The keys in row order as plain arrays (copies), for a checkpoint: ``keys``
+        (int64), or ``offsets`` and ``bytes`` (strings)."""
+        if self.key_type == INT64:
+            return {"keys": self._keys[: self.count].copy()}
+        offsets = self._keys[: self.count + 1].copy()
+        return {"offsets": offsets, "bytes": self._bytes[: offsets[-1]].copy()}
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """The keys of `arrays` (a checkpoint's), as rows 0..n-1 (the index must be empty)."""
+        if self.key_type == INT64:
+            keys = pa.array(arrays["keys"])
+        else:
+            offsets, data = arrays["offsets"], arrays["bytes"]
+            keys = pa.LargeStringArray.from_buffers(
+                len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data)
+            )
+        self.add_init(keys, f"checkpoint keys of {self.table!r}")
+
     def _add(self, keys: pa.Array) -> np.ndarray:
         """Rows of ``keys`` (valid ones), adding the missing ones in order."""
         keys = _conformed(keys, self.key_type, "keys")
@@ -471,6 +492,17 @@ class StreamKeys:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["indexes"], state["columns"])
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every index as plain arrays named ``keys-<table>-<part>`` (`KeyIndex.arrays`),
+        what a checkpoint stores beside the state: a copy taken after the state's holds
+        every key the state's rows hold, and the keys given rows since hold only 0s there."""
+        with self._lock:
+            return {
+                f"{KEYS_PREFIX}{table}-{part}": array
+                for table, index in self.indexes.items()
+                for part, array in index.arrays().items()
+            }
+
     def rows(self, events: pa.Table) -> pa.Table:
         """``events`` (one chunk, in ``ts`` order) with every key column turned into the
         rows of its keys (`KeyIndex.rows`): int64, null where the key is null, -1 where it
@@ -519,6 +551,20 @@ class StreamKeys:
         live = np.asarray(got.column(LIVE)) == 1
         got = got.drop_columns([LIVE]).set_column(0, "key", natural)
         return ts, got.filter(pa.array(live))
+
+
+def restored_indexes(
+    indexes: dict[str, KeyIndex], load: Callable[[str], np.ndarray]
+) -> dict[str, KeyIndex]:
+    """Empty copies of ``indexes`` holding the keys a checkpoint stored (`StreamKeys.arrays`;
+    ``load(name)`` reads one of its arrays)."""
+    restored = {}
+    for table, index in indexes.items():
+        fresh = KeyIndex(table, index.key_type, index.limit)
+        parts = ("keys",) if index.key_type == INT64 else ("offsets", "bytes")
+        fresh.restore({part: load(f"{KEYS_PREFIX}{table}-{part}") for part in parts})
+        restored[table] = fresh
+    return restored
 
 
 def dense_keys(table: str, keys: list | None) -> list | None:

@@ -4,11 +4,16 @@ while missing, are hot or malformed; queries by natural key, limits and schema e
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from compare import assert_same_run, assert_same_tables
+from conftest import actor_processes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
@@ -291,14 +296,65 @@ def test_a_key_column_of_the_wrong_type_is_a_schema_error():
         Job("sl", transport=ThreadTransport(), progress=False, key_type="int64").run(events, init)
 
 
-def test_natural_keys_refuse_what_they_do_not_run_with(tmp_path):
-    events, init = generate("sl", WorkloadSpec(events=100, keys=10, key_type="string"))
-    with pytest.raises(UsageError, match="checkpoint"):
-        Job("sl", transport=ThreadTransport(), checkpoint_dir=str(tmp_path / "c")).run(
-            events, init, output=tmp_path / "o"
-        )
+def test_other_topologies_refuse_a_key_type():
+    events, init = generate("gs", WorkloadSpec(events=10, keys=10))
     with pytest.raises(UsageError, match="applies to sl"):
         Job("gs", transport=ThreadTransport(), key_type="string").run(events, init)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_interrupted_session_resumes_with_the_rows_of_its_keys(tmp_path):
+    """The checkpoint holds the key index: keys opened before it keep their rows, keys
+    opened after it (by the interrupted run too) are opened again."""
+    events, init = generate(
+        "sl", WorkloadSpec(events=6000, keys=100, key_type="string", new_keys=0.2, seed=5)
+    )
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    job = Job("sl", checkpoint_dir=str(ckpt), checkpoint_every=1, progress=False)
+    with pytest.raises(KeyboardInterrupt), job.start(init, output=out) as session:
+        session.push(events.slice(0, 3000))
+        session.checkpoint()
+        session.push(events.slice(3000, 2000))  # opens keys the checkpoint does not hold
+        session.flush()
+        raise KeyboardInterrupt
+    with job.start(init, output=out) as session:
+        assert session.resumed_from == 3000
+        session.push(events.slice(3000))
+        result = session.close()
+    assert_same_run(result.events, result.state, *run_natural_model("sl", events, init))
+
+
+@pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.parametrize("kind", ["ProgressController", "Executor"])
+def test_a_killed_actor_is_recovered_with_the_rows_of_its_keys(tmp_path, kind):
+    """The controller holds the key index: a new one gets the checkpoint's."""
+    events, init = generate(
+        "sl", WorkloadSpec(events=6000, keys=100, key_type="int64", new_keys=0.2, seed=6)
+    )
+    job = Job(
+        "sl",
+        transport="ray",
+        scheduler="morphstream",
+        executors=2,
+        udf_cost_us=20,
+        punctuation_interval=97,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_every=3,
+        progress=False,
+        timeout_s=120,
+    )
+    with job.start(init) as session:
+        session.push(events.slice(0, 3000))
+        session.flush()
+        deadline = time.monotonic() + 60
+        while not (pids := actor_processes(kind, wait_s=0)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(pids[-1], signal.SIGKILL)
+        session.push(events.slice(3000))
+        result = session.close()
+    assert result.metrics["recoveries"], "the kill went unnoticed"
+    assert_same_run(result.events, result.state, *run_natural_model("sl", events, init))
 
 
 def test_sl_without_init_rows_starts_empty():
