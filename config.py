@@ -194,7 +194,7 @@ class RunConfig:
     )
     max_keys: int | None = option(
         None,
-        "most keys a table of natural keys holds (default: twice its init keys plus 2^20); "
+        "most keys a table of natural keys holds (default: twice its init keys plus 2^16); "
         "reaching it fails the run",
         metavar="N",
     )

@@ -26,8 +26,9 @@ from txstream.state.keys import DENSE, KeyIndex
 from txstream.state.layout import Layout, NodeShare
 from txstream.topologies.api import Topology
 
-EXTRA_KEYS = 1 << 20
-"""Keys a table of natural keys may gain beyond twice its init keys, by default."""
+EXTRA_KEYS = 1 << 16
+"""Keys a table of natural keys may gain beyond twice its init keys, by default: every
+row is copied into each query snapshot, so room costs throughput."""
 DEFAULT_SET_CAPACITY = 1 << 20
 """Distinct-set slots when the number of events is not known in advance (a session)."""
 FORMAT = 1

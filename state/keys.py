@@ -31,6 +31,8 @@ KEYS_PREFIX = "keys-"
 MISSING, FULL = -1, -2
 """Rows the kernels give a key that is not in the index (or malformed) and one that did
 not fit (`--max-keys`)."""
+DICTIONARIES = 8
+"""String dictionaries whose rows an index keeps (a source's, used again by later chunks)."""
 LOAD = 0.7
 """Largest share of used slots before the slots double."""
 
@@ -231,6 +233,11 @@ class KeyIndex:
         self._keys = np.zeros(16, np.int64)
         """int64 keys by row, or string offsets (``count + 1`` used)."""
         self._bytes = np.zeros(64 if key_type == STRING else 0, np.uint8)
+        self._dictionaries: list[tuple[pa.Array, np.ndarray]] = []
+        """The last few string dictionaries and the rows of their entries (`_entry_rows`)."""
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_dictionaries": []}
 
     def __len__(self) -> int:
         return self.count
@@ -303,16 +310,34 @@ class KeyIndex:
         indices, entries = encoded.indices, encoded.dictionary
         valid = _valid(indices)
         entry = indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        if len(entries) > len(entry):  # a dictionary of more than the chunk: its part in use
-            used = np.zeros(len(entries), bool)
-            used[entry] = True
-            used = np.flatnonzero(used)
-            entry_rows = np.full(len(entries), MISSING, np.int64)
-            entry_rows[used] = self.find(entries.take(pa.array(used)))
-        else:
-            entry_rows = self.find(entries)
-        rows = entry_rows[entry] if len(entries) else np.full(len(entry), MISSING, np.int64)
+        if not len(entries):  # every key null
+            return np.full(len(entry), MISSING, np.int64), valid, lambda at: entries
+        rows = self._entry_rows(entries, entry)[entry]
         return rows, valid, lambda at: entries.take(pa.array(entry[at]))
+
+    def _entry_rows(self, entries: pa.Array, entry: np.ndarray) -> np.ndarray:
+        """The row of every dictionary entry that ``entry`` uses (MISSING for others).
+        A source's dictionary serves several chunks (a Parquet row group's, copied into
+        each batch read): rows found for it are kept, since a key's row never changes, and
+        only the entries missing until now are looked up again. Comparing a dictionary
+        with a known one is a memory comparison, hashing its strings is not."""
+        cached = next(
+            (
+                rows
+                for known, rows in self._dictionaries
+                if len(known) == len(entries) and known.equals(entries)
+            ),
+            None,
+        )
+        if cached is None:
+            cached = np.full(len(entries), -3, np.int64)  # -3: not looked up yet
+            self._dictionaries = [(entries, cached), *self._dictionaries[: DICTIONARIES - 1]]
+        used = np.zeros(len(entries), bool)
+        used[entry] = True
+        wanted = np.flatnonzero(used & (cached < 0))
+        if len(wanted):
+            cached[wanted] = self.find(entries.take(pa.array(wanted)))
+        return cached
 
     def find(self, keys: pa.Array) -> np.ndarray:
         """The row of every key, MISSING if it has none (or is null or malformed)."""
@@ -453,7 +478,11 @@ def _conformed(keys: pa.Array | pa.ChunkedArray, key_type: str, label: str) -> p
 
 
 def _ints(keys: pa.Array) -> np.ndarray:
-    return keys.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    """The values of an int64 array, without copying them (a null's value is whatever its
+    slot holds: `find` says MISSING for nulls, `rows` keeps them null)."""
+    if not len(keys):
+        return np.zeros(0, np.int64)
+    return np.frombuffer(keys.buffers()[1], np.int64)[keys.offset : keys.offset + len(keys)]
 
 
 def _valid(keys: pa.Array) -> np.ndarray:
