@@ -53,13 +53,17 @@ NATURAL_KEYS = ("sl",)
 """Bundled topologies that run on natural keys (`--key-type`)."""
 
 
-@cache
 def get(name: str, key_type: str | None = None) -> Topology:
     """The topology ``name`` - bundled (``sl``) or a factory (``mypkg.flows:ledger``) -
     built, and its functions compiled, once per process (every actor builds its own).
     ``key_type`` (`--key-type`): the key type of a bundled topology's tables (None or
     ``dense``: dense); a factory's tables declare their own."""
-    natural = key_type not in (None, "dense")
+    return _built(name, None if key_type == "dense" else key_type)
+
+
+@cache
+def _built(name: str, key_type: str | None) -> Topology:
+    natural = key_type is not None
     if natural and name not in NATURAL_KEYS:
         raise UsageError(
             f"--key-type {key_type} applies to {', '.join(NATURAL_KEYS)}; a topology of "
