@@ -79,7 +79,7 @@ def key_hash(keys: pa.Array | np.ndarray) -> np.ndarray:
     if isinstance(keys, np.ndarray) or pa.types.is_integer(keys.type):
         _hash_ints(np.ascontiguousarray(keys, np.int64), out)
     else:
-        offsets, data = _string_buffers(_plain_strings(keys))
+        offsets, data = _string_buffers(_conformed(keys, STRING, "keys"))
         _hash_strings(offsets, data, out)
     return out
 
@@ -426,13 +426,6 @@ def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- Arrow columns
-def _chunks(column: pa.ChunkedArray | pa.Array) -> list[pa.Array]:
-    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    return [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in chunks] or [
-        pa.array([], column.type.value_type if pa.types.is_dictionary(column.type) else column.type)
-    ]
-
-
 def _dictionary_encoded(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
     """A string key column as one dictionary array (its chunks' dictionaries unified);
     SchemaError if it holds no strings."""
@@ -453,28 +446,25 @@ def _dictionary_encoded(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArra
     return pa.concat_arrays(chunks.chunks) if chunks.num_chunks > 1 else chunks.chunk(0)
 
 
-def _plain_strings(keys: pa.Array | pa.ChunkedArray) -> pa.Array:
-    keys = pa.concat_arrays(_chunks(keys)) if isinstance(keys, pa.ChunkedArray) else keys
-    keys = keys.dictionary_decode() if pa.types.is_dictionary(keys.type) else keys
-    return keys.cast(pa.large_string())
-
-
 def _conformed(keys: pa.Array | pa.ChunkedArray, key_type: str, label: str) -> pa.Array:
-    """``keys`` as int64 or large_string; SchemaError if they are of another kind."""
-    if isinstance(keys, pa.ChunkedArray):
-        keys = pa.concat_arrays(_chunks(keys))
-    elif not isinstance(keys, pa.Array):
+    """``keys`` (any array, chunked or dictionary-encoded) as one int64 or large_string
+    array; SchemaError if they are of another kind."""
+    if not isinstance(keys, pa.Array | pa.ChunkedArray):
         keys = pa.array(keys)
+    chunks = keys.chunks if isinstance(keys, pa.ChunkedArray) else [keys]
     value_type = keys.type.value_type if pa.types.is_dictionary(keys.type) else keys.type
     if pa.types.is_null(value_type):
         return pa.nulls(len(keys), pa.int64() if key_type == INT64 else pa.large_string())
-    if key_type == INT64:
-        if not pa.types.is_integer(value_type):
-            raise SchemaError(f"{label}: key of type {value_type}, expected int64")
-        return pc.cast(keys, pa.int64())
-    if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)):
+    if key_type == INT64 and not pa.types.is_integer(value_type):
+        raise SchemaError(f"{label}: key of type {value_type}, expected int64")
+    if key_type == STRING and not (
+        pa.types.is_string(value_type) or pa.types.is_large_string(value_type)
+    ):
         raise SchemaError(f"{label}: key of type {value_type}, expected string")
-    return _plain_strings(keys)
+    wanted = pa.int64() if key_type == INT64 else pa.large_string()
+    chunks = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in chunks]
+    plain = [c.cast(wanted) for c in chunks]
+    return pa.concat_arrays(plain) if plain else pa.array([], wanted)
 
 
 def _ints(keys: pa.Array) -> np.ndarray:
