@@ -34,6 +34,10 @@ not fit (`--max-keys`)."""
 DICTIONARIES = 8
 """String dictionaries whose rows an index keeps (a source's, used again by later chunks)."""
 LOAD = 0.7
+MOVE_STEP = 1 << 17
+"""Rows of the old slots a call puts into the new ones, at least, while the slots double."""
+NO_SLOTS = np.zeros(1, np.int64)
+"""The old slots when none are being taken over: a probe there finds nothing at once."""
 """Largest share of used slots before the slots double."""
 
 
@@ -145,41 +149,49 @@ def _probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed):
 
 
 @jit
-def _find_ints(slots, keys_by_row, keys, out):
+def _find_ints(slots, old, keys_by_row, keys, out):
     for i in range(len(keys)):
-        h = _probe_int(slots, keys_by_row, keys[i], _hash_int(keys[i]))
-        out[i] = _row(slots[h]) if slots[h] != 0 else MISSING
+        hashed = _hash_int(keys[i])
+        slot = slots[_probe_int(slots, keys_by_row, keys[i], hashed)]
+        if slot == 0:  # not there, or not moved from the old slots yet (`KeyIndex._move`)
+            slot = old[_probe_int(old, keys_by_row, keys[i], hashed)]
+        out[i] = _row(slot)
 
 
 @jit
-def _add_ints(slots, keys_by_row, count, limit, keys, out):
+def _add_ints(slots, old, keys_by_row, count, limit, keys, out):
     """Rows of ``keys`` in order, each missing one added at the next row (FULL past
     ``limit`` rows); returns the new count."""
     for i in range(len(keys)):
         hashed = _hash_int(keys[i])
         h = _probe_int(slots, keys_by_row, keys[i], hashed)
-        if slots[h] == 0:
+        slot = slots[h]
+        if slot == 0:
+            slot = old[_probe_int(old, keys_by_row, keys[i], hashed)]
+        if slot == 0:
             if count == limit:
                 out[i] = FULL
                 continue
             keys_by_row[count] = keys[i]
             count += 1
-            slots[h] = _tag(hashed) | count
-        out[i] = _row(slots[h])
+            slot = slots[h] = _tag(hashed) | count
+        out[i] = _row(slot)
     return count
 
 
 @jit
-def _find_strings(slots, key_offsets, key_bytes, offsets, data, out):
+def _find_strings(slots, old, key_offsets, key_bytes, offsets, data, out):
     for i in range(len(out)):
         start, end = offsets[i], offsets[i + 1]
         hashed = _hash_bytes(data, start, end)
-        h = _probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed)
-        out[i] = _row(slots[h]) if slots[h] != 0 and end > start else MISSING
+        slot = slots[_probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed)]
+        if slot == 0:
+            slot = old[_probe_bytes(old, key_offsets, key_bytes, data, start, end, hashed)]
+        out[i] = _row(slot) if end > start else MISSING
 
 
 @jit
-def _add_strings(slots, key_offsets, key_bytes, count, limit, offsets, data, out):
+def _add_strings(slots, old, key_offsets, key_bytes, count, limit, offsets, data, out):
     """As `_add_ints`, for strings (an empty one is malformed: MISSING, not added)."""
     for i in range(len(out)):
         start, end = offsets[i], offsets[i + 1]
@@ -188,7 +200,10 @@ def _add_strings(slots, key_offsets, key_bytes, count, limit, offsets, data, out
             continue
         hashed = _hash_bytes(data, start, end)
         h = _probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed)
-        if slots[h] == 0:
+        slot = slots[h]
+        if slot == 0:
+            slot = old[_probe_bytes(old, key_offsets, key_bytes, data, start, end, hashed)]
+        if slot == 0:
             if count == limit:
                 out[i] = FULL
                 continue
@@ -197,24 +212,26 @@ def _add_strings(slots, key_offsets, key_bytes, count, limit, offsets, data, out
                 key_bytes[used + j] = data[start + j]
             key_offsets[count + 1] = used + end - start
             count += 1
-            slots[h] = _tag(hashed) | count
-        out[i] = _row(slots[h])
+            slot = slots[h] = _tag(hashed) | count
+        out[i] = _row(slot)
     return count
 
 
 @jit
-def _rehash_ints(slots, keys_by_row, count):
-    for row in range(count):
+def _move_ints(slots, keys_by_row, first, end):
+    """Put the keys of rows ``first..end-1`` into ``slots`` (read in row order: no misses
+    but the slots' own)."""
+    for row in range(first, end):
         hashed = _hash_int(keys_by_row[row])
         slots[_probe_int(slots, keys_by_row, keys_by_row[row], hashed)] = _tag(hashed) | (row + 1)
 
 
 @jit
-def _rehash_strings(slots, key_offsets, key_bytes, count):
-    for row in range(count):
-        start, end = key_offsets[row], key_offsets[row + 1]
-        hashed = _hash_bytes(key_bytes, start, end)
-        h = _probe_bytes(slots, key_offsets, key_bytes, key_bytes, start, end, hashed)
+def _move_strings(slots, key_offsets, key_bytes, first, end):
+    for row in range(first, end):
+        start, stop = key_offsets[row], key_offsets[row + 1]
+        hashed = _hash_bytes(key_bytes, start, stop)
+        h = _probe_bytes(slots, key_offsets, key_bytes, key_bytes, start, stop, hashed)
         slots[h] = _tag(hashed) | (row + 1)
 
 
@@ -230,6 +247,10 @@ class KeyIndex:
         self.table, self.key_type, self.limit = table, key_type, limit
         self.count = 0
         self._slots = np.zeros(16, np.int64)
+        self._old = NO_SLOTS
+        """The slots `_slots` are taking over, a `MOVE_STEP` of rows a call (`_reserve`)."""
+        self._moved = self._moving = 0
+        """Rows put into `_slots` so far, of the first `_moving` (the old slots' keys)."""
         self._keys = np.zeros(16, np.int64)
         """int64 keys by row, or string offsets (``count + 1`` used)."""
         self._bytes = np.zeros(64 if key_type == STRING else 0, np.uint8)
@@ -245,7 +266,7 @@ class KeyIndex:
     @property
     def nbytes(self) -> int:
         """Memory the index holds."""
-        return self._slots.nbytes + self._keys.nbytes + self._bytes.nbytes
+        return self._slots.nbytes + self._old.nbytes + self._keys.nbytes + self._bytes.nbytes
 
     def add_init(self, keys: pa.Array, label: str) -> None:
         """Rows ``0..len(keys)-1`` for an init state's ``keys``; SchemaError if one is
@@ -344,9 +365,10 @@ class KeyIndex:
         keys = _conformed(keys, self.key_type, "keys")
         out = np.empty(len(keys), np.int64)
         if self.key_type == INT64:
-            _find_ints(self._slots, self._keys, _ints(keys), out)
+            _find_ints(self._slots, self._old, self._keys, _ints(keys), out)
         else:
-            _find_strings(self._slots, self._keys, self._bytes, *_string_buffers(keys), out)
+            buffers = _string_buffers(keys)
+            _find_strings(self._slots, self._old, self._keys, self._bytes, *buffers, out)
         out[~_valid(keys)] = MISSING
         return out
 
@@ -389,18 +411,27 @@ class KeyIndex:
         out = np.empty(len(keys), np.int64)
         if self.key_type == INT64:
             self.count = _add_ints(
-                self._slots, self._keys, self.count, self.limit, _ints(keys), out
+                self._slots, self._old, self._keys, self.count, self.limit, _ints(keys), out
             )
         else:
             offsets, data = _string_buffers(keys)
             self.count = _add_strings(
-                self._slots, self._keys, self._bytes, self.count, self.limit, offsets, data, out
+                self._slots,
+                self._old,
+                self._keys,
+                self._bytes,
+                self.count,
+                self.limit,
+                offsets,
+                data,
+                out,
             )
         return out
 
     def _reserve(self, keys: int, key_bytes: int) -> None:
         """Room for ``keys`` more keys of ``key_bytes`` bytes: arrays grow by half again as
-        much as needed, the slots double (a rehash) past `LOAD`."""
+        much as needed; past `LOAD`, the slots double, taking the old ones' keys over a
+        few calls (`_move`)."""
         wanted = min(self.count + keys, self.limit) + 1
         if wanted > len(self._keys):
             self._keys = _grown(self._keys, wanted)
@@ -408,15 +439,28 @@ class KeyIndex:
             used = int(self._keys[self.count])
             if used + key_bytes > len(self._bytes):
                 self._bytes = _grown(self._bytes, used + key_bytes)
-        slots = len(self._slots)
-        while wanted > LOAD * slots:
-            slots *= 2
-        if slots != len(self._slots):
-            self._slots = np.zeros(slots, np.int64)
+        if wanted > LOAD * len(self._slots):
+            self._move(self._moving)  # the last doubling's move is done first
+            slots = len(self._slots)
+            while wanted > LOAD * slots:
+                slots *= 2
+            self._old, self._slots = self._slots, np.zeros(slots, np.int64)
+            self._moved, self._moving = 0, self.count
+        self._move(max(MOVE_STEP, 8 * keys))
+
+    def _move(self, step: int) -> None:
+        """Put the next ``step`` rows of the old slots into the slots: a doubling costs
+        each chunk a share, not one chunk all of it (the old slots are looked in
+        meanwhile, and keep every key they had)."""
+        end = min(self._moved + step, self._moving)
+        if self._moved < end:
             if self.key_type == INT64:
-                _rehash_ints(self._slots, self._keys, self.count)
+                _move_ints(self._slots, self._keys, self._moved, end)
             else:
-                _rehash_strings(self._slots, self._keys, self._bytes, self.count)
+                _move_strings(self._slots, self._keys, self._bytes, self._moved, end)
+        self._moved = end
+        if end == self._moving:
+            self._old = NO_SLOTS
 
 
 def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
