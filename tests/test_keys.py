@@ -264,18 +264,22 @@ def test_generate_writes_string_ids_and_opens_new_keys():
         WorkloadSpec(new_keys=0.1)
 
 
-def test_a_session_is_queried_by_natural_key():
-    events, init = generate("sl", WorkloadSpec(events=3000, keys=50, key_type="string", seed=1))
+@pytest.mark.parametrize("key_type", ["string", "int64"])
+def test_a_session_is_queried_by_natural_key(key_type):
+    events, init = generate("sl", WorkloadSpec(events=3000, keys=50, key_type=key_type, seed=1))
+    seventh, third = init["accounts"]["key"].to_pylist()[7], init["accounts"]["key"].to_pylist()[3]
+    nobody = "nobody" if key_type == "string" else 12345
     job = Job("sl", transport=ThreadTransport(), progress=False)
     with job.start(init) as session:
         session.push(events)
         session.flush()
-        _, rows = session.query("accounts", keys=["acct-0000007", "nobody", "acct-0000003"])
-        assert rows.column("key").to_pylist() == ["acct-0000007", "acct-0000003"]
+        _, rows = session.query("accounts", keys=[seventh, nobody, third])
+        assert rows.column("key").to_pylist() == [seventh, third]
         assert rows.column_names == ["key", "balance"]
         _, every = session.query("accounts")
-        with pytest.raises(UsageError):
-            session.query("accounts", keys=[object()])
+        if key_type == "int64":
+            with pytest.raises(UsageError, match="int64"):
+                session.query("accounts", keys=["acct-0000001"])
         result = session.close()
     assert every.equals(result.state["accounts"])
 
