@@ -55,7 +55,7 @@ def _build(key: str) -> Topology:
     column = STRING if key == "string" else INT
     return Topology(
         name=f"kv-{key}",
-        tables=(Table("kv", ("value",), key=key),),
+        tables=(Table("kv", ("value",), key=key, deletes=True),),
         event_columns={
             "event_id": INT,
             "kind": STRING,

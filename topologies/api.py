@@ -29,7 +29,7 @@ from txstream.state._numba import USER_SIG
 from txstream.state.keys import DENSE, KEY_TYPES, LIVE, NATURAL
 from txstream.state.keys import STRING as STRING_KEY
 from txstream.state.layout import Layout
-from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE
+from txstream.state.operations import COMMITTED, READ, READ_MODIFY, SET_ADD, WRITE
 from txstream.topologies._kernels import (
     CONSTANT,
     INT_COLUMN,
@@ -73,6 +73,10 @@ class Table:
     size_of: str | None = None
     init_min: int | None = None
     key: str = DENSE
+    deletes: bool = False
+    """Natural keys that are deleted, or whose existence is a condition (`Transactions.delete`,
+    `Transactions.exists`): existence is then kept by operations. Else a committed create
+    marks it after its chunk, at no operation's cost (`Transactions.mark_created`)."""
 
     def __getitem__(self, column: str) -> Column:
         if column not in self.columns:
@@ -406,6 +410,8 @@ class Transactions:
         self._targets: list[tuple[str, str]] = []
         self._alive: list[np.ndarray] = []
         self._width = 1
+        self._creates: list[tuple[str, np.ndarray, np.ndarray | None]] = []
+        """Creates marked after the chunk (`mark_created`): table, key rows, where."""
 
     def read(self, column: Column, key: Key, *, fun: UserFunction = identity, **kw: Any) -> None:
         """Read ``column[key]`` through ``fun``; the result is added into output ``out``."""
@@ -420,14 +426,27 @@ class Transactions:
         value is part of the result (schedulers may not blind-write it)."""
         self._emit(READ_MODIFY, column, key, fun, **kw)
 
-    def create(self, table: Table, key: Key, *, where: np.ndarray | None = None) -> None:
-        """Make ``key`` of a table of natural keys exist (an upsert: a key that did not
-        exists has every column at 0, its default)."""
-        self._emit(WRITE, table.live, key, assign, args=(1,), where=where)
+    def create(self, table: Table, key: np.ndarray, *, where: np.ndarray | None = None) -> None:
+        """Make ``key`` of a table of natural keys exist if the transaction commits (an
+        upsert: a key that did not exist has every column at 0, its default)."""
+        if table.deletes:
+            self._emit(WRITE, table.live, key, assign, args=(1,), where=where)
+        else:
+            self._creates.append((table.name, np.asarray(key, np.int64), where))
+
+    def mark_created(self, values: np.ndarray, status: np.ndarray) -> None:
+        """Mark the keys that the committed transactions (their ``status``) created in
+        tables without deletes: after their chunk, before its snapshot, since no
+        transaction reads their existence (`Table.deletes`)."""
+        committed = status == COMMITTED
+        for table, key, where in self._creates:
+            made = committed if where is None else committed & where
+            values[self.layout.cells_of(table, LIVE, key[made])] = 1
 
     def delete(self, table: Table, key: Key, *, where: np.ndarray | None = None) -> None:
-        """Remove ``key`` of a table of natural keys: it no longer exists, and its columns
-        are back to 0 for a later `create`."""
+        """Remove ``key`` of a table of natural keys (declared with ``deletes``): it no
+        longer exists, and its columns are back to 0 for a later `create`."""
+        _needs_deletes(table, "delete")
         for column in table.columns:
             self._emit(WRITE, table[column], key, assign, args=(0,), where=where)
         self._emit(WRITE, table.live, key, assign, args=(0,), where=where)
@@ -436,7 +455,8 @@ class Transactions:
         self, table: Table, key: Key, *, reason: str, where: np.ndarray | None = None
     ) -> None:
         """Abort the transaction with ``reason`` unless ``key`` exists (a missing key's
-        columns read 0 otherwise)."""
+        columns read 0 otherwise); the table is declared with ``deletes``."""
+        _needs_deletes(table, "exists")
         self._emit(
             READ, table.live, key, identity, args=(1,), cond=covers, reason=reason, where=where
         )
@@ -524,6 +544,14 @@ class Transactions:
             )
         self._alive.append(array)
         return array.ctypes.data
+
+
+def _needs_deletes(table: Table, what: str) -> None:
+    if not table.deletes:
+        raise TopologyError(
+            f"{what} on table {table.name!r}: declare it Table(..., deletes=True), whose "
+            "operations keep whether a key exists"
+        )
 
 
 def _buffer(array: pa.Array, index: int, dtype: type) -> np.ndarray:
@@ -630,6 +658,8 @@ class Topology:
                     f"table {table.name!r}: key type {table.key!r} is not one of "
                     f"{', '.join(KEY_TYPES)}"
                 )
+            elif table.deletes and not table.natural:
+                problems.append(f"table {table.name!r}: dense keys are never deleted")
             elif table.natural and (table.distinct or table.size_of is not None):
                 problems.append(
                     f"table {table.name!r}: natural keys on a distinct table or "
@@ -730,6 +760,11 @@ class Topology:
         """The event columns with their canonical Arrow types (what the engine reads)."""
         types = {INT: pa.int64(), STRING: DICTIONARY_STRING, INT_LIST: LIST_INT64}
         return pa.schema([(name, types[typ]) for name, typ in self.event_columns.items()])
+
+    @property
+    def marks_created(self) -> bool:
+        """Whether a chunk's creates are marked after it (`Transactions.mark_created`)."""
+        return any(t.natural and not t.deletes for t in self.tables)
 
     @property
     def engine_schema(self) -> pa.Schema:
