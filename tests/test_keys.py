@@ -20,8 +20,18 @@ from hypothesis.strategies import DrawFn
 from local_engine import run_local
 from naive import KV_KINDS, MAX, run_natural_model
 from txstream import Job, ThreadTransport
-from txstream.errors import RuntimeFailure, SchemaError, UsageError
+from txstream.errors import RuntimeFailure, SchemaError, TopologyError, UsageError
 from txstream.state.keys import FULL, MISSING, KeyIndex, key_hash, node_of
+from txstream.state.layout import Layout
+from txstream.topologies import sl
+from txstream.topologies.api import (
+    EventShare,
+    Table,
+    Topology,
+    Transactions,
+    conform_events,
+    one_batch,
+)
 from txstream.topologies.generators import WorkloadSpec, generate
 
 KV = {"string": "kv_topology:string_keys", "int64": "kv_topology:int64_keys"}
@@ -366,3 +376,29 @@ def test_sl_without_init_rows_starts_empty():
     result = run_local("sl", events, {}, key_type="int64")
     empty = {t: init[t].slice(0, 0) for t in init}
     assert_same_run(result.events, result.state, *run_natural_model("sl", events, empty))
+
+
+def test_deletes_and_existence_need_a_table_that_declares_them():
+    events, init = generate("sl", WorkloadSpec(events=100, keys=10, key_type="string"))
+
+    def state_access(events, txn):
+        (accounts, _) = events.topology.tables
+        txn.exists(accounts, events.int("account"), reason="no such account")
+
+    topology = sl.topology("string")
+    rows = events.drop_columns(list(topology.key_columns))
+    for name in topology.key_columns:
+        rows = rows.append_column(name, pa.array(np.zeros(events.num_rows, np.int64)))
+    share = EventShare(one_batch(conform_events(rows, topology.engine_schema)), topology, {})
+    layout = Layout.of(topology.tables, {"accounts": 20, "assets": 20})
+    with pytest.raises(TopologyError, match="deletes=True"):
+        state_access(share, Transactions(share, layout))
+    with pytest.raises(TopologyError, match="dense keys are never deleted"):
+        Topology(
+            name="x",
+            tables=(Table("t", ("v",), deletes=True),),
+            event_columns={"event_id": "int64"},
+            kinds=(),
+            pre_process=lambda e: None,
+            state_access=lambda e, t: None,
+        )
