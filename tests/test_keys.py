@@ -20,6 +20,8 @@ from hypothesis.strategies import DrawFn
 from local_engine import run_local
 from naive import KV_KINDS, MAX, run_natural_model
 from txstream import Job, ThreadTransport
+from txstream.config import RunConfig
+from txstream.engine.plan import plan
 from txstream.errors import RuntimeFailure, SchemaError, TopologyError, UsageError
 from txstream.state.keys import FULL, MISSING, KeyIndex, key_hash, node_of
 from txstream.state.layout import Layout
@@ -402,3 +404,10 @@ def test_deletes_and_existence_need_a_table_that_declares_them():
             pre_process=lambda e: None,
             state_access=lambda e, t: None,
         )
+
+
+def test_several_nodes_refuse_natural_keys(tmp_path):
+    _, init = generate("sl", WorkloadSpec(events=10, keys=10, key_type="string"))
+    config = RunConfig(topology="sl", nodes=2, transport="threads")
+    with pytest.raises(UsageError, match="natural keys run on one node"):
+        plan(config, init, tmp_path / "out")
