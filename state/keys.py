@@ -429,9 +429,9 @@ class KeyIndex:
         return out
 
     def _reserve(self, keys: int, key_bytes: int) -> None:
-        """Room for ``keys`` more keys of ``key_bytes`` bytes: arrays grow by half again as
-        much as needed; past `LOAD`, the slots double, taking the old ones' keys over a
-        few calls (`_move`)."""
+        """Room for ``keys`` more keys of ``key_bytes`` bytes: arrays grow to a quarter more
+        than needed; past `LOAD`, the slots double, taking the old ones' keys over a few
+        calls (`_move`)."""
         wanted = min(self.count + keys, self.limit) + 1
         if wanted > len(self._keys):
             self._keys = _grown(self._keys, wanted)
@@ -464,7 +464,7 @@ class KeyIndex:
 
 
 def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
-    bigger = np.zeros(max(wanted + wanted // 2, 16), array.dtype)
+    bigger = np.zeros(max(wanted + wanted // 4, 16), array.dtype)
     bigger[: len(array)] = array
     return bigger
 
