@@ -446,7 +446,9 @@ class KeyIndex:
                 slots *= 2
             self._old, self._slots = self._slots, np.zeros(slots, np.int64)
             self._moved, self._moving = 0, self.count
-        self._move(max(MOVE_STEP, 8 * keys))
+        # the next doubling comes once as many keys were added as the old slots held:
+        # moving two rows per key added finishes first
+        self._move(max(MOVE_STEP, 2 * keys))
 
     def _move(self, step: int) -> None:
         """Put the next ``step`` rows of the old slots into the slots: a doubling costs
