@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from txstream.connectors.sources import ArrowSource, SkippedSource, Source
 from txstream.engine.plan import FORMAT
+from txstream.errors import ActorDied
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer, CheckpointStore
 
 if TYPE_CHECKING:
@@ -158,7 +159,11 @@ class CheckpointWriter:
         if self._committed() < ts:
             return  # the outputs before the copy are not all committed yet
         begin = time.perf_counter()
-        self.store.write(ts, {**self.buffer.arrays(), **self._keys()}, self._meta(ts))
+        try:
+            keys = self._keys()
+        except ActorDied:
+            return  # the team is lost: its recovery empties the buffer
+        self.store.write(ts, {**self.buffer.arrays(), **keys}, self._meta(ts))
         self.buffer.mark_written(ts)
         self.count += 1
         self.seconds += time.perf_counter() - begin

@@ -91,7 +91,7 @@ class Table:
     @property
     def state_columns(self) -> tuple[str, ...]:
         """The columns the state holds: the value columns and, for natural keys, `LIVE`
-        (1 for a key that exists), which operations keep as they keep any column."""
+        (1 for a key that exists)."""
         return (*self.columns, LIVE) if self.natural else self.columns
 
     @property
