@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from compare import assert_same_run, assert_same_tables
 from conftest import actor_processes
@@ -20,6 +21,7 @@ from hypothesis.strategies import DrawFn
 from local_engine import run_local
 from naive import KV_KINDS, MAX, run_natural_model
 from txstream import Job, ThreadTransport
+from txstream.cli.main import main
 from txstream.config import RunConfig
 from txstream.engine.plan import plan
 from txstream.errors import RuntimeFailure, SchemaError, TopologyError, UsageError
@@ -411,3 +413,31 @@ def test_several_nodes_refuse_natural_keys(tmp_path):
     config = RunConfig(topology="sl", nodes=2, transport="threads")
     with pytest.raises(UsageError, match="natural keys run on one node"):
         plan(config, init, tmp_path / "out")
+
+
+def test_the_command_line_generates_and_runs_sl_on_string_ids(tmp_path, capsys):
+    data, out = tmp_path / "data", tmp_path / "out"
+    generate_sl = ["generate", "sl", "--out", str(data), "--events", "2000", "--keys", "50"]
+    assert main([*generate_sl, "--key-type", "string", "--new-keys", "0.1"]) == 0
+    run = ["run", "sl", "--input", str(data / "events.parquet"), "--init-state"]
+    options = ["--source", "arrow", "--transport", "threads", "--no-progress"]
+    assert main([*run, str(data / "init"), "--output", str(out), *options]) == 0
+    accounts = pq.read_table(out / "state" / "accounts.parquet")
+    assert accounts.schema.field("key").type == pa.string() and accounts.num_rows > 50
+    assert accounts["key"].to_pylist() == sorted(accounts["key"].to_pylist())
+    assert (
+        main(
+            [
+                *run,
+                str(data / "init"),
+                "--output",
+                str(tmp_path / "o2"),
+                *options,
+                "--max-keys",
+                "60",
+            ]
+        )
+        == 1
+    )
+    assert "more than 60 keys" in capsys.readouterr().err
+    assert main([*generate_sl, "--new-keys", "0.1"]) == 2  # new keys need natural ones
