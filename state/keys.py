@@ -260,6 +260,12 @@ class KeyIndex:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_dictionaries": []}
 
+    def __setstate__(self, state: dict) -> None:
+        # arrays unpickled from Ray's object store are read-only views of it
+        self.__dict__.update(
+            {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in state.items()}
+        )
+
     def __len__(self) -> int:
         return self.count
 

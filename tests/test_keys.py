@@ -310,7 +310,7 @@ def test_a_key_column_of_the_wrong_type_is_a_schema_error():
     job = Job("sl", transport=ThreadTransport(), progress=False)
     with pytest.raises(SchemaError, match="account"):
         job.run(dense_events, init)
-    with pytest.raises(SchemaError, match="key of type string, expected int64"):
+    with pytest.raises(SchemaError, match="column 'account'.*expected int64"):
         Job("sl", transport=ThreadTransport(), progress=False, key_type="int64").run(events, init)
 
 
