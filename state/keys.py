@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -28,9 +29,11 @@ LIVE = "_live"
 """The column of a table of natural keys that is 1 where a key exists (contract §2)."""
 KEYS_PREFIX = "keys-"
 """Names of the arrays of key indexes in a checkpoint (`StreamKeys.arrays`)."""
-MISSING, FULL = -1, -2
-"""Rows the kernels give a key that is not in the index (or malformed) and one that did
-not fit (`--max-keys`)."""
+MISSING, FULL, UNKNOWN, NULL = -1, -2, -3, -4
+"""Rows the kernels give a key that is not in the index (or malformed), one that did not
+fit (`--max-keys`), a dictionary entry not looked up yet, a null key."""
+NO_BITS = np.zeros(0, np.uint8)
+"""The validity bitmap of an array without nulls."""
 DICTIONARIES = 8
 """String dictionaries whose rows an index keeps (a source's, used again by later chunks)."""
 LOAD = 0.7
@@ -148,9 +151,34 @@ def _probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed):
     return h
 
 
+@inline
+def _is_valid(valid, offset, i):
+    """Bit ``offset + i`` of a validity bitmap (an empty one: every value is valid)."""
+    if len(valid) == 0:
+        return True
+    return (valid[(offset + i) >> 3] >> ((offset + i) & 7)) & 1 == 1
+
+
 @jit
-def _find_ints(slots, old, keys_by_row, keys, out):
+def _gather(entry, valid, offset, entry_rows, out):
+    """``out[i]``: the row of entry ``entry[i]`` of a dictionary (NULL where null); the
+    number of entries not looked up yet (UNKNOWN)."""
+    unknown = 0
+    for i in range(len(out)):
+        if _is_valid(valid, offset, i):
+            out[i] = entry_rows[entry[i]]
+            unknown += out[i] == UNKNOWN
+        else:
+            out[i] = NULL
+    return unknown
+
+
+@jit
+def _find_ints(slots, old, keys_by_row, keys, valid, offset, out):
     for i in range(len(keys)):
+        if not _is_valid(valid, offset, i):
+            out[i] = NULL
+            continue
         hashed = _hash_int(keys[i])
         slot = slots[_probe_int(slots, keys_by_row, keys[i], hashed)]
         if slot == 0:  # not there, or not moved from the old slots yet (`KeyIndex._move`)
@@ -289,19 +317,20 @@ class KeyIndex:
         if self.count - before != len(keys):
             raise SchemaError(f"{label}: a key appears twice")
 
-    def rows(self, columns: list[pa.ChunkedArray | pa.Array]) -> list[pa.Array]:
+    def rows(self, columns: list[pa.ChunkedArray | pa.Array]) -> list[pa.ChunkedArray]:
         """The rows of the keys in ``columns`` (of one chunk, in ``ts`` order), as int64
-        columns with the same nulls; a missing key is given the next row in the order
-        of first appearance, event by event and, within an event, column by column. A
-        malformed key (an empty string) gets -1. RuntimeFailure past `limit` keys.
+        columns with the same nulls and chunks; a missing key is given the next row in the
+        order of first appearance, event by event and, within an event, column by column.
+        A malformed key (an empty string) gets -1. RuntimeFailure past `limit` keys.
         Strings are looked up once per distinct string (per dictionary entry)."""
         looked = [self._look_up(column) for column in columns]
-        missing = [np.flatnonzero((rows == MISSING) & valid) for rows, valid, _ in looked]
-        if any(len(m) for m in missing):
+        if any(len(column.missing) for column in looked):
+            positions = [column.missing for column in looked]
             order = np.argsort(
-                np.concatenate([m * len(looked) + i for i, m in enumerate(missing)]), kind="stable"
+                np.concatenate([m * len(looked) + i for i, m in enumerate(positions)]),
+                kind="stable",
             )
-            keys = pa.concat_arrays([at(m) for (_, _, at), m in zip(looked, missing, strict=True)])
+            keys = pa.concat_arrays([column.keys() for column in looked])
             added = self._add(keys.take(pa.array(order)))
             if (added == FULL).any():
                 raise RuntimeFailure(
@@ -310,68 +339,58 @@ class KeyIndex:
             rows_in_order = np.empty(len(order), np.int64)
             rows_in_order[order] = added
             start = 0
-            for (rows, _, _), m in zip(looked, missing, strict=True):
-                rows[m] = rows_in_order[start : start + len(m)]
-                start += len(m)
-        return [
-            pa.Array.from_buffers(
-                pa.int64(),
-                len(rows),
-                [
-                    None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little")),
-                    pa.py_buffer(rows),
-                ],
-            )
-            for rows, valid, _ in looked
-        ]
+            for column in looked:
+                column.found(rows_in_order[start : start + len(column.missing)])
+                start += len(column.missing)
+        return [column.arrow() for column in looked]
 
-    def _look_up(
-        self, column: pa.ChunkedArray | pa.Array
-    ) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], pa.Array]]:
-        """(rows, valid, keys at positions) of one key column: its rows (MISSING where
-        not in the index), where it is not null, and how to take its keys."""
-        if self.key_type == INT64:
-            keys = _conformed(column, INT64, "events")
-            return self.find(keys), _valid(keys), lambda at: keys.take(pa.array(at))
-        encoded = _dictionary_encoded(column)
-        indices, entries = encoded.indices, encoded.dictionary
-        valid = _valid(indices)
-        entry = indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        if not len(entries):  # every key null
-            return np.full(len(entry), MISSING, np.int64), valid, lambda at: entries
-        rows = self._entry_rows(entries, entry)[entry]
-        return rows, valid, lambda at: entries.take(pa.array(entry[at]))
+    def _look_up(self, column: pa.ChunkedArray | pa.Array) -> _Looked:
+        """The rows of one key column's keys that the index holds (MISSING for others)."""
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        looked = _Looked(chunks, self.key_type)
+        for i, piece in enumerate(chunks):
+            rows = looked.piece(i)
+            value_type = piece.type.value_type if pa.types.is_dictionary(piece.type) else piece.type
+            if pa.types.is_null(value_type):
+                rows[:] = NULL
+            elif self.key_type == INT64:
+                keys = _conformed(piece, INT64, "events")
+                _find_ints(
+                    self._slots, self._old, self._keys, _ints(keys), *_validity_bits(keys), rows
+                )
+                looked.note_missing(i, keys)
+            else:
+                encoded = _dictionary_encoded(piece)
+                valid, offset = _validity_bits(encoded)
+                entries = encoded.dictionary
+                entry = np.frombuffer(encoded.indices.buffers()[1], np.int32)
+                entry = entry[encoded.offset : encoded.offset + len(encoded)]
+                cached = self._entry_rows(entries)
+                if _gather(entry, valid, offset, cached, rows):  # entries not looked up yet
+                    wanted = np.unique(entry[rows == UNKNOWN])
+                    cached[wanted] = self.find(entries.take(pa.array(wanted)))
+                    _gather(entry, valid, offset, cached, rows)
+                looked.note_missing(i, entries, entry, cached)
+        return looked
 
-    def _entry_rows(self, entries: pa.Array, entry: np.ndarray) -> np.ndarray:
-        """The row of every dictionary entry that ``entry`` uses (MISSING for others).
-        A source's dictionary serves several chunks (a Parquet row group's, copied into
-        each batch read): rows found for it are kept, since a key's row never changes, and
-        only the entries missing until now are looked up again. Comparing a dictionary
-        with a known one is a memory comparison, hashing its strings is not."""
-        cached = next(
-            (
-                rows
-                for known, rows in self._dictionaries
-                if len(known) == len(entries) and known.equals(entries)
-            ),
-            None,
-        )
-        if cached is None:
-            cached = np.full(len(entries), -3, np.int64)  # -3: not looked up yet
-            self._dictionaries = [(entries, cached), *self._dictionaries[: DICTIONARIES - 1]]
-        used = np.zeros(len(entries), bool)
-        used[entry] = True
-        wanted = np.flatnonzero(used & (cached < 0))
-        if len(wanted):
-            cached[wanted] = self.find(entries.take(pa.array(wanted)))
-        return cached
+    def _entry_rows(self, entries: pa.Array) -> np.ndarray:
+        """The rows of a dictionary's entries, UNKNOWN where not looked up yet. A source's
+        dictionary serves several chunks (a Parquet row group's, copied into each batch
+        read): rows found for it are kept, since a key's row never changes. Comparing a
+        dictionary with a known one is a memory comparison, hashing its strings is not."""
+        for known, rows in self._dictionaries:
+            if len(known) == len(entries) and known.equals(entries):
+                return rows
+        rows = np.full(len(entries), UNKNOWN, np.int64)
+        self._dictionaries = [(entries, rows), *self._dictionaries[: DICTIONARIES - 1]]
+        return rows
 
     def find(self, keys: pa.Array) -> np.ndarray:
         """The row of every key, MISSING if it has none (or is null or malformed)."""
         keys = _conformed(keys, self.key_type, "keys")
         out = np.empty(len(keys), np.int64)
         if self.key_type == INT64:
-            _find_ints(self._slots, self._old, self._keys, _ints(keys), out)
+            _find_ints(self._slots, self._old, self._keys, _ints(keys), *_validity_bits(keys), out)
         else:
             buffers = _string_buffers(keys)
             _find_strings(self._slots, self._old, self._keys, self._bytes, *buffers, out)
@@ -477,7 +496,82 @@ def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
     return bigger
 
 
+class _Looked:
+    """One key column of a chunk while `KeyIndex.rows` turns it into rows: the rows of
+    its pieces (Arrow chunks) end to end, and its missing keys, which get theirs."""
+
+    def __init__(self, chunks: list[pa.Array], key_type: str):
+        self.chunks, self.key_type = chunks, key_type
+        self.starts = np.cumsum([0, *(len(c) for c in chunks)])
+        self.rows = np.empty(int(self.starts[-1]), np.int64)
+        self._missing: list[np.ndarray] = []
+        self._keys: list[pa.Array] = []
+        self._entries: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def piece(self, i: int) -> np.ndarray:
+        """The rows of chunk ``i``."""
+        return self.rows[self.starts[i] : self.starts[i + 1]]
+
+    def note_missing(
+        self,
+        i: int,
+        keys: pa.Array,
+        entry: np.ndarray | None = None,
+        cached: np.ndarray | None = None,
+    ) -> None:
+        """Note the missing keys of chunk ``i``: its ``keys``, or its dictionary ``keys``
+        with the ``entry`` of every event and the ``cached`` rows of its entries."""
+        local = np.flatnonzero(self.piece(i) == MISSING)
+        if not len(local):
+            return
+        self._missing.append(local + self.starts[i])
+        at = local if entry is None else entry[local]
+        self._keys.append(_conformed(keys.take(pa.array(at)), self.key_type, "events"))
+        if entry is not None:
+            self._entries.append((cached, entry[local]))
+
+    @cached_property
+    def missing(self) -> np.ndarray:
+        """Positions of the missing keys, in order."""
+        return np.concatenate(self._missing) if self._missing else np.zeros(0, np.int64)
+
+    def keys(self) -> pa.Array:
+        """The missing keys, in order."""
+        if not self._keys:
+            return pa.array([], pa.int64() if self.key_type == INT64 else pa.large_string())
+        return pa.concat_arrays(self._keys)
+
+    def found(self, rows: np.ndarray) -> None:
+        """The rows the missing keys were given (kept for their dictionary entries too)."""
+        self.rows[self.missing] = rows
+        start = 0
+        for cached, entries in self._entries:
+            given = rows[start : start + len(entries)]
+            cached[entries[given >= 0]] = given[given >= 0]
+            start += len(entries)
+
+    def arrow(self) -> pa.ChunkedArray:
+        """The rows as int64 chunks with the column's nulls."""
+        out = []
+        for i, chunk in enumerate(self.chunks):
+            valid, offset = _validity_bits(chunk)
+            data = np.empty(offset + len(chunk), np.int64)
+            data[offset:] = self.piece(i)
+            bitmap = chunk.buffers()[0] if len(valid) else None
+            buffers = [bitmap, pa.py_buffer(data)]
+            out.append(pa.Array.from_buffers(pa.int64(), len(chunk), buffers, offset=offset))
+        return pa.chunked_array(out, pa.int64())
+
+
 # ---------------------------------------------------------------- Arrow columns
+def _validity_bits(array: pa.Array) -> tuple[np.ndarray, int]:
+    """(validity bitmap, offset of the array's first bit) of an array; an empty bitmap
+    when it has no nulls."""
+    if array.null_count == 0 or pa.types.is_null(array.type):
+        return NO_BITS, 0
+    return np.frombuffer(array.buffers()[0], np.uint8), array.offset
+
+
 def _dictionary_encoded(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
     """A string key column as one dictionary array (its chunks' dictionaries unified);
     SchemaError if it holds no strings."""
@@ -495,7 +589,12 @@ def _dictionary_encoded(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArra
         return pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
     if chunks.num_chunks > 1:
         chunks = chunks.unify_dictionaries()
-    return pa.concat_arrays(chunks.chunks) if chunks.num_chunks > 1 else chunks.chunk(0)
+    encoded = pa.concat_arrays(chunks.chunks) if chunks.num_chunks > 1 else chunks.chunk(0)
+    if encoded.indices.type != pa.int32():
+        encoded = pa.DictionaryArray.from_arrays(
+            encoded.indices.cast(pa.int32()), encoded.dictionary
+        )
+    return encoded
 
 
 def _conformed(keys: pa.Array | pa.ChunkedArray, key_type: str, label: str) -> pa.Array:
@@ -514,6 +613,8 @@ def _conformed(keys: pa.Array | pa.ChunkedArray, key_type: str, label: str) -> p
     ):
         raise SchemaError(f"{label}: key of type {value_type}, expected string")
     wanted = pa.int64() if key_type == INT64 else pa.large_string()
+    if len(chunks) == 1 and chunks[0].type == wanted:
+        return chunks[0]
     chunks = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in chunks]
     plain = [c.cast(wanted) for c in chunks]
     return pa.concat_arrays(plain) if plain else pa.array([], wanted)

@@ -53,6 +53,9 @@ def test_new_keys_get_rows_in_order_of_first_appearance_event_by_event():
     assert rows[1].to_pylist() == [2, 4, 3, 0, 5]
     assert index.keys().to_pylist() == ["x", "y", "z", "q", "w", "a"]
     assert index.find(pa.array(["q", "nope", None])).tolist() == [3, MISSING, MISSING]
+    sliced = pa.array(["b", "c", "d", "q", None]).dictionary_encode()  # chunks of a source
+    rows = index.rows([pa.chunked_array([sliced.slice(2), sliced.slice(1, 2)])])
+    assert rows[0].to_pylist() == [6, 3, None, 7, 6]
 
 
 def test_int64_keys_of_any_value_and_growth_through_rehashes():
