@@ -367,7 +367,9 @@ class KeyIndex:
                 entry = entry[encoded.offset : encoded.offset + len(encoded)]
                 cached = self._entry_rows(entries)
                 if _gather(entry, valid, offset, cached, rows):  # entries not looked up yet
-                    wanted = np.unique(entry[rows == UNKNOWN])
+                    wanted = np.zeros(len(entries), bool)
+                    wanted[entry[rows == UNKNOWN]] = True
+                    wanted = np.flatnonzero(wanted)
                     cached[wanted] = self.find(entries.take(pa.array(wanted)))
                     _gather(entry, valid, offset, cached, rows)
                 looked.note_missing(i, entries, entry, cached)
