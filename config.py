@@ -41,6 +41,8 @@ GRANULARITY = ("auto", "fine", "coarse")
 ABORT = ("auto", "eager", "lazy")
 SOURCES = ("spark", "arrow")
 TRANSPORTS = ("auto", "ray", "threads")
+KEY_TYPES = ("dense", "int64", "string")
+"""Key types of a table (contract §2): rows 0..K-1, any int64, UTF-8 strings."""
 LATENCY_TARGET_MS = 500.0
 """Default push-to-output latency target (bench/latency.py; docs/performance.md)."""
 CHECKPOINT_EVERY = 100
@@ -184,6 +186,18 @@ class RunConfig:
         "amortises per-chunk costs, smaller bounds the latency)",
         metavar="N",
     )
+    key_type: str | None = option(
+        None,
+        "sl: the key type of its tables (default: its init state's key column: string, or "
+        "int64 unless the keys are 0..K-1 in order, which is dense)",
+        choices=KEY_TYPES,
+    )
+    max_keys: int | None = option(
+        None,
+        "most keys a table of natural keys holds (default: twice its init keys plus 2^16); "
+        "reaching it fails the run",
+        metavar="N",
+    )
     checkpoint_dir: str | None = option(
         None,
         "write checkpoints to D: the run survives failures, and the same command run again "
@@ -242,6 +256,8 @@ class RunConfig:
             ),
             (self.latency_target_ms > 0, "--latency-target-ms must be > 0"),
             (self.max_chunk_events >= 1, "--max-chunk-events must be >= 1"),
+            (_among(self.key_type, KEY_TYPES), f"--key-type must be one of {', '.join(KEY_TYPES)}"),
+            (self.max_keys is None or self.max_keys >= 1, "--max-keys must be >= 1"),
             (
                 self.checkpoint_every is None or self.checkpoint_every >= 1,
                 "--checkpoint-every must be >= 1",

@@ -22,7 +22,7 @@ from txstream.cluster.transport import RayTransport, ThreadTransport
 from txstream.config import RunConfig
 from txstream.connectors.inputs import Events, checked_events, event_source, needs_spark, staged
 from txstream.connectors.sources import SkippedSource, Source
-from txstream.engine.plan import plan
+from txstream.engine.plan import plan, with_key_type
 from txstream.errors import UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.logs import level_number, run_log
@@ -87,14 +87,15 @@ class Job:
         it runs (see `start`)."""
         begin = time.perf_counter()
         self._check_nodes(name=name)
-        events = checked_events(events, topologies.get(self.config.topology), self.config.source)
+        cfg = with_key_type(self.config, init_state)
+        events = checked_events(events, topologies.get(cfg.topology, cfg.key_type), cfg.source)
         session_plan = self._plan(init_state, output, name=name, progressive=False, source=events)
         try:
             with (
                 run_log(output, self.config.log_level, self.config.verbose, self.console),
                 ExitStack() as stack,
             ):
-                source, ingest, job_config = self._open_source(events, stack)
+                source, ingest, job_config = self._open_source(events, stack, session_plan.topology)
                 session_plan.expected_events = source.num_rows
                 if self.config.nodes > 1:
                     with NodesSession(session_plan, self.console, job_config) as nodes:
@@ -135,7 +136,9 @@ class Job:
             self.console.warn(warning)
         return session_plan
 
-    def _open_source(self, events: Any, stack: ExitStack) -> tuple[Source, dict, Any]:
+    def _open_source(
+        self, events: Any, stack: ExitStack, topology: Any
+    ) -> tuple[Source, dict, Any]:
         """The source of the checked ``events`` (`checked_events`); for Spark, started on
         a Ray with the JVM flags, then staged in input order (its seconds are returned,
         reported apart)."""
@@ -145,7 +148,6 @@ class Job:
         job_config = self._start_spark(stack, events)
         started = time.perf_counter()
         with self.console.phase("staging the input"):
-            topology = topologies.get(self.config.topology)
             exchange_dir = self.config.spark_exchange_dir
             source = staged(events, topology, self.config.source, exchange_dir)
             stack.callback(source.close)

@@ -48,6 +48,7 @@ from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
 from txstream.monitor.console import Console, ProgressBar
 from txstream.monitor.metrics import session_metrics
 from txstream.result import Result
+from txstream.state.keys import dense_keys
 from txstream.state.operations import STATUS_NAMES
 from txstream.topologies.api import conform_events
 
@@ -333,6 +334,9 @@ class Session:
         batch; ingestion does not wait for it."""
         self._poll()
         plan = self.plan
+        if plan.keys and table in plan.keys:  # by natural key: the controller's index
+            return self._engine.get(self._engine.controller.query.remote(table, keys))
+        keys = dense_keys(table, keys)
         return self._engine.snapshots.query(
             plan.layout, plan.tables, table, keys, lambda: self.watermark, self.config.timeout_s
         )
@@ -392,9 +396,10 @@ class Session:
         self._to_controller(self._outbox.drain)
         engine.controller.close.remote()
         bar = self._wait_with_progress()
+        indexes = engine.get(engine.controller.key_indexes.remote()) if self.plan.keys else None
         run_info, coordinator, summary = engine.finish()
         seconds = time.perf_counter() - self._started
-        tables = engine.state.tables(self.topology)
+        tables = engine.state.tables(self.topology, indexes)
         output = self.plan.output
         schema = output_schema(self.topology)
         if self.recoveries or self.resumed_from:  # the last Sink saw only the last events

@@ -134,7 +134,7 @@ class Executor:
         if cpu is not None:
             pin_process(cpu)
         self.config = config
-        self.topology = topologies.get(config.topology)
+        self.topology = topologies.get(config.topology, config.key_type)
         self._no_rows = pa.RecordBatch.from_pylist([], schema=rows_schema(self.topology))
         """What an empty share outputs."""
         self.state = SharedState.attach(state)
@@ -270,6 +270,9 @@ class Executor:
             begin = int(end)
         self.scheduler.finish(chunk, ops, first, first + batch.n, breakdown)
         self.team.barrier(breakdown)  # the whole chunk is done: the state is as of ts0 + events
+        if topology.marks_created:  # keys this chunk created, before the state is copied
+            txn.mark_created(self.state.values, chunk.outcomes.status[share])
+            self.team.barrier(breakdown)
         if team.rank == 0 and seq >= 0:
             self.snapshots.publish(self.state.values, ts0 + events, seq + 1)
             if checkpoint:

@@ -33,6 +33,7 @@ from txstream import schedulers
 from txstream.actors.punctuation import Chunk, ChunkSizer, Punctuator
 from txstream.cluster.transport import LocalActor, get, wait_all
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
+from txstream.state.keys import KeyIndex, StreamKeys, dense_keys
 from txstream.state.shared import ArrayHandle
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.state.watermark import Watermark
@@ -95,6 +96,7 @@ class ProgressController:
         tables: dict[str, list[str]],
         checkpoints: CheckpointBufferHandle | None = None,
         start_ts: int = 0,
+        keys: StreamKeys | None = None,
     ):
         self.config = config
         self.schema = schema
@@ -106,6 +108,8 @@ class ProgressController:
         self._handles = (watermark, snapshots)
         self.layout = layout
         self.tables = tables
+        self.keys = keys
+        """Turns the natural keys of a chunk into rows before the team gets it."""
         self._readers: tuple[Watermark, SnapshotRing] | None = None
         self._cond = threading.Condition()
         self._queue: deque = deque()  # ("table", [(RecordBatch, arrival)]) | ("source", Source)
@@ -288,11 +292,12 @@ class ProgressController:
 
     def _dispatch(self, chunk: Chunk) -> None:
         checkpoint = self._checkpoint_after(chunk)
+        events = chunk.events if self.keys is None else self.keys.rows(chunk.events)
         calls = []
         for executor, (first, end) in zip(
             self.executors, share_bounds(chunk.size, len(self.executors), self._whole), strict=True
         ):
-            share = chunk.events.slice(first, end - first)
+            share = events.slice(first, end - first)
             if self._remote:  # pickled whole; a thread makes it one batch on its own core
                 share = one_batch(share)
             arrival = chunk.arrival[first:end]
@@ -359,12 +364,32 @@ class ProgressController:
             "rejected": sink["rejected"],
         }
 
-    def query(self, table: str, keys: list[int] | None) -> tuple[int, pa.Table]:
-        """A table's rows as of the watermark (see `SnapshotRing.query`)."""
+    def query(self, table: str, keys: list | None) -> tuple[int, pa.Table]:
+        """A table's rows as of the watermark (see `SnapshotRing.query`); of a table of
+        natural keys, by natural key (`StreamKeys.query`)."""
         watermark, ring = self._attach()
-        return ring.query(
-            self.layout, self.tables, table, keys, lambda: watermark.written, self.config.timeout_s
-        )
+
+        def read(rows: list | np.ndarray | None) -> tuple[int, pa.Table]:
+            return ring.query(
+                self.layout,
+                self.tables,
+                table,
+                rows,
+                lambda: watermark.written,
+                self.config.timeout_s,
+            )
+
+        if self.keys is not None and table in self.keys.indexes:
+            return self.keys.query(table, keys, read)
+        return read(dense_keys(table, keys))
+
+    def key_arrays(self) -> dict[str, np.ndarray]:
+        """The key indexes as a checkpoint stores them (`StreamKeys.arrays`)."""
+        return {} if self.keys is None else self.keys.arrays()
+
+    def key_indexes(self) -> dict[str, KeyIndex]:
+        """The key index of every table of natural keys, as the chunks so far made it."""
+        return {} if self.keys is None else self.keys.indexes
 
     def _attach(self) -> tuple[Watermark, SnapshotRing]:
         if self._readers is None:

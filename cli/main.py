@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from txstream.cli.watchdog import watchdog
 from txstream.cluster.ray_runtime import ray_address
-from txstream.config import BUNDLED, RunConfig
+from txstream.config import BUNDLED, KEY_TYPES, RunConfig
 from txstream.errors import RuntimeFailure, SchemaError, TxstreamError, UsageError
 from txstream.monitor.logs import log_of, version
 
@@ -112,6 +112,22 @@ def _parser() -> argparse.ArgumentParser:
         help="keys each GS write reads (default: 2)",
     )
     gen.add_argument("--seed", type=int, default=0, metavar="S", help="random seed")
+    gen.add_argument(
+        "--key-type",
+        choices=KEY_TYPES,
+        default="dense",
+        metavar="TYPE",
+        help="sl: dense keys 0..K-1, sparse random int64 ids or string ids acct-0000001, "
+        "asset-0000001 (dense, int64, string)",
+    )
+    gen.add_argument(
+        "--new-keys",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="sl on int64 or string keys: share of events that open an account or asset "
+        "not in the init state",
+    )
 
     run = verbs.add_parser(
         "run",
@@ -167,7 +183,9 @@ def _parser() -> argparse.ArgumentParser:
         help="the Ray cluster the session runs on (required)",
     )
     query.add_argument("--name", required=True, help="the session's --name (required)")
-    query.add_argument("--keys", default=None, metavar="K,...", help="keys (default: all)")
+    query.add_argument(
+        "--keys", default=None, metavar="K,...", help="keys, integers or strings (default: all)"
+    )
 
     report = verbs.add_parser(
         "report",
@@ -241,6 +259,8 @@ def _generate(args: argparse.Namespace) -> None:
             txn_length=args.txn_length,
             deps=args.deps,
             seed=args.seed,
+            key_type=args.key_type,
+            new_keys=args.new_keys,
         )
         events, init = generate(args.topology, spec)
     except ValueError as exc:
@@ -360,11 +380,10 @@ def _ask_session(args: argparse.Namespace, method: str, *call_args: object):
 
 def _query(args: argparse.Namespace) -> None:
     keys = None
-    if args.keys is not None:
-        try:
-            keys = [int(k) for k in args.keys.split(",") if k.strip()]
-        except ValueError as exc:
-            raise UsageError(f"--keys must be integers separated by commas: {args.keys}") from exc
+    if args.keys is not None:  # integers, or a table's natural string keys
+        keys = [k.strip() for k in args.keys.split(",") if k.strip()]
+        if all(k.lstrip("-").isdigit() for k in keys):
+            keys = [int(k) for k in keys]
     watermark, rows = _ask_session(args, "query", args.table, keys)
     print(f"watermark {watermark}")
     print(",".join(rows.column_names))

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from txstream import schedulers
 from txstream.actors.coordinator import Coordinator
@@ -46,6 +47,7 @@ from txstream.monitor.logs import captured, level_number
 from txstream.schedulers.team.placement import seats
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer
 from txstream.state.chunk import sweep_segments
+from txstream.state.keys import StreamKeys, restored_indexes
 from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
 from txstream.state.snapshots import SnapshotRing
 from txstream.state.sync import ask_to_stop, sync_words
@@ -161,6 +163,17 @@ class Engine:
                     f"here {want}); use another --checkpoint-dir or remove it"
                 )
         checkpoint.restore(self.state)
+        if self.plan.keys:  # the rows of natural keys as they were then
+            self.plan.keys = restored_indexes(self.plan.keys, checkpoint.load)
+
+    def key_arrays(self) -> dict[str, np.ndarray]:
+        """The key indexes of tables of natural keys as a checkpoint stores them (the
+        team's, once it runs)."""
+        if not self.plan.keys:
+            return {}
+        if self.controller is None:
+            return StreamKeys(self.plan.keys, self.plan.topology.key_columns).arrays()
+        return self.get(self.controller.key_arrays.remote())
 
     def launch(self, ts: int) -> None:
         """Start a team (Sink, executors, Coordinator, ProgressController) on the state as
@@ -217,6 +230,7 @@ class Engine:
             plan.tables,
             buffer,
             ts,
+            StreamKeys(plan.keys, topology.key_columns) if plan.keys else None,
             feeder=True,
             name=plan.name if named else None,
             namespace=NAMESPACE if named else None,
@@ -228,7 +242,7 @@ class Engine:
         with self.console.phase(team if self.launches == 0 else f"re{team}"):
             pids = self._get_watching(
                 [
-                    e.warm_up.remote(topology.event_schema, None if pin else cpu)
+                    e.warm_up.remote(topology.engine_schema, None if pin else cpu)
                     for e, (_, cpu) in zip(executors, plan.cores, strict=True)
                 ]
             )

@@ -8,7 +8,7 @@ shared memory exist (`plan`); the `Plan` then holds what the engine needs to sta
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,14 @@ from txstream.connectors.outputs import OutputDir
 from txstream.connectors.sources import ArrowSource
 from txstream.errors import UsageError
 from txstream.state.checkpoints import Checkpoint, CheckpointStore
-from txstream.state.init import InitState, read_init_state
+from txstream.state.init import InitState, key_indexes, key_type_of, read_init_state
+from txstream.state.keys import DENSE, KeyIndex
 from txstream.state.layout import Layout, NodeShare
 from txstream.topologies.api import Topology
 
+EXTRA_KEYS = 1 << 16
+"""Keys a table of natural keys may gain beyond twice its init keys, by default: every
+row is copied into each query snapshot, so room costs throughput."""
 DEFAULT_SET_CAPACITY = 1 << 20
 """Distinct-set slots when the number of events is not known in advance (a session)."""
 FORMAT = 1
@@ -50,11 +54,14 @@ class Plan:
     store: CheckpointStore | None = None
     resume: Checkpoint | None = None
     """The checkpoint of an interrupted run this session continues from."""
+    keys: dict[str, KeyIndex] | None = None
+    """The key index of every table of natural keys, holding its init keys."""
 
     @property
     def tables(self) -> dict[str, list[str]]:
-        """The value columns of every table, by table name."""
-        return {t.name: list(t.columns) for t in self.topology.tables}
+        """The value columns of every table, by table name (and `LIVE` for natural keys:
+        a query reads it to leave out keys that do not exist)."""
+        return {t.name: list(t.state_columns) for t in self.topology.tables}
 
     @property
     def set_capacity(self) -> int:
@@ -89,10 +96,17 @@ def plan(
     part files while the session runs (a one-shot run commits once, at the end).
     ``source``: a one-shot run's input (it identifies the run for checkpoints); ``share``:
     the keys a node of a run over several holds (``init_state`` has only those)."""
-    topology = topologies.get(config.topology)
+    config = with_key_type(config, init_state)
+    topology = topologies.get(config.topology, config.key_type)
     cores = host_topology(config.sockets).assign(config.executors)
     init = read_init_state(topology, init_state, share)
     sizes = share.sizes if share else topology.sizes_from({k: t.num_rows for k, t in init.items()})
+    natural = [t for t in topology.tables if t.natural]
+    if natural and (share is not None or config.nodes > 1):
+        raise UsageError("--nodes N > 1 runs on dense keys only; natural keys run on one node")
+    limits = {t.name: config.max_keys or 2 * sizes[t.name] + EXTRA_KEYS for t in natural}
+    sizes |= limits
+    keys = key_indexes(topology, init, limits)
     layout = Layout.of(topology.tables, sizes, share)
     if name is not None and not name:
         raise UsageError("a session name must not be empty")
@@ -121,8 +135,29 @@ def plan(
         raise
     expected = getattr(source, "num_rows", None)
     return Plan(
-        config, topology, init, layout, cores, out, own, name, expected, identity, store, resume
+        config,
+        topology,
+        init,
+        layout,
+        cores,
+        out,
+        own,
+        name,
+        expected,
+        identity,
+        store,
+        resume,
+        keys,
     )
+
+
+def with_key_type(config: RunConfig, init_state: InitState) -> RunConfig:
+    """``config`` with the key type of a bundled topology that runs on natural keys:
+    ``--key-type``, or else what its init state's ``key`` column says (the first table's)."""
+    if config.key_type is not None or config.topology not in topologies.NATURAL_KEYS:
+        return config
+    first = topologies.get(config.topology).tables[0].name
+    return replace(config, key_type=key_type_of(init_state, first) or DENSE)
 
 
 def _check_resumable(checkpoint: Checkpoint, output: str | Path | None, progressive: bool) -> None:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from txstream.connectors.sources import ArrowSource, SkippedSource, Source
 from txstream.engine.plan import FORMAT
+from txstream.errors import ActorDied
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer, CheckpointStore
 
 if TYPE_CHECKING:
@@ -124,11 +125,14 @@ class CheckpointWriter:
         committed: Callable[[], int],
         meta: Callable[[int], dict],
         written: Callable[[int], None],
+        keys: Callable[[], dict] = dict,
     ):
         self.buffer = buffer
         self.store = store
         self._committed = committed
         self._meta = meta
+        self._keys = keys
+        """The arrays of the key indexes to store beside the state's copy (taken after it)."""
         self._written = written
         self._lock = threading.Lock()
         self._paused = threading.Event()
@@ -155,7 +159,11 @@ class CheckpointWriter:
         if self._committed() < ts:
             return  # the outputs before the copy are not all committed yet
         begin = time.perf_counter()
-        self.store.write(ts, self.buffer.arrays(), self._meta(ts))
+        try:
+            keys = self._keys()
+        except ActorDied:
+            return  # the team is lost: its recovery empties the buffer
+        self.store.write(ts, {**self.buffer.arrays(), **keys}, self._meta(ts))
         self.buffer.mark_written(ts)
         self.count += 1
         self.seconds += time.perf_counter() - begin
@@ -208,6 +216,7 @@ class Checkpointing:
             lambda: engine.watermark.committed,
             self.meta,
             inputs.release,
+            engine.key_arrays,
         )
         if plan.resume is None:
             plan.store.clear()
@@ -237,7 +246,7 @@ class Checkpointing:
         """A checkpoint of the state as it stands, at ``ts`` (the team is idle)."""
         state = self.engine.state
         arrays = {n: getattr(state, n) for n in ("values", "set_cells", "set_members")}
-        self.writer.write_now(ts, arrays, self.meta(ts))
+        self.writer.write_now(ts, {**arrays, **self.engine.key_arrays()}, self.meta(ts))
 
     def recover(self, cause: BaseException, launch: Callable[[int], None]) -> bool:
         """A new team from the latest checkpoint (``launch(ts)`` starts it and pushes the
@@ -261,7 +270,7 @@ class Checkpointing:
             )
             phases = {
                 "stop_s": engine.stop,
-                "restore_s": lambda: checkpoint.restore(engine.state),
+                "restore_s": lambda: engine.restore(checkpoint),
                 "launch_s": lambda: launch(checkpoint.ts),
             }
             for name, phase in phases.items():

@@ -1,7 +1,7 @@
 """The sequencer of a run over several nodes: which node does what, in which step.
 
-The state is partitioned by key: key ``k`` of every table lives on node ``k % N``. The input
-has one total order (ts), fixed before anything runs, so the nodes need no commit protocol
+The state is partitioned by key: key ``k`` of every table lives on node ``node_of(k, N)``.
+The input has one total order (ts), fixed before anything runs, so the nodes need no commit protocol
 (Calvin, SIGMOD 2012): a transaction whose cells all live on one node (*local*) runs there
 as on one host; one that spans nodes (*cross*) runs on every node it touches, each having
 been sent the values of the other nodes' cells it reads, so all reach the same decision;
@@ -27,7 +27,8 @@ import numpy as np
 import pyarrow as pa
 from txstream.errors import TopologyError
 from txstream.schedulers.statements import Statements
-from txstream.state.layout import Layout, NodeShare
+from txstream.state.keys import node_of
+from txstream.state.layout import Layout, NodeShare, owners
 from txstream.topologies.api import EventShare, Topology
 
 
@@ -56,7 +57,7 @@ class UnitPlan:
 
 
 class Partition:
-    """Key ``k`` of every table on node ``k % nodes`` (`txstream.state.layout.NodeShare`):
+    """Key ``k`` of every table on node ``node_of(k)`` (`txstream.state.layout.NodeShare`):
     the owner of every cell of the flat state of every key (``layout``), which cells hold
     distinct sets, and how many other nodes' keys of each table a node has room for."""
 
@@ -74,7 +75,7 @@ class Partition:
         distinct = {t.name for t in topology.tables if t.distinct}
         for (table, _), base in layout.bases.items():
             size = layout.sizes[table]
-            self.owner[base : base + size] = np.arange(size) % nodes
+            self.owner[base : base + size] = owners(size, nodes)[0]
             self.is_set[base : base + size] = table in distinct
             self.table_of_row[self.row[base : base + size]] = tables.index(table)
 
@@ -103,7 +104,7 @@ def participants(
     if len(txn):
         _, _, keys = layout.locate(cells)
         first = np.flatnonzero(np.diff(txn, prepend=-1))
-        mask[txn[first]] = np.bitwise_or.reduceat(np.left_shift(1, keys % nodes), first)
+        mask[txn[first]] = np.bitwise_or.reduceat(np.left_shift(1, node_of(keys, nodes)), first)
     mask[mask == 0] = 1
     return mask
 

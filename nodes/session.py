@@ -47,6 +47,7 @@ from txstream.nodes.member import NodeTeam
 from txstream.nodes.sequencer import Partition, Sequencer, UnitPlan, cut, touched_cells
 from txstream.result import Result
 from txstream.state.checkpoints import CheckpointStore
+from txstream.state.keys import node_of
 from txstream.state.operations import STATUS_NAMES
 from txstream.topologies.api import conform_events
 
@@ -451,7 +452,7 @@ class NodesSession:
         bad = wanted[(wanted < 0) | (wanted >= size)]
         if len(bad):
             raise UsageError(f"query: key {int(bad[0])} is not a key of {table!r} (0..{size - 1})")
-        owner = wanted % self.config.nodes
+        owner = node_of(wanted, self.config.nodes)
         asked = [n for n in range(self.config.nodes) if (owner == n).any()]
         at: list[int] = []  # the cut: events submitted when the questions were
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Protocol
 
 import numpy as np
 from txstream.errors import RuntimeFailure
+from txstream.state.keys import node_of
 
 FOREIGN_ROWS = 1 << 17
 """Rows per table a node keeps for other nodes' keys (fewer if the table has fewer): what
@@ -25,6 +27,12 @@ class TableSpec(Protocol):
 
     name: str
     columns: tuple[str, ...]
+    """Its value columns."""
+    state_columns: tuple[str, ...]
+    """The columns the state holds: the value columns, and `txstream.state.keys.LIVE` for
+    natural keys."""
+    key: str
+    """Its key type (`txstream.state.keys.KEY_TYPES`)."""
     init_min: int | None
     """The smallest value its init state may hold (None: any)."""
 
@@ -38,9 +46,10 @@ class TablesSpec(Protocol):
 
 class NodeShare:
     """The keys node ``node`` of ``nodes`` holds: key ``k`` of a table lives on node
-    ``k % nodes``, as row ``k // nodes`` of the node's copy of that table. After its own
-    rows come `foreign_rows` rows that hold, for one step, the other nodes' keys that its
-    transactions across nodes touch (`hold`): values sent by their owners before the step.
+    ``node_of(k, nodes)`` (a stable hash of the key), as the next row of the node's copy of
+    that table in key order. After its own rows come `foreign_rows` rows that hold, for one
+    step, the other nodes' keys that its transactions across nodes touch (`hold`): values
+    sent by their owners before the step.
 
     The team of the node runs in the node's process and sees `hold`'s changes, which are
     made only while it is idle (between steps)."""
@@ -54,11 +63,12 @@ class NodeShare:
 
     def own(self, table: str) -> int:
         """How many keys of ``table`` the node owns."""
-        return len(range(self.node, self.sizes[table], self.nodes))
+        return len(self.own_keys(table))
 
     def own_keys(self, table: str) -> np.ndarray:
         """The keys of ``table`` the node owns, in row order."""
-        return np.arange(self.node, self.sizes[table], self.nodes, dtype=np.int64)
+        owner, _ = owners(self.sizes[table], self.nodes)
+        return np.flatnonzero(owner == self.node)
 
     def foreign_rows(self, table: str) -> int:
         """Rows of ``table`` for other nodes' keys."""
@@ -76,8 +86,9 @@ class NodeShare:
 
     def rows(self, table: str, keys: np.ndarray) -> np.ndarray:
         """The rows of ``keys`` of ``table``: owned ones, or held for this step."""
-        rows = keys // self.nodes
-        other = np.flatnonzero(keys % self.nodes != self.node)
+        owner, row = owners(self.sizes[table], self.nodes)
+        rows = row[keys]
+        other = np.flatnonzero(owner[keys] != self.node)
         if len(other):
             held = self._foreign.get(table, np.zeros(0, np.int64))
             wanted = keys[other]
@@ -88,6 +99,18 @@ class NodeShare:
                 )
             rows[other] = self.own(table) + at
         return rows
+
+
+@cache
+def owners(size: int, nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """For keys ``0..size-1`` of a table over ``nodes`` nodes: the node of every key
+    (`node_of`) and its row on that node (its rank among the node's keys)."""
+    owner = node_of(np.arange(size, dtype=np.int64), nodes)
+    order = np.argsort(owner, kind="stable")
+    first = np.searchsorted(owner[order], np.arange(nodes))
+    row = np.empty(size, np.int64)
+    row[order] = np.arange(size) - first[owner[order]]
+    return owner, row
 
 
 @dataclass(frozen=True)
@@ -122,7 +145,7 @@ class Layout:
         bases: dict[tuple[str, str], int] = {}
         cells = 0
         for table in tables:
-            for column in table.columns:
+            for column in table.state_columns:
                 bases[(table.name, column)] = cells
                 cells += stored[table.name]
         return Layout(sizes=dict(sizes), bases=bases, cells=cells, stored=stored, share=share)

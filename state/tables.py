@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+from txstream.state.keys import LIVE, KeyIndex
 from txstream.state.layout import Layout, TablesSpec
 from txstream.state.shared import ArrayHandle, SharedArray
 
@@ -93,23 +95,38 @@ class SharedState:
 
     def load(self, topology: TablesSpec, init: dict[str, pa.Table]) -> None:
         """Copy validated init tables (of the keys the layout holds) into the state (tables
-        without init start at 0)."""
+        without init start at 0); a natural key of the init state is in the row its
+        index gave it, the init file's position (`txstream.state.init.key_indexes`)."""
         for table in topology.init_tables:
             for column in table.columns:
                 base = self.layout.bases[(table.name, column)]
                 data = init[table.name].column(column).to_numpy()
                 self.values[base : base + len(data)] = data
+            if LIVE in table.state_columns:
+                base = self.layout.bases[(table.name, LIVE)]
+                self.values[base : base + init[table.name].num_rows] = 1
 
-    def tables(self, topology: TablesSpec) -> dict[str, pa.Table]:
+    def tables(
+        self, topology: TablesSpec, indexes: dict[str, KeyIndex] | None = None
+    ) -> dict[str, pa.Table]:
         """Every table as ``key`` + value columns, of the keys the layout holds for good (a
-        copy, safe after close)."""
+        copy, safe after close); a table of natural keys (its index in ``indexes``) holds
+        the keys that exist, sorted by key."""
         out = {}
         for table in topology.tables:
-            keys = self.layout.keys(table.name)
-            size = len(keys)
-            columns = {"key": pa.array(keys)}
+            rows = self.layout.keys(table.name)
+            if LIVE in table.state_columns:
+                index = (indexes or {})[table.name]
+                base = self.layout.bases[(table.name, LIVE)]
+                rows = np.flatnonzero(self.values[base : base + len(index)] == 1)
+                rows = rows[np.asarray(pc.array_sort_indices(index.keys(rows)))]
+                keys = index.keys(rows)
+            else:
+                keys = pa.array(rows)
+            columns = {"key": keys}
             for column in table.columns:
-                base = self.layout.bases[(table.name, column)]
-                columns[column] = pa.array(self.values[base : base + size].copy())
+                columns[column] = pa.array(
+                    self.values[self.layout.cells_of(table.name, column, rows)]
+                )
             out[table.name] = pa.table(columns)
         return out

@@ -1,5 +1,9 @@
 """A plain-Python model of docs/contract.md §1–§4: the oracle the engine is tested against.
 
+Tables of natural keys (§2) are dicts from key to a row of values, holding exactly the keys
+that exist; a missing key reads 0. `KV` is the test topology of tests/kv_topology.py, whose
+operations create, delete and read keys that may be missing.
+
 Events run one at a time in `ts` order, on Python lists and ints, with no code shared
 with txstream, so that a bug in the engine cannot hide behind the same bug here.
 Speed does not matter; being obviously right does.
@@ -147,8 +151,9 @@ class Txn:
             self.tables[table][column][key] = value
 
 
-def validate(topology: str, row: dict, sizes: dict[str, int]) -> None:
-    """Raise `Rejected` if the event is malformed (contract §1, §3); reads no state."""
+def validate(topology: str, row: dict, sizes: dict[str, int] | None) -> None:
+    """Raise `Rejected` if the event is malformed (contract §1, §3); reads no state.
+    ``sizes`` None: natural keys, where only an empty string is not a key."""
     kind = None
     if topology != "tp":
         kind = row["kind"]
@@ -174,8 +179,10 @@ def validate(topology: str, row: dict, sizes: dict[str, int]) -> None:
     for field in used:
         values = row[field] if isinstance(row[field], list) else [row[field]]
         if field in KEY_TABLE[topology]:
-            size = sizes[KEY_TABLE[topology][field]]
-            if any(not 0 <= k < size for k in values):
+            if sizes is None:
+                if any(k == "" for k in values):
+                    raise Rejected(f"{field} malformed")
+            elif any(not 0 <= k < sizes[KEY_TABLE[topology][field]] for k in values):
                 raise Rejected(f"{field} out of range")
         if field in DOMAIN[topology]:
             lo, hi = DOMAIN[topology][field]
@@ -284,6 +291,129 @@ def output_schema(topology: str) -> pa.Schema:
         [("ts", I64), ("event_id", I64), ("status", STR), ("reason", STR)]
         + [(c, I64) for c in OUTPUT_COLUMNS[topology]]
     )
+
+
+class NaturalTxn(Txn):
+    """A transaction over tables of natural keys: `get` of a missing key reads 0, `set`
+    creates it; `delete` removes it and `exists` says whether it is there."""
+
+    def get(self, table: str, column: str, key):
+        if (table, "", key) in self.writes:  # deleted or created by this transaction
+            if not self.writes[(table, "", key)]:
+                return 0
+            return self.writes.get((table, column, key), 0)
+        return self.writes.get((table, column, key), self.tables[table].get(key, {}).get(column, 0))
+
+    def set(self, table: str, column: str, key, value) -> None:
+        if not self.exists(table, key):
+            self.writes[(table, "", key)] = True
+        self.writes[(table, column, key)] = value
+
+    def exists(self, table: str, key) -> bool:
+        return self.writes.get((table, "", key), key in self.tables[table])
+
+    def delete(self, table: str, key) -> None:
+        for where in [w for w in self.writes if w[0] == table and w[2] == key]:
+            del self.writes[where]
+        self.writes[(table, "", key)] = False
+
+    def commit(self) -> None:
+        for (table, column, key), value in self.writes.items():
+            if column == "":
+                if value:
+                    self.tables[table][key] = dict.fromkeys(NATURAL_TABLES[table], 0)
+                else:
+                    self.tables[table].pop(key, None)
+        for (table, column, key), value in self.writes.items():
+            if column != "":
+                self.tables[table][key][column] = value
+
+
+NATURAL_TABLES = {"accounts": ("balance",), "assets": ("balance",), "kv": ("value",)}
+"""The value columns of every table the natural-key model knows."""
+
+
+def _kv(row: dict, txn: NaturalTxn) -> dict:
+    kind, key, value = row["kind"], row["key"], row["value"]
+    if kind == "put":
+        txn.set("kv", "value", key, value)
+    elif kind == "add":
+        txn.set("kv", "value", key, txn.get("kv", "value", key) + value)
+    elif kind == "delete":
+        txn.delete("kv", key)
+    elif kind == "get":
+        if not txn.exists("kv", key):
+            raise Aborted("no such key")
+        return {"value": txn.get("kv", "value", key)}
+    elif kind == "peek":
+        return {"value": txn.get("kv", "value", key)}
+    else:  # move
+        if not txn.exists("kv", key):
+            raise Aborted("no such key")
+        if txn.get("kv", "value", key) < value:
+            raise Aborted("insufficient value")
+        txn.set("kv", "value", key, txn.get("kv", "value", key) - value)
+        other = row["other"]
+        txn.set("kv", "value", other, txn.get("kv", "value", other) + value)
+    return {}
+
+
+KV_KINDS = ("put", "add", "delete", "get", "peek", "move")
+
+
+def _validate_kv(row: dict) -> None:
+    kind = row["kind"]
+    if row["event_id"] is None or kind is None or kind not in KV_KINDS:
+        raise Rejected("kind")
+    fields = ("key",) if kind in ("delete", "get", "peek") else ("key", "value")
+    fields += ("other",) if kind == "move" else ()
+    for field in fields:
+        if row[field] is None:
+            raise Rejected(f"null {field}")
+        if field in ("key", "other") and row[field] == "":
+            raise Rejected(f"{field} malformed")
+    if "value" in fields and not 0 <= row["value"] <= MAX:
+        raise Rejected("value out of domain")
+
+
+def run_natural_model(
+    topology: str, events: pa.Table, init: dict[str, pa.Table]
+) -> tuple[pa.Table, dict[str, pa.Table]]:
+    """`run_model` on tables of natural keys (``sl`` or ``kv``): the final state holds the
+    keys that exist, sorted by key."""
+    tables = {}
+    for name in NATURAL_TABLES:
+        if name in init:
+            rows = init[name].to_pylist()
+            tables[name] = {r["key"]: {c: r[c] for c in NATURAL_TABLES[name]} for r in rows}
+    outputs = ("value",) if topology == "kv" else OUTPUT_COLUMNS[topology]
+    out = []
+    for ts, row in enumerate(events.to_pylist()):
+        result = {"ts": ts, "event_id": row["event_id"], "status": "committed", "reason": None}
+        result |= dict.fromkeys(outputs)
+        try:
+            _validate_kv(row) if topology == "kv" else validate(topology, row, None)
+            txn = NaturalTxn(tables)
+            result |= (_kv if topology == "kv" else APPLY[topology])(row, txn)
+            txn.commit()
+        except Rejected as e:
+            result |= {"status": "rejected", "reason": str(e)}
+        except Aborted as e:
+            result |= {"status": "aborted", "reason": str(e)}
+        out.append(result)
+    key_type = next(iter(init.values())).schema.field("key").type
+    state = {}
+    for name, rows in tables.items():
+        keys = sorted(rows)
+        state[name] = pa.table(
+            {"key": pa.array(keys, key_type)}
+            | {c: pa.array([rows[k][c] for k in keys], I64) for c in NATURAL_TABLES[name]}
+        )
+    schema = pa.schema(
+        [("ts", I64), ("event_id", I64), ("status", STR), ("reason", STR)]
+        + [(c, I64) for c in outputs]
+    )
+    return pa.Table.from_pylist(out, schema=schema), state
 
 
 def run_model(

@@ -35,6 +35,7 @@ from pairwise import pairwise
 from txstream import Job, topologies
 from txstream.errors import RuntimeFailure, UsageError
 from txstream.nodes.session import UNIT_LEVELS
+from txstream.state.keys import node_of
 from txstream.state.layout import FOREIGN_ROWS, Layout, NodeShare
 from txstream.topologies import BUNDLED
 from txstream.topologies.generators import WorkloadSpec, generate, write_workload
@@ -232,25 +233,27 @@ def test_spark_input_reaches_the_nodes_by_partition(cluster, tmp_path):
 
 
 def test_a_node_holds_its_own_keys_and_room_for_others():
-    """Key k of a table on node k % N, in row k // N; then rows for other nodes' keys,
-    which hold only the keys given for the step."""
+    """Key k of a table on node node_of(k, N), in the node's rows in key order; then rows
+    for other nodes' keys, which hold only the keys given for the step."""
     share = NodeShare(1, 3, {"accounts": 10, "assets": 1_000_000})
     tables = topologies.get("sl").tables
     layout = Layout.of(tables, share.sizes, share)
-    assert layout.stored == {"accounts": 3 + 7, "assets": 333_333 + FOREIGN_ROWS}
-    assert layout.keys("accounts").tolist() == [1, 4, 7]
+    own = np.flatnonzero(node_of(np.arange(10), 3) == 1)
+    others = np.setdiff1d(np.arange(10), own)
+    assets = int((node_of(np.arange(1_000_000), 3) == 1).sum())
+    assert layout.stored == {"accounts": 10, "assets": assets + FOREIGN_ROWS}
+    assert layout.keys("accounts").tolist() == own.tolist()
     base = layout.bases[("accounts", "balance")]
-    assert (layout.cells_of("accounts", "balance", np.array([7, 1])) - base).tolist() == [2, 0]
+    assert (layout.cells_of("accounts", "balance", own[::-1]) - base).tolist() == list(
+        range(len(own))
+    )[::-1]
     with pytest.raises(RuntimeFailure, match="neither its own nor held"):
-        layout.cells_of("accounts", "balance", np.array([2]))
-    share.hold("accounts", np.array([2, 9]))
-    assert (layout.cells_of("accounts", "balance", np.array([9, 4, 2])) - base).tolist() == [
-        4,
-        1,
-        3,
-    ]
-    with pytest.raises(RuntimeFailure, match="room for 7"):
-        share.hold("accounts", np.arange(8))
+        layout.cells_of("accounts", "balance", others[:1])
+    share.hold("accounts", others[:2])
+    got = layout.cells_of("accounts", "balance", np.array([others[1], own[0], others[0]]))
+    assert (got - base).tolist() == [len(own) + 1, 0, len(own)]
+    with pytest.raises(RuntimeFailure, match=f"room for {len(others)}"):
+        share.hold("accounts", np.arange(len(others) + 1))
 
 
 def _sl_schema() -> pa.Schema:

@@ -49,12 +49,29 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@cache
-def get(name: str) -> Topology:
+NATURAL_KEYS = ("sl",)
+"""Bundled topologies that run on natural keys (`--key-type`)."""
+
+
+def get(name: str, key_type: str | None = None) -> Topology:
     """The topology ``name`` - bundled (``sl``) or a factory (``mypkg.flows:ledger``) -
-    built, and its functions compiled, once per process (every actor builds its own)."""
+    built, and its functions compiled, once per process (every actor builds its own).
+    ``key_type`` (`--key-type`): the key type of a bundled topology's tables (None or
+    ``dense``: dense); a factory's tables declare their own."""
+    return _built(name, None if key_type == "dense" else key_type)
+
+
+@cache
+def _built(name: str, key_type: str | None) -> Topology:
+    natural = key_type is not None
+    if natural and name not in NATURAL_KEYS:
+        raise UsageError(
+            f"--key-type {key_type} applies to {', '.join(NATURAL_KEYS)}; a topology of "
+            "its own declares its tables' key types"
+        )
     if name in BUNDLED:
-        return importlib.import_module(f"txstream.topologies.{name}").topology()
+        module = importlib.import_module(f"txstream.topologies.{name}")
+        return module.topology(key_type) if natural else module.topology()
     if not is_valid_name(name):
         raise UsageError(
             f"unknown topology {name!r}; choose one of {', '.join(BUNDLED)} or module:function"

@@ -24,10 +24,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from txstream.errors import SchemaError, TopologyError
-from txstream.state._kernels import CALLED, VALUE, Udf, compile_for
+from txstream.state._kernels import ARG, AT_LEAST_ARG, CALLED, VALUE, Udf, compile_for
 from txstream.state._numba import USER_SIG
+from txstream.state.keys import DENSE, KEY_TYPES, LIVE, NATURAL
+from txstream.state.keys import STRING as STRING_KEY
 from txstream.state.layout import Layout
-from txstream.state.operations import READ, READ_MODIFY, SET_ADD, WRITE
+from txstream.state.operations import COMMITTED, READ, READ_MODIFY, SET_ADD, WRITE
 from txstream.topologies._kernels import (
     CONSTANT,
     INT_COLUMN,
@@ -55,7 +57,9 @@ _EVERY.flags.writeable = _NO_ROWS.flags.writeable = False  # as the kernels take
 # ---------------------------------------------------------------- tables
 @dataclass(frozen=True)
 class Table:
-    """A state table with dense int64 keys ``0..K-1`` and int64 value columns.
+    """A state table of int64 value columns, whose keys are ``key``: dense rows
+    ``0..K-1`` (K: the rows of its init state), or natural ``int64`` or ``string`` keys,
+    which may be created, deleted and created again (contract §2).
 
     ``distinct=True`` makes every key hold a *set* of members; its single value column
     is the set's size (maintained by SET_ADD). ``size_of`` names a table whose K this
@@ -68,11 +72,34 @@ class Table:
     distinct: bool = False
     size_of: str | None = None
     init_min: int | None = None
+    key: str = DENSE
+    deletes: bool = False
+    """Natural keys that are deleted, or whose existence is a condition (`Transactions.delete`,
+    `Transactions.exists`): existence is then kept by operations. Else a committed create
+    marks it after its chunk, at no operation's cost (`Transactions.mark_created`)."""
 
     def __getitem__(self, column: str) -> Column:
         if column not in self.columns:
             raise TopologyError(f"table {self.name!r} has no column {column!r}")
         return Column(self, column)
+
+    @property
+    def natural(self) -> bool:
+        """Whether its keys are natural (an index maps them to rows)."""
+        return self.key in NATURAL
+
+    @property
+    def state_columns(self) -> tuple[str, ...]:
+        """The columns the state holds: the value columns and, for natural keys, `LIVE`
+        (1 for a key that exists)."""
+        return (*self.columns, LIVE) if self.natural else self.columns
+
+    @property
+    def live(self) -> Column:
+        """The `LIVE` column of a table of natural keys."""
+        if not self.natural:
+            raise TopologyError(f"table {self.name!r} has dense keys, which always exist")
+        return Column(self, LIVE)
 
 
 @dataclass(frozen=True)
@@ -139,6 +166,18 @@ def well_known(computes: int) -> Callable[[Callable[..., Any]], UserFunction]:
 def identity(value, args, reads, n_reads):
     """The value as it is: the default function of READ."""
     return value
+
+
+@well_known(ARG)
+def assign(value, args, reads, n_reads):
+    """``args[0]``: a blind write."""
+    return args[0]
+
+
+@well_known(AT_LEAST_ARG)
+def covers(value, args, reads, n_reads):
+    """``value >= args[0]``: enough balance or quantity for the request."""
+    return value >= args[0]
 
 
 # ---------------------------------------------------------------- events
@@ -289,9 +328,12 @@ class EventShare:
         self._reject_outside(name, low, high, where, f"{name} out of range")
 
     def require_key(self, name: str, table: Table, where: np.ndarray | None = None) -> None:
-        """Reject events in ``where`` whose field is not a key of ``table``."""
+        """Reject events in ``where`` whose field is not a key of ``table``: outside
+        ``0..K-1`` for dense keys, malformed (an empty string) for natural ones, whose
+        field holds the key's row by now (`Topology.key_columns`)."""
         high = self.sizes[table.name] - 1
-        self._reject_outside(name, 0, high, where, f"key out of range: {name}")
+        reason = f"malformed key: {name}" if table.natural else f"key out of range: {name}"
+        self._reject_outside(name, 0, high, where, reason)
 
     def _reject_outside(
         self, name: str, low: int, high: int, where: np.ndarray | None, reason: str
@@ -368,6 +410,8 @@ class Transactions:
         self._targets: list[tuple[str, str]] = []
         self._alive: list[np.ndarray] = []
         self._width = 1
+        self._creates: list[tuple[str, np.ndarray, np.ndarray | None]] = []
+        """Creates marked after the chunk (`mark_created`): table, key rows, where."""
 
     def read(self, column: Column, key: Key, *, fun: UserFunction = identity, **kw: Any) -> None:
         """Read ``column[key]`` through ``fun``; the result is added into output ``out``."""
@@ -381,6 +425,41 @@ class Transactions:
         """``column[key] = fun(old, args, reads)``; differs from WRITE in that the old
         value is part of the result (schedulers may not blind-write it)."""
         self._emit(READ_MODIFY, column, key, fun, **kw)
+
+    def create(self, table: Table, key: np.ndarray, *, where: np.ndarray | None = None) -> None:
+        """Make ``key`` of a table of natural keys exist if the transaction commits (an
+        upsert: a key that did not exist has every column at 0, its default)."""
+        if table.deletes:
+            self._emit(WRITE, table.live, key, assign, args=(1,), where=where)
+        else:
+            self._creates.append((table.name, np.asarray(key, np.int64), where))
+
+    def mark_created(self, values: np.ndarray, status: np.ndarray) -> None:
+        """Mark the keys that the committed transactions (their ``status``) created in
+        tables without deletes: after their chunk, before its snapshot, since no
+        transaction reads their existence (`Table.deletes`)."""
+        committed = status == COMMITTED
+        for table, key, where in self._creates:
+            made = committed if where is None else committed & where
+            values[self.layout.cells_of(table, LIVE, key[made])] = 1
+
+    def delete(self, table: Table, key: Key, *, where: np.ndarray | None = None) -> None:
+        """Remove ``key`` of a table of natural keys (declared with ``deletes``): it no
+        longer exists, and its columns are back to 0 for a later `create`."""
+        _needs_deletes(table, "delete")
+        for column in table.columns:
+            self._emit(WRITE, table[column], key, assign, args=(0,), where=where)
+        self._emit(WRITE, table.live, key, assign, args=(0,), where=where)
+
+    def exists(
+        self, table: Table, key: Key, *, reason: str, where: np.ndarray | None = None
+    ) -> None:
+        """Abort the transaction with ``reason`` unless ``key`` exists (a missing key's
+        columns read 0 otherwise); the table is declared with ``deletes``."""
+        _needs_deletes(table, "exists")
+        self._emit(
+            READ, table.live, key, identity, args=(1,), cond=covers, reason=reason, where=where
+        )
 
     def set_add(self, column: Column, key: Key, member: Arg, **kw: Any) -> None:
         """Add ``member`` to the set at ``key`` of a distinct table; the result is the size."""
@@ -467,6 +546,14 @@ class Transactions:
         return array.ctypes.data
 
 
+def _needs_deletes(table: Table, what: str) -> None:
+    if not table.deletes:
+        raise TopologyError(
+            f"{what} on table {table.name!r}: declare it Table(..., deletes=True), whose "
+            "operations keep whether a key exists"
+        )
+
+
 def _buffer(array: pa.Array, index: int, dtype: type) -> np.ndarray:
     """The elements of buffer ``index`` of ``array`` (a fixed-width one) as numpy, no copy."""
     values = np.frombuffer(array.buffers()[index], dtype)
@@ -545,10 +632,16 @@ class Topology:
         _pass_outputs
     )
     output_columns: tuple[str, ...] | None = None
+    key_columns: dict[str, str] = field(default_factory=dict)
+    """The event columns that carry keys of a table of natural keys, and the table's name:
+    the engine turns them into rows before ``pre_process`` (contract §2)."""
     _reasons: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.functions = (identity, *[f for f in self.functions if f is not identity])
+        if any(t.natural for t in self.tables):
+            self.functions += tuple(f for f in (assign,) if f not in self.functions)
+            self.conditions += tuple(c for c in (covers,) if c not in self.conditions)
         if self.output_columns is None:
             self.output_columns = self.outputs
         problems = []
@@ -560,6 +653,28 @@ class Topology:
                 problems.append(f"table {table.name!r}: size_of {table.size_of!r} is not a table")
             if table.distinct and len(table.columns) != 1:
                 problems.append(f"distinct table {table.name!r} must have exactly one column")
+            if table.key not in KEY_TYPES:
+                problems.append(
+                    f"table {table.name!r}: key type {table.key!r} is not one of "
+                    f"{', '.join(KEY_TYPES)}"
+                )
+            elif table.deletes and not table.natural:
+                problems.append(f"table {table.name!r}: dense keys are never deleted")
+            elif table.natural and (table.distinct or table.size_of is not None):
+                problems.append(
+                    f"table {table.name!r}: natural keys on a distinct table or "
+                    "one sized after another"
+                )
+        by_name = {t.name: t for t in self.tables}
+        for col, name in self.key_columns.items():
+            table = by_name.get(name)
+            wanted = STRING if table is not None and table.key == STRING_KEY else INT
+            if table is None or not table.natural:
+                problems.append(f"key column {col!r}: {name!r} is not a table of natural keys")
+            elif self.event_columns.get(col) != wanted:
+                problems.append(
+                    f"key column {col!r} of {name!r} must be an event column of type {wanted}"
+                )
         for col, typ in self.event_columns.items():
             if typ not in (INT, STRING, INT_LIST):
                 problems.append(f"event column {col!r}: unknown type {typ!r}")
@@ -645,6 +760,20 @@ class Topology:
         """The event columns with their canonical Arrow types (what the engine reads)."""
         types = {INT: pa.int64(), STRING: DICTIONARY_STRING, INT_LIST: LIST_INT64}
         return pa.schema([(name, types[typ]) for name, typ in self.event_columns.items()])
+
+    @property
+    def marks_created(self) -> bool:
+        """Whether a chunk's creates are marked after it (`Transactions.mark_created`)."""
+        return any(t.natural and not t.deletes for t in self.tables)
+
+    @property
+    def engine_schema(self) -> pa.Schema:
+        """The event columns as the team gets them: `event_schema` with the key columns of
+        tables of natural keys turned into int64 rows (`key_columns`)."""
+        schema = self.event_schema
+        for name in self.key_columns:
+            schema = schema.set(schema.get_field_index(name), pa.field(name, pa.int64()))
+        return schema
 
     def check_event_schema(self, schema: pa.Schema) -> None:
         """Raise :class:`SchemaError` unless every declared event column has a usable type."""

@@ -3,8 +3,10 @@ the kernels compute these inline, see `txstream.topologies.api.well_known`)."""
 
 from __future__ import annotations
 
-from txstream.state._kernels import ARG, AT_LEAST_ARG, VALUE_MINUS_ARG, VALUE_PLUS_ARG
-from txstream.topologies.api import well_known
+from txstream.state._kernels import VALUE_MINUS_ARG, VALUE_PLUS_ARG
+from txstream.topologies.api import assign, covers, well_known
+
+__all__ = ["MAX_VALUE", "add", "assign", "covers", "subtract"]
 
 MAX_VALUE = 2**40
 """Upper bound of amounts, prices and quantities in the bundled topologies (contract §3)."""
@@ -20,15 +22,3 @@ def add(value, args, reads, n_reads):
 def subtract(value, args, reads, n_reads):
     """``value - args[0]``."""
     return value - args[0]
-
-
-@well_known(ARG)
-def assign(value, args, reads, n_reads):
-    """``args[0]``: a blind write."""
-    return args[0]
-
-
-@well_known(AT_LEAST_ARG)
-def covers(value, args, reads, n_reads):
-    """``value >= args[0]``: enough balance or quantity for the request."""
-    return value >= args[0]

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from txstream.config import KEY_TYPES
+from txstream.state.keys import key_hash
 from txstream.topologies.functions import MAX_VALUE
 
 AMOUNTS = (1, 100)
@@ -35,6 +37,8 @@ QUANTITIES = (1, 10)
 INIT_BASE = (1, 1_000)
 """Initial values before headroom; GS records start here."""
 
+ACCOUNT_IDS, ASSET_IDS = "acct-%07d", "asset-%07d"
+"""SL's string ids of account and asset number k."""
 SL_MIX = {"deposit": 0.5, "transfer": 0.5}
 """TStream's balanced ratio; deposits touch 2 states (l = 2), transfers 4 (l = 4)."""
 
@@ -79,6 +83,12 @@ class WorkloadSpec:
     txn_length: int | None = None
     deps: int | None = None
     seed: int = 0
+    key_type: str = "dense"
+    """SL: ``dense`` keys 0..K-1, ``string`` ids (`ACCOUNT_IDS`, `ASSET_IDS`) or sparse
+    random ``int64`` ids; the events are otherwise the same."""
+    new_keys: float = 0.0
+    """SL on natural keys: the share of events that open an account or asset that is not
+    in the init state (a deposit's account and asset, a transfer's destinations)."""
 
     def __post_init__(self) -> None:
         _require(self.events >= 0, "events", "must be >= 0", self.events)
@@ -94,6 +104,16 @@ class WorkloadSpec:
             value = getattr(self, knob)
             _require(value is None or value >= 1, knob, "must be >= 1", value)
         _require(self.seed >= 0, "seed", "must be >= 0", self.seed)
+        _require(
+            self.key_type in KEY_TYPES, "key_type", f"must be one of {KEY_TYPES}", self.key_type
+        )
+        _require(0 <= self.new_keys <= 1, "new_keys", "must be in [0, 1]", self.new_keys)
+        _require(
+            self.new_keys == 0 or self.key_type != "dense",
+            "new_keys",
+            "needs natural keys (key_type int64 or string)",
+            self.new_keys,
+        )
 
 
 def _require(ok: bool, knob: str, rule: str, value: object) -> None:
@@ -138,6 +158,8 @@ def generate(topology: str, spec: WorkloadSpec) -> tuple[pa.Table, dict[str, pa.
         raise ValueError(
             f"unknown topology {topology!r}; expected one of {', '.join(GENERATORS)}"
         ) from None
+    if spec.key_type != "dense" and topology != "sl":
+        raise ValueError(f"key_type {spec.key_type!r} applies to sl only")
     return generator(spec)
 
 
@@ -171,24 +193,58 @@ def generate_sl(spec: WorkloadSpec) -> tuple[pa.Table, dict[str, pa.Table]]:
     on_asset = rng.random(n) < 0.5
     amount[planted & ~on_asset] = MAX_VALUE
     asset_amount[planted & on_asset] = MAX_VALUE
+    account, asset = accounts(n), assets(n)
+    dst_account, dst_asset = accounts(n), assets(n)
+    headroom = AMOUNTS[1] * n
+    balances = [_uniform(rng, INIT_BASE, spec.keys) + headroom for _ in range(2)]
+    keys = spec.keys
+    if spec.new_keys:  # drawn last: the other events are those of new_keys = 0
+        opening = np.flatnonzero(rng.random(n) < spec.new_keys)
+        new = np.arange(keys, keys + len(opening))
+        deposit = opening[~transfer[opening]]
+        account[deposit], asset[deposit] = new[: len(deposit)], new[: len(deposit)]
+        moved = opening[transfer[opening]]
+        dst_account[moved] = dst_asset[moved] = new[len(deposit) :]
+        keys += len(opening)
+    ids = [_ids(spec.key_type, form, keys) for form in (ACCOUNT_IDS, ASSET_IDS)]
     events = pa.table(
         {
             "event_id": _ints(np.arange(n)),
             "kind": _strings(SL_MIX, kind),
-            "account": _ints(accounts(n)),
-            "asset": _ints(assets(n)),
-            "dst_account": _ints(accounts(n), transfer),
-            "dst_asset": _ints(assets(n), transfer),
+            "account": _keys(ids[0], account),
+            "asset": _keys(ids[1], asset),
+            "dst_account": _keys(ids[0], dst_account, transfer),
+            "dst_asset": _keys(ids[1], dst_asset, transfer),
             "amount": _ints(amount),
             "asset_amount": _ints(asset_amount),
         }
     )
-    headroom = AMOUNTS[1] * n
     init = {
-        table: _init(spec.keys, balance=_uniform(rng, INIT_BASE, spec.keys) + headroom)
-        for table in ("accounts", "assets")
+        table: _init(spec.keys, balance=balance, ids=table_ids)
+        for table, balance, table_ids in zip(("accounts", "assets"), balances, ids, strict=True)
     }
     return events, init
+
+
+def _ids(key_type: str, form: str, keys: int) -> pa.Array | None:
+    """The natural id of every key number 0..keys-1 (None: dense, the number itself)."""
+    if key_type == "string":
+        return pa.array([form % k for k in range(keys)], pa.string())
+    if key_type == "int64":  # distinct: the hash is a bijection of 64-bit values
+        salt = 1 if form == ACCOUNT_IDS else 2
+        return pa.array(key_hash(np.arange(keys, dtype=np.int64) * 4 + salt).view(np.int64))
+    return None
+
+
+def _keys(ids: pa.Array | None, numbers: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """A key column: the key numbers, or their natural ids (strings dictionary-encoded, as
+    Parquet then keeps them), null where not ``valid``."""
+    if ids is None:
+        return _ints(numbers, valid)
+    indices = _ints(numbers, valid)
+    if pa.types.is_string(ids.type):
+        return pa.DictionaryArray.from_arrays(indices.cast(pa.int32()), ids)
+    return ids.take(indices)
 
 
 def generate_gs(spec: WorkloadSpec) -> tuple[pa.Table, dict[str, pa.Table]]:
@@ -345,8 +401,8 @@ def _lists(values: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None = N
     )
 
 
-def _init(keys: int, **columns: np.ndarray) -> pa.Table:
-    """An init table: `key` = 0..K-1 then the value columns, all int64 (contract §2)."""
-    return pa.table(
-        {"key": _ints(np.arange(keys))} | {name: _ints(v) for name, v in columns.items()}
-    )
+def _init(keys: int, ids: pa.Array | None = None, **columns: np.ndarray) -> pa.Table:
+    """An init table: `key` = 0..K-1 (or the first K natural ``ids``) then the value
+    columns, all int64 (contract §2)."""
+    key = _ints(np.arange(keys)) if ids is None else ids.slice(0, keys)
+    return pa.table({"key": key} | {name: _ints(v) for name, v in columns.items()})
