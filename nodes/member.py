@@ -129,7 +129,7 @@ class NodeTeam:
 
     def _install(self, cells: np.ndarray) -> np.ndarray:
         """Rows for the other nodes' keys among ``cells`` (of `whole`), for this step; the
-        cells of this node's state that hold them."""
+        cells of this node's state that hold them, or hold its own keys among them."""
         columns, where, keys = self.whole.locate(cells)
         names = list(self.whole.stored)
         span = max(self.whole.sizes.values()) + 1
@@ -137,8 +137,10 @@ class NodeTeam:
         held = np.sort(table * span + keys)  # (table, key) as one number
         held = held[np.diff(held, prepend=-1) != 0]
         bounds = np.searchsorted(held, np.arange(len(names) + 1) * span)
+        share = self.layout.share
         for number, name in enumerate(names):
-            self.layout.share.hold(name, held[bounds[number] : bounds[number + 1]] - number * span)
+            keys_held = held[bounds[number] : bounds[number + 1]] - number * span
+            share.hold(name, keys_held[share.others(keys_held)])
         return self._local(columns, where, keys)
 
     def _local(self, columns: list[tuple[str, str]], where: np.ndarray, keys: np.ndarray):

@@ -41,6 +41,7 @@ from txstream.engine.recovery import MAX_RECOVERIES, InputLog, Pushed
 from txstream.errors import ActorDied, RuntimeFailure, TopologyError, TxstreamError, UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.metrics import LatencyHistogram
+from txstream.nodes.cost import COST, critical_events
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
 from txstream.nodes.intake import Prepared, prepare_partition
 from txstream.nodes.member import NodeTeam
@@ -150,6 +151,8 @@ class NodesSession:
             "exchanged_values": 0,
             "partitions_prepared": 0,
             "unit_levels_max": 0,
+            "gathered_units": 0,
+            "critical_events": 0,
         }
         self.in_flight: deque[tuple[float, int, list]] = deque()
         self.ts = 0
@@ -347,9 +350,14 @@ class NodesSession:
     def _pieces(self, unit: _Unit) -> Iterator[_Unit]:
         """``unit`` sequenced, or its halves, theirs and so on, until each piece fits: no
         step needs more rows for other nodes' keys than a node has (`Sequencer.plan`), and
-        at most `UNIT_LEVELS` levels."""
-        unit.planned = self.sequencer.plan(unit.n, unit.txn, unit.cells)
-        if unit.planned is not None and len(unit.planned.steps) <= UNIT_LEVELS:
+        at most `UNIT_LEVELS` levels. A unit read by the driver may also be gathered on
+        one node (`Sequencer.gather`): of the plans that fit, the cheaper per `COST`."""
+        plans = [self.sequencer.plan(unit.n, unit.txn, unit.cells)]
+        if unit.events is not None:  # a prepared partition's nodes have their events only
+            plans.append(self.sequencer.gather(unit.n, unit.txn, unit.cells))
+        fit = [p for p in plans if p is not None and len(p.steps) <= UNIT_LEVELS]
+        if fit:
+            unit.planned = min(fit, key=COST.seconds)
             yield unit
             return
         if unit.n < 2:  # one event has one level: it needs more room than a node has
@@ -667,6 +675,8 @@ class NodesSession:
         f["unit_levels_max"] = max(f["unit_levels_max"], len(unit.steps))
         f["cross"] += unit.cross
         f["exchanged_values"] += unit.exchanged
+        f["gathered_units"] += unit.gathered
+        f["critical_events"] += critical_events(unit)
         sent: dict[tuple[int, int], Any] = {}  # (from, to) -> values for the next level
         refs = []
         for level in unit.steps:

@@ -74,10 +74,14 @@ class NodeShare:
             )
         self._foreign[table] = keys
 
+    def others(self, keys: np.ndarray) -> np.ndarray:
+        """Which of ``keys`` other nodes own."""
+        return keys % self.nodes != self.node
+
     def rows(self, table: str, keys: np.ndarray) -> np.ndarray:
         """The rows of ``keys`` of ``table``: owned ones, or held for this step."""
         rows = keys // self.nodes
-        other = np.flatnonzero(keys % self.nodes != self.node)
+        other = np.flatnonzero(self.others(keys))
         if len(other):
             held = self._foreign.get(table, np.zeros(0, np.int64))
             wanted = keys[other]
