@@ -78,7 +78,8 @@ class _Unit:
     """A unit of input: ``n`` events, their cells (`touched_cells`), and where each node
     takes its events from: ``events`` (read by the driver), or a prepared Spark partition
     (`txstream.nodes.intake`): per node, a reference to the table of the events it takes
-    part in (``parts``) and each event's row in it (``rank``)."""
+    part in (``parts``) and each event's row in it (``rank``), then the same for the
+    table of all its events (for a unit gathered on one node)."""
 
     n: int
     txn: np.ndarray
@@ -89,12 +90,15 @@ class _Unit:
     planned: UnitPlan | None = None
     """Its steps, once sequenced (`NodesSession._pieces`)."""
 
-    def rows(self, node: int, positions: np.ndarray) -> tuple[Any, np.ndarray | None]:
+    def rows(
+        self, node: int, positions: np.ndarray, gathered: bool
+    ) -> tuple[Any, np.ndarray | None]:
         """What a step of ``node`` gets for the events at ``positions``: their rows, or a
-        table of the node's and which of its rows."""
+        table of the node's (of all, if the unit is ``gathered``) and which of its rows."""
         if self.events is not None:
             return self.events.take(positions), None
-        return self.parts[node], self.rank[node][positions]
+        table = -1 if gathered else node
+        return self.parts[table], self.rank[table][positions]
 
     def halves(self) -> tuple[_Unit, _Unit]:
         """The unit's first and second halves."""
@@ -350,11 +354,12 @@ class NodesSession:
     def _pieces(self, unit: _Unit) -> Iterator[_Unit]:
         """``unit`` sequenced, or its halves, theirs and so on, until each piece fits: no
         step needs more rows for other nodes' keys than a node has (`Sequencer.plan`), and
-        at most `UNIT_LEVELS` levels. A unit read by the driver may also be gathered on
-        one node (`Sequencer.gather`): of the plans that fit, the cheaper per `COST`."""
-        plans = [self.sequencer.plan(unit.n, unit.txn, unit.cells)]
-        if unit.events is not None:  # a prepared partition's nodes have their events only
-            plans.append(self.sequencer.gather(unit.n, unit.txn, unit.cells))
+        at most `UNIT_LEVELS` levels; or gathered on one node (`Sequencer.gather`): of the
+        plans that fit, the cheaper per `COST`."""
+        plans = [
+            self.sequencer.plan(unit.n, unit.txn, unit.cells),
+            self.sequencer.gather(unit.n, unit.txn, unit.cells),
+        ]
         fit = [p for p in plans if p is not None and len(p.steps) <= UNIT_LEVELS]
         if fit:
             unit.planned = min(fit, key=COST.seconds)
@@ -383,7 +388,7 @@ class NodesSession:
         plan, nodes = self.plan, self.config.nodes
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         prepare = ray.remote(prepare_partition).options(
-            num_cpus=0, num_returns=nodes + 1, scheduling_strategy=here
+            num_cpus=0, num_returns=nodes + 2, scheduling_strategy=here
         )
         pending: deque[list] = deque()
         last_position = -1
@@ -403,6 +408,7 @@ class NodesSession:
             got: Prepared = self._get(refs[0])
             last_position = follow(last_position, got.first, got.last)
             rank = [np.cumsum((got.mask >> node) & 1) - 1 for node in range(nodes)]
+            rank.append(np.arange(got.rows))
             self.figures["partitions_prepared"] += 1
             for first in range(0, got.rows, size):
                 end = min(got.rows, first + size)
@@ -686,7 +692,11 @@ class NodesSession:
                     continue
                 cells = [c for _, c in step.receive]
                 values = [received.pop((source, node)) for source, _ in step.receive]
-                rows, take = whole.rows(node, step.events) if len(step.events) else (None, None)
+                rows, take = (
+                    whole.rows(node, step.events, unit.gathered)
+                    if len(step.events)
+                    else (None, None)
+                )
                 out = (
                     self.teams[node]
                     .step.options(num_returns=max(1, len(step.send)))
