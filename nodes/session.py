@@ -41,13 +41,13 @@ from txstream.engine.recovery import MAX_RECOVERIES, InputLog, Pushed
 from txstream.errors import ActorDied, RuntimeFailure, TopologyError, TxstreamError, UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.metrics import LatencyHistogram
+from txstream.nodes import rounds
 from txstream.nodes.cost import COST, critical_events
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
 from txstream.nodes.intake import Prepared, prepare_partition
 from txstream.nodes.member import NodeTeam
 from txstream.nodes.sequencer import Partition, Sequencer, UnitPlan, cut, touched_cells
 from txstream.result import Result
-from txstream.state.checkpoints import CheckpointStore
 from txstream.state.operations import STATUS_NAMES
 from txstream.topologies.api import conform_events
 
@@ -118,10 +118,11 @@ class _Unit:
 @dataclass(frozen=True)
 class _Saved:
     """The last checkpoint every node took: after ``ts`` events of the input, which were
-    ``local[i]`` events of node i's own."""
+    ``local[i]`` events of node i's own; its round (`txstream.nodes.rounds`)."""
 
     ts: int
     local: list[int]
+    round: int
 
 
 class NodesSession:
@@ -166,7 +167,7 @@ class NodesSession:
         folder = self.config.checkpoint_dir
         self.folder = Path(folder).resolve() if folder else None
         self.every = (self.config.checkpoint_every or 0) * self.config.punctuation_interval
-        self.saved = _Saved(0, [0] * nodes)
+        self.saved = _Saved(0, [0] * nodes, 0)
         self.since: list[_Unit] = []
         """The units after the last checkpoint, run again after the loss of a node."""
         self.recoveries: list[dict[str, Any]] = []
@@ -284,7 +285,7 @@ class NodesSession:
                         f"checkpoint {meta_path} is of another {key} ({meta.get(key)}, here "
                         f"{value}); use another --checkpoint-dir or remove it"
                     )
-            self.saved = _Saved(meta["ts"], meta["local"])
+            self.saved = _Saved(meta["ts"], meta["local"], meta["round"])
             self.ts = self.done = self._resumed_from = self.saved.ts
             last = meta.get("last_batch_id")
             self._inputs = InputLog(keep=False, last_batch_id=last)
@@ -541,7 +542,7 @@ class NodesSession:
             node, output = share.node, None
             if self.folder is not None:
                 home = self.folder / f"node-{node}"
-                CheckpointStore(home).drop_after(self.saved.local[node])
+                rounds.take_back(home, self.saved.local[node], self.saved.round)
                 options["checkpoint_dir"] = str(home)
                 options["checkpoint_every"] = NEVER  # only when the driver says
                 output = str(home / "output")
@@ -632,9 +633,10 @@ class NodesSession:
 
     def _checkpoint(self) -> None:
         """Every node checkpoints once all submitted units are done (the same boundary)."""
-        local = self._ask(lambda: [team.checkpoint.remote() for team in self.teams])
-        self.saved = _Saved(self.ts, local)
-        meta = {**self._identity(), "ts": self.ts, "local": local}
+        number = self.saved.round + 1
+        local = self._ask(lambda: [team.checkpoint.remote(number) for team in self.teams])
+        self.saved = _Saved(self.ts, local, number)
+        meta = {**self._identity(), "ts": self.ts, "local": local, "round": number}
         meta["last_batch_id"] = self._inputs.position(self.ts)["last_batch_id"]
         written = self.folder / f"{NODES_META}.tmp"
         written.write_text(json.dumps(meta, indent=1))

@@ -64,6 +64,12 @@ ROOM_PRELUDE = (
     "from txstream.cli.main import main; sys.exit(main(sys.argv[1:]))"
 )
 """`txstream run` with less room on each node for other nodes' keys than it needs."""
+LEVELS_PRELUDE = (
+    "import sys; from txstream.nodes.sequencer import Sequencer; "
+    "Sequencer.gather = lambda *_: None; "
+    "from txstream.cli.main import main; sys.exit(main(sys.argv[1:]))"
+)
+"""`txstream run` with every unit run in levels, none gathered on one node."""
 
 
 @pytest.fixture(scope="module")
@@ -545,9 +551,9 @@ def test_a_named_run_over_nodes_answers_outside_readers(cluster, tmp_path):
     two nodes while it runs: the rows are those after exactly the watermark's events (each
     answer comes once the nodes have run what was submitted before it). Answered, the run
     is interrupted as by Ctrl-C, and ends so."""
-    # 1,000 keys: hundreds of levels per 65,536 events, of which a reader's answer waits
-    # for the units submitted before it (at most `UNIT_LEVELS` each); enough events to
-    # outlast the readers
+    # 1,000 keys, every unit in levels: hundreds per 65,536 events, of which a reader's
+    # answer waits for the units submitted before it (at most `UNIT_LEVELS` each); enough
+    # events to outlast the readers
     events, init = generate("sl", WorkloadSpec(events=800_000, keys=1_000, seed=4))
     command = _sl_command(
         tmp_path,
@@ -555,6 +561,7 @@ def test_a_named_run_over_nodes_answers_outside_readers(cluster, tmp_path):
         init,
         *("--address", cluster, "--source", "arrow", "--nodes", "2", "--name", "ledger-nodes"),
     )
+    command[1:3] = ["-c", LEVELS_PRELUDE]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     answer, status, refused = None, None, []
     try:
