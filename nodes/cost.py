@@ -20,9 +20,10 @@ class CostModel:
     """Seconds of a unit's plan: ``step_s`` per step, ``event_s`` per event on its
     critical path, ``value_s`` per cell value moved between nodes."""
 
-    step_s: float = 4.5e-3
-    event_s: float = 1.3e-6
-    value_s: float = 0.2e-6
+    step_s: float = 5.3e-3
+    event_s: float = 2.1e-6
+    value_s: float = 0.1e-6
+    """Below what the fit resolves (a unit moves few values for its events): a bound."""
 
     def seconds(self, plan: UnitPlan) -> float:
         """The plan's estimated time."""
