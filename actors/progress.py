@@ -345,11 +345,13 @@ class ProgressController:
 
     # ---------------------------------------------------------------- outside readers
     def status(self) -> dict:
-        """Watermark, events received, throughput and latency so far."""
+        """Watermark, events received, throughput and latency so far; where the run's
+        live metrics are served, if they are (`txstream top` reads them there)."""
         watermark, _ = self._attach()
         sink = get(self.sink.stats.remote(), self.config.timeout_s)
         up = time.time() - self._started
         w = watermark.written
+        served = {"metrics_url": self._metrics_url} if self._metrics_url else {}
         return {
             "watermark": w,
             "received": self._received,
@@ -360,7 +362,7 @@ class ProgressController:
             "committed": sink["committed"],
             "aborted": sink["aborted"],
             "rejected": sink["rejected"],
-            "metrics_url": self._metrics_url,
+            **served,
         }
 
     def live(self, bounds: tuple[int, ...]) -> dict:
