@@ -32,7 +32,6 @@ import ray
 from txstream import schedulers
 from txstream.actors.punctuation import Chunk, ChunkSizer, Punctuator
 from txstream.cluster.transport import LocalActor, get, wait_all
-from txstream.monitor.metrics_server import metrics_url
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.shared import ArrayHandle
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
@@ -125,8 +124,6 @@ class ProgressController:
         self._seq = 0
         self._chunk_sizes: list[int] = []
         self._started = time.time()
-        port = config.metrics_port
-        self._metrics_url = metrics_url(config.metrics_host, port) if port else None
 
     # ---------------------------------------------------------------- input (in order)
     @ray.method(concurrency_group="input")
@@ -351,7 +348,8 @@ class ProgressController:
         sink = get(self.sink.stats.remote(), self.config.timeout_s)
         up = time.time() - self._started
         w = watermark.written
-        served = {"metrics_url": self._metrics_url} if self._metrics_url else {}
+        url = self.config.metrics_url
+        served = {"metrics_url": url} if url else {}
         return {
             "watermark": w,
             "received": self._received,

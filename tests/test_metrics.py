@@ -17,6 +17,7 @@ import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from conftest import actor_processes
@@ -281,3 +282,73 @@ def test_prometheus_reads_a_sessions_counts_latency_and_recovery(tmp_path, prome
         result = session.close()
     assert len(result.metrics["recoveries"]) == 1
     assert sum(statuses.values()) == result.metrics["events"] == 20000
+
+
+# ----------------------------------------------------------------- through Ray's endpoint
+_ON_RAY = """
+import json
+import sys
+
+from ray._private import worker
+from txstream import Job
+from txstream.monitor.ray_metrics import metrics_agent_running
+from txstream.topologies.generators import WorkloadSpec, generate
+
+events, init = generate("sl", WorkloadSpec(events=5000, keys=200, abort_ratio=0.05, seed=5))
+job = Job("sl", source="arrow", transport="ray", dashboard=True, progress=False, timeout_s=120)
+with job.start(init, name="on-ray") as session:
+    session.push(events)
+    session.flush()
+    statuses = {}
+    for batch in session.outputs():
+        for status in batch.column("status").to_pylist():
+            statuses[status] = statuses.get(status, 0) + 1
+    node = worker._global_node
+    folders = [node.get_session_dir_path(), node.get_temp_dir_path()]
+    print(json.dumps({"folders": folders, "statuses": statuses, "agent": metrics_agent_running()}))
+    sys.stdout.flush()
+    sys.stdin.readline()  # until Prometheus has read the counts
+    session.close()
+print("closed")
+"""
+
+
+def test_prometheus_reads_a_session_on_ray_through_rays_endpoint(
+    tmp_path, prometheus, python_with_dashboard
+):
+    """A session on a Ray with its metrics agent (``ray[default]``, with its dashboard):
+    Prometheus finds Ray's endpoint through Ray's service discovery file and reads the
+    session's counts there (Ray prefixes the names with ``ray_``)."""
+    env = {**os.environ, "RAY_metrics_report_interval_ms": "500"}
+    session = subprocess.Popen(
+        [python_with_dashboard, "-c", _ON_RAY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        line = session.stdout.readline()
+        assert line, session.stderr.read()[-3000:]
+        told = json.loads(line)
+        assert told["agent"], "Ray's metrics agent does not run with ray[default]"
+        found = [Path(f) / "prom_metrics_service_discovery.json" for f in told["folders"]]
+        wait_for(lambda: any(f.exists() for f in found), "Ray's service discovery file", 60)
+        discovery = next(f for f in found if f.exists())
+        api = prometheus(f"    file_sd_configs:\n      - files: ['{discovery}']\n")
+        promql = 'sum by (status) (ray_txstream_events_total{run="on-ray"})'
+        want = {(("status", s),): float(n) for s, n in told["statuses"].items()}
+        wait_for(lambda: _subset(want, query(api, promql)), "the counts through Ray", 120)
+        session.stdin.write("close\n")
+        session.stdin.flush()
+        out, err = session.communicate(timeout=120)
+        assert session.returncode == 0 and "closed" in out, err[-3000:]
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait(30)
+
+
+def _subset(want: dict, got: dict) -> bool:
+    return all(got.get(key) == value for key, value in want.items())
