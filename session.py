@@ -501,8 +501,8 @@ class Session:
 
     def _figures(self) -> Figures | None:
         """What a scrape of the live metrics reads (None before the team exists)."""
-        engine, live = self._engine, self._live
-        team = live.read() if live is not None else None
+        engine, live, ready = self._engine, self._live, self._ready()
+        team = live.read(ask=ready) if live is not None else None  # a dead team never answers
         if team is None:
             return None
         written, committed = engine.watermark.written, engine.watermark.committed
@@ -524,7 +524,7 @@ class Session:
             recoveries=len(self.recoveries),
             rows=dict(self.plan.layout.sizes),
             decisions=team["decisions"],
-            ready=self._ready(),
+            ready=ready,
         )
 
     def _poll(self) -> None:

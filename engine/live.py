@@ -37,19 +37,19 @@ class LiveTeam:
         self._before: dict[str, Any] = _nothing()  # what the teams before it counted
         self._lock = threading.Lock()  # scrapes and Ray's metrics read at the same time
 
-    def read(self) -> dict[str, Any] | None:
+    def read(self, ask: bool = True) -> dict[str, Any] | None:
         """Events by status and rejection reason, the latency and chunk histograms, the
         executors' rows (`LIVE_EXECUTOR`) and the scheduler's decisions: those of the teams
         so far. None before the first team answers; while a team does not answer (it is
-        starting, or has died), its last answers."""
+        starting, or has died) or is not ``ask``ed, its last answers."""
         with self._lock:
-            return self._read()
+            return self._read(ask)
 
-    def _read(self) -> dict[str, Any] | None:
+    def _read(self, ask: bool) -> dict[str, Any] | None:
         engine = self.engine
         if engine.launches != self._launch:
             self._new_team(engine.launches)
-        answers = self._ask()
+        answers = self._ask() if ask else None
         if answers is not None:
             self._last = answers
         if self._last is None:

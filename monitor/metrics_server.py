@@ -96,7 +96,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the scraper gave up waiting
+            pass
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         """Not on stderr: a scrape every few seconds is no news."""

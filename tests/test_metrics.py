@@ -27,7 +27,7 @@ from txstream.errors import UsageError
 from txstream.monitor.live_metrics import Figures, Histogram, RunCollector, bounded_reasons
 from txstream.topologies.generators import WorkloadSpec, generate
 
-SCRAPE_S = 0.5
+SCRAPE_MS = 500
 RUN_LABELS = ("run", "topology")
 
 
@@ -170,7 +170,7 @@ def test_a_port_in_use_or_out_of_range_is_one_line(tmp_path):
 @pytest.fixture
 def prometheus(tmp_path) -> Iterator[Callable[[str], str]]:
     """``start(scrape_config)``: a Prometheus server of its own (its config, storage and
-    a free port) scraping every `SCRAPE_S`; its HTTP API's URL. Killed at the end."""
+    a free port) scraping every `SCRAPE_MS`; its HTTP API's URL. Killed at the end."""
     binary = shutil.which("prometheus")
     assert binary, "Prometheus is missing: ./setup installs Debian's prometheus package"
     started: list[subprocess.Popen] = []
@@ -179,7 +179,7 @@ def prometheus(tmp_path) -> Iterator[Callable[[str], str]]:
         port = free_port()
         config = tmp_path / "prometheus.yml"
         config.write_text(
-            f"global:\n  scrape_interval: {SCRAPE_S}s\n  scrape_timeout: {SCRAPE_S}s\n"
+            f"global:\n  scrape_interval: {SCRAPE_MS}ms\n  scrape_timeout: {SCRAPE_MS}ms\n"
             f"scrape_configs:\n  - job_name: txstream\n{scrape}"
         )
         log = open(tmp_path / "prometheus.log", "w")  # noqa: SIM115 (closed with the process)
@@ -252,7 +252,8 @@ def test_prometheus_reads_a_sessions_counts_latency_and_recovery(tmp_path, prome
         api = prometheus(f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n")
         session.push(first)
         session.flush()
-        scraped(api, 'txstream_events_pushed_total{run="watched",topology="sl"}', 12000)
+        scraped(api, 'sum(txstream_events_total{run="watched",topology="sl"})', 12000)
+        assert query(api, "txstream_events_pushed_total")[()] == 12000
         statuses = output_statuses(session)
         by_status = query(api, "txstream_events_total")
         assert by_status == {(("status", s),): float(statuses[s]) for s in statuses} | {
@@ -273,7 +274,8 @@ def test_prometheus_reads_a_sessions_counts_latency_and_recovery(tmp_path, prome
         session.flush()
         assert http(f"http://127.0.0.1:{port}/readyz")[0] == 200
         scraped(api, "txstream_recoveries_total", 1)
-        scraped(api, "txstream_events_pushed_total", 20000)
+        scraped(api, "sum(txstream_events_total)", 20000)  # the scrape after the flush
+        assert query(api, "txstream_events_pushed_total")[()] == 20000
         statuses = output_statuses(session)
         by_status = query(api, "txstream_events_total")
         for status in ("committed", "aborted", "rejected"):
