@@ -347,11 +347,14 @@ class ProgressController:
 
     # ---------------------------------------------------------------- outside readers
     def status(self) -> dict:
-        """Watermark, events received, throughput and latency so far."""
+        """Watermark, events received, throughput and latency so far; where the run's
+        live metrics are served, if they are (`txstream top` reads them there)."""
         watermark, _ = self._attach()
         sink = get(self.sink.stats.remote(), self.config.timeout_s)
         up = time.time() - self._started
         w = watermark.written
+        url = self.config.metrics_url
+        served = {"metrics_url": url} if url else {}
         return {
             "watermark": w,
             "received": self._received,
@@ -362,7 +365,15 @@ class ProgressController:
             "committed": sink["committed"],
             "aborted": sink["aborted"],
             "rejected": sink["rejected"],
+            **served,
         }
+
+    def live(self, bounds: tuple[int, ...]) -> dict:
+        """The chunks handed to the team so far, as histogram buckets at ``bounds``
+        (events), with their sum and count: what the run's live metrics read."""
+        sizes = np.sort(np.asarray(self._chunk_sizes, np.int64))
+        buckets = np.searchsorted(sizes, np.asarray(bounds), side="right")
+        return {"buckets": buckets.tolist(), "sum": int(sizes.sum()), "count": len(sizes)}
 
     def query(self, table: str, keys: list | None) -> tuple[int, pa.Table]:
         """A table's rows as of the watermark (see `SnapshotRing.query`); of a table of

@@ -7,6 +7,7 @@ shared memory exist (`plan`); the `Plan` then holds what the engine needs to sta
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -56,6 +57,12 @@ class Plan:
     """The checkpoint of an interrupted run this session continues from."""
     keys: dict[str, KeyIndex] | None = None
     """The key index of every table of natural keys, holding its init keys."""
+
+    @property
+    def label(self) -> str:
+        """What names the run to a person (its metrics, its actors in Ray's dashboard):
+        its name, or ``run-<pid>``."""
+        return self.name or f"run-{os.getpid()}"
 
     @property
     def tables(self) -> dict[str, list[str]]:
