@@ -407,10 +407,13 @@ def _top(args: argparse.Namespace) -> None:
         raise UsageError("top: give the run's metrics URL, or --address and --name of a session")
     url = args.url or _metrics_url(args)
     try:
-        last = watch(url)
+        watch(url)  # until Ctrl-C, which ends it cleanly (exit 0)
     except Gone as gone:
         last = gone.last
         print(f"run {last.run} is gone ({gone}) at watermark {last.watermark or 0:,.0f}")
+        return
+    if _terminated.is_set():
+        raise KeyboardInterrupt  # SIGTERM: a supervisor's stop (exit 143)
 
 
 def _metrics_url(args: argparse.Namespace) -> str:

@@ -257,8 +257,13 @@ class Gone(Exception):
 def read(url: str) -> str:
     """The text at ``url``: `TimeoutError` if it takes too long; another `OSError` if
     nothing answers there."""
-    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as answer:
-        return answer.read().decode("utf-8", errors="replace")
+    try:
+        with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as answer:
+            return answer.read().decode("utf-8", errors="replace")
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            raise exc.reason from exc
+        raise
 
 
 def first_scrape(url: str) -> Scrape:

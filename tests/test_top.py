@@ -19,6 +19,7 @@ import pytest
 from conftest import run_command
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from txstream import Job
 from txstream.cli.main import main
 from txstream.monitor.top import figures, parse, quantile
 from txstream.topologies.generators import WorkloadSpec, generate, write_workload
@@ -231,6 +232,25 @@ def test_top_shows_a_running_run_and_says_when_it_is_gone(run, terminal):
     gone = screen.wait_for(r"\[exit \d+\]")
     assert re.search(r"run top-test is gone \(.*\) at watermark [\d,]+\n", gone), gone
     assert "[exit 0]" in gone
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_top_finds_a_named_session_and_ends_at_ctrl_c(terminal):
+    import ray
+
+    events, init = generate("sl", WorkloadSpec(events=3000, keys=50, seed=2))
+    address = ray.get_runtime_context().gcs_address
+    job = Job("sl", progress=False, source="arrow", metrics_port=_free_port())
+    with job.start(init, name="top-named") as session:
+        session.push(events)
+        session.flush()
+        screen = terminal(f"{TXSTREAM} top --address {address} --name top-named")
+        shown = screen.wait_for(r"watermark\s+3,000 events")
+        assert "run top-named (sl)" in shown and "committed" in shown, shown
+        screen.keys("C-c")
+        ended = screen.wait_for(r"\[exit \d+\]")
+        assert "[exit 0]" in ended and "Traceback" not in ended, ended
+        assert "watermark" in ended  # the last view stays on the screen
 
 
 def test_top_of_a_url_where_no_run_answers_is_one_line_exit_2(capsys):
