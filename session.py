@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -41,12 +42,15 @@ from txstream.connectors.inputs import Events, event_source
 from txstream.connectors.outputs import file_stamps, part_first_ts, read_events
 from txstream.connectors.sources import ArrowSource, Source
 from txstream.engine.engine import NAMESPACE, Engine
+from txstream.engine.live import LiveTeam
 from txstream.engine.outbox import Outbox
 from txstream.engine.plan import Plan
 from txstream.engine.recovery import Checkpointing, InputLog, Pushed
 from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
 from txstream.monitor.console import Console, ProgressBar
+from txstream.monitor.live_metrics import Figures, RunCollector
 from txstream.monitor.metrics import session_metrics
+from txstream.monitor.metrics_server import MetricsServer
 from txstream.result import Result
 from txstream.state.operations import STATUS_NAMES
 from txstream.topologies.api import conform_events
@@ -168,11 +172,15 @@ class Session:
         """Single files pushed before the resumed checkpoint (`txstream.connectors.follow`)."""
         self.extra_metrics: dict[str, Any] = {}
         """Metrics the caller adds (e.g. Spark's start-up), written with the session's."""
+        self._live: LiveTeam | None = None
+        self._metrics: MetricsServer | None = None
         if plan.resume:  # said at once, not only in the summary at the end
             self.console.note(f"resuming from {plan.resume.path} at event {self.resumed_from:,}")
         try:
+            self._metrics = self._serve_metrics()  # first: a port in use fails at once
             begin = time.perf_counter()
             self._engine = Engine(plan, self.console, transport, job_config)
+            self._live = LiveTeam(self._engine)
             if plan.store is not None:
                 self._checkpoints = Checkpointing(plan, self._engine, self._inputs)
             # the launch empties the checkpoint buffer in two steps: a writer between them
@@ -442,6 +450,9 @@ class Session:
     def _teardown(self, failed: bool) -> None:
         """Stop everything this session started (idempotent). What the outbox held is
         dropped: it is in the input log, which a recovery replays."""
+        if self._metrics is not None:  # first: a scrape reads the shared memory
+            self._metrics.close()
+            self._metrics = None
         for source in self._sources:
             try:
                 source.close()
@@ -459,6 +470,58 @@ class Session:
             self.plan.discard_unused()
 
     # ---------------------------------------------------------------- health
+    def _serve_metrics(self) -> MetricsServer | None:
+        """The live metrics and health at ``--metrics-port``, if asked for; the run is
+        labelled by its name, or ``run-<pid>``."""
+        cfg = self.config
+        if cfg.metrics_port is None:
+            return None
+        run = self.plan.name or f"run-{os.getpid()}"
+        collector = RunCollector(run, cfg.topology, self._figures)
+        server = MetricsServer(
+            cfg.metrics_host, cfg.metrics_port, collector, self._alive, self._ready
+        )
+        self.console.note(f"metrics at {server.url}")
+        return server
+
+    def _alive(self) -> bool:
+        """Whether the session goes on (it has not failed)."""
+        return self._failure is None
+
+    def _ready(self) -> bool:
+        """Whether the team runs: not while it starts, recovers, ends or has failed."""
+        engine = self._engine
+        running = engine is not None and engine.running is not None
+        return running and not self._recovering and self._alive() and not engine.stopped()
+
+    def _figures(self) -> Figures | None:
+        """What a scrape of the live metrics reads (None before the team exists)."""
+        engine, live = self._engine, self._live
+        team = live.read() if live is not None else None
+        if team is None:
+            return None
+        written, committed = engine.watermark.written, engine.watermark.committed
+        writer = self._checkpoints.writer if self._checkpoints else None
+        newest = writer.newest_at if writer else None
+        return Figures(
+            pushed=self._pushed,
+            watermark=written,
+            committed=committed,
+            backlog_bytes=sum(size for end, size in self._table_pushes if end > written),
+            statuses=team["statuses"],
+            reasons=team["reasons"],
+            latency=team["latency"],
+            chunks=team["chunks"],
+            executors=team["executors"],
+            checkpoints=writer.count if writer else 0,
+            checkpoint_seconds=writer.seconds if writer else 0.0,
+            checkpoint_age_s=None if newest is None else max(0.0, time.time() - newest),
+            recoveries=len(self.recoveries),
+            rows=dict(self.plan.layout.sizes),
+            decisions=team["decisions"],
+            ready=self._ready(),
+        )
+
     def _poll(self) -> None:
         """Raise the session's failure, if it failed; recover from the death of an actor
         first when checkpoints allow it."""

@@ -21,7 +21,8 @@ import pyarrow as pa
 from txstream import schedulers, topologies
 from txstream.cluster.topology import pin_process
 from txstream.cluster.transport import get
-from txstream.monitor.metrics import Breakdown
+from txstream.monitor.metrics import LIVE_EXECUTOR, Breakdown
+from txstream.schedulers.decision import ABORT, EXPLORE, GRANULARITY, ORDERED
 from txstream.schedulers.statements import Statements
 from txstream.schedulers.team.aborts import MAP_SEGMENT
 from txstream.schedulers.team.member import Member
@@ -107,6 +108,17 @@ def _output_rows(
     return pa.RecordBatch.from_arrays(columns, schema=rows_schema(topology))
 
 
+DECISIONS = (
+    *(("explore", choice) for choice in (*EXPLORE, ORDERED)),
+    *(("granularity", choice) for choice in GRANULARITY),
+    *(("abort", choice) for choice in ABORT),
+)
+"""The scheduler's choices (`Scheduler.decisions`) an executor publishes, counted, after
+its `LIVE_EXECUTOR` columns."""
+LIVE_COLUMNS = len(LIVE_EXECUTOR) + len(DECISIONS)
+"""The columns of an executor's row of live figures."""
+
+
 class Executor:
     """One member of the team of executors (see module docstring).
 
@@ -129,6 +141,7 @@ class Executor:
         sink: object | None = None,
         cpu: int | None = None,
         checkpoints: CheckpointBufferHandle | None = None,
+        live: ArrayHandle | np.ndarray | None = None,
     ):
         self.rank = seat.rank  # first: named in errors of the rest of __init__
         if cpu is not None:
@@ -149,6 +162,10 @@ class Executor:
         self.sink = sink
         self.checkpoints = CheckpointBuffer.attach(checkpoints) if checkpoints else None
         self.breakdown = Breakdown()
+        self._live_segment = SharedArray.attach(live) if isinstance(live, ArrayHandle) else None
+        self._live = self._live_segment.array if self._live_segment else live
+        """The team's rows of live figures (`LIVE_COLUMNS`): this executor's is written
+        after every chunk."""
         self.chunks: list[dict] = []
         self.batch_seconds: list[float] = []
         self.operations = 0
@@ -196,6 +213,10 @@ class Executor:
         rows = self.run_share(share, seq, first, ts0, batch_ends, chunk_time, checkpoint)
         self.breakdown.add(chunk_time)
         self.chunks.append({"ts": ts0, "events": events, "breakdown_s": chunk_time.as_dict()})
+        if self._live is not None:
+            decisions = self.scheduler.decisions()
+            chosen = (decisions.get(dimension, {}).get(c, 0) for dimension, c in DECISIONS)
+            self._live[self.rank] = (*self.breakdown.seconds(), self.operations, *chosen)
         if rows.num_rows:
             self._pending.append(self.sink.write.remote(rows, ts0 + first, arrival))
         if len(self._pending) > MAX_PENDING_WRITES:
@@ -366,5 +387,6 @@ class Executor:
         self.snapshots.close()
         if self.checkpoints is not None:
             self.checkpoints.close()
-        if self._sync is not None:
-            self._sync.close()
+        for attached in (self._sync, self._live_segment):
+            if attached is not None:
+                attached.close()

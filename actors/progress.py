@@ -32,6 +32,7 @@ import ray
 from txstream import schedulers
 from txstream.actors.punctuation import Chunk, ChunkSizer, Punctuator
 from txstream.cluster.transport import LocalActor, get, wait_all
+from txstream.monitor.metrics_server import metrics_url
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.shared import ArrayHandle
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
@@ -124,6 +125,8 @@ class ProgressController:
         self._seq = 0
         self._chunk_sizes: list[int] = []
         self._started = time.time()
+        port = config.metrics_port
+        self._metrics_url = metrics_url(config.metrics_host, port) if port else None
 
     # ---------------------------------------------------------------- input (in order)
     @ray.method(concurrency_group="input")
@@ -357,7 +360,15 @@ class ProgressController:
             "committed": sink["committed"],
             "aborted": sink["aborted"],
             "rejected": sink["rejected"],
+            "metrics_url": self._metrics_url,
         }
+
+    def live(self, bounds: tuple[int, ...]) -> dict:
+        """The chunks handed to the team so far, as histogram buckets at ``bounds``
+        (events), with their sum and count: what the run's live metrics read."""
+        sizes = np.sort(np.asarray(self._chunk_sizes, np.int64))
+        buckets = np.searchsorted(sizes, np.asarray(bounds), side="right")
+        return {"buckets": buckets.tolist(), "sum": int(sizes.sum()), "count": len(sizes)}
 
     def query(self, table: str, keys: list[int] | None) -> tuple[int, pa.Table]:
         """A table's rows as of the watermark (see `SnapshotRing.query`)."""

@@ -22,10 +22,11 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from txstream import schedulers
 from txstream.actors.coordinator import Coordinator
-from txstream.actors.executor import Executor, rows_schema
+from txstream.actors.executor import LIVE_COLUMNS, Executor, rows_schema
 from txstream.actors.progress import CONCURRENCY, ProgressController
 from txstream.actors.sink import Sink
 from txstream.cluster.ray_runtime import actor_failure
@@ -134,6 +135,11 @@ class Engine:
         self.seats = seats(cfg.placement, [socket for socket, _ in plan.cores])
         self._sync = SharedArray.create(run_id, "sync", (sync_words(len(self.seats)),), "int64")
         stack.callback(self._sync.close)
+        self.live = SharedArray.create(run_id, "live", (len(self.seats), LIVE_COLUMNS), "float64")
+        """Each executor's row of live figures (`LIVE_COLUMNS`), written after every chunk."""
+        stack.callback(self.live.close)
+        self.live_before = np.zeros(self.live.handle.shape)
+        """What the executors of the teams before this one had published."""
         self.snapshots = SnapshotRing.create(run_id, plan.layout.cells)
         stack.callback(self.snapshots.close)
         stack.callback(sweep_segments, self.prefix)  # if an executor died
@@ -168,7 +174,11 @@ class Engine:
         cfg, plan, topology, transport = self.config, self.plan, self.plan.topology, self.transport
         if not transport.separate_processes:
             arrow_from_malloc()
+        self.first_ts = ts
+        """The first event of the team launched last."""
         self._sync.array[:] = 0
+        self.live_before += self.live.array
+        self.live.array[:] = 0
         self.snapshots.reset(self.state.values, ts)
         self.watermark.reset(ts)
         if self.buffer is not None:
@@ -194,6 +204,7 @@ class Engine:
                 sink,
                 cpu if pin else None,
                 buffer,
+                self.live.handle,
                 label=f"Executor {seat.rank}",
             )
             for seat, (_, cpu) in zip(self.seats, plan.cores, strict=True)

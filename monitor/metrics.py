@@ -46,6 +46,17 @@ class Breakdown:
         """Rounded seconds by activity."""
         return {k: round(v, 6) for k, v in asdict(self).items()}
 
+    def seconds(self) -> tuple[float, ...]:
+        """Seconds by activity, in the order of `ACTIVITIES`."""
+        return tuple(getattr(self, name) for name in ACTIVITIES)
+
+
+ACTIVITIES = tuple(f.name for f in fields(Breakdown))
+"""The activities of a `Breakdown`, in order."""
+LIVE_EXECUTOR = (*ACTIVITIES, "operations")
+"""What each executor publishes in shared memory after every chunk (the columns of its
+row), for the run's live metrics to read without a call."""
+
 
 def equal_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``values`` as (value, how many times) per run of equal neighbours: events that
@@ -65,6 +76,8 @@ class LatencyHistogram:
 
     def __init__(self) -> None:
         self.counts = np.zeros(len(self.EDGES) + 1, np.int64)
+        self.sum = 0.0
+        """Seconds of every latency counted: a Prometheus histogram's ``_sum``."""
 
     def add(self, seconds: np.ndarray, counts: np.ndarray | None = None) -> None:
         """Count latencies ``seconds``, each ``counts`` times (default: once; see
@@ -73,10 +86,18 @@ class LatencyHistogram:
             seconds, counts = equal_runs(seconds)
         if not len(seconds):
             return
+        self.sum += float(np.dot(seconds, counts))
         bins = np.searchsorted(self.EDGES, seconds)
         self.counts += np.bincount(bins, weights=counts, minlength=len(self.counts)).astype(
             np.int64
         )
+
+    def cumulative(self, bounds: tuple[float, ...]) -> list[int]:
+        """Latencies at most each of ``bounds`` (seconds, ascending), to the precision of
+        the bins: a Prometheus histogram's buckets."""
+        below = np.cumsum(self.counts)
+        ends = np.searchsorted(self.EDGES, np.asarray(bounds) * (1 + 1e-9), side="right")
+        return [int(below[i - 1]) if i else 0 for i in ends]
 
     def percentile_ms(self, q: float) -> float | None:
         """The q-th percentile in milliseconds (bin upper edge), None without events."""

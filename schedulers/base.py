@@ -226,3 +226,8 @@ class Scheduler(ABC):
     def report(self) -> dict:
         """What it adds to metrics.json (executor 0's is used; default: nothing)."""
         return {}
+
+    def decisions(self) -> dict[str, dict[str, int]]:
+        """Its choices so far, counted by dimension: read after every chunk for the live
+        metrics, so it must cost little (default: it makes none)."""
+        return {}

@@ -530,6 +530,10 @@ class MorphStreamScheduler(SpeculativeScheduler):
             *(undo_log(1), chunk.outcomes, np.zeros(ABORT_NS + 1, np.int64)),
         )
 
+    def decisions(self) -> dict[str, dict[str, int]]:
+        """The batches by explore, granularity and abort chosen so far."""
+        return self._log.counts
+
     def report(self) -> dict:
         """`decisions` (contract §5), per-batch statistics, operations redone."""
         if self._last is not None and self._log.batches and self._log.batches[-1] is self._last:
