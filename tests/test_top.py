@@ -142,6 +142,8 @@ def run(tmp_path_factory):
 
     def feed(events_per_file: int = 5000) -> None:
         start = state.files * events_per_file
+        if start >= len(events):
+            return
         _drop(incoming, f"e-{state.files:05d}.parquet", events.slice(start, events_per_file))
         state.files += 1
 
@@ -181,7 +183,11 @@ def _exported(text: str) -> set[str]:
 
 def test_the_grafana_dashboard_asks_only_for_what_a_run_exports(run):
     dashboard = json.loads(DASHBOARD.read_text())
-    exported = _exported(_scrape(run.url))
+    deadline = time.monotonic() + 60
+    while "txstream_checkpoint_age_seconds" not in (exported := _exported(_scrape(run.url))):
+        assert time.monotonic() < deadline, "no checkpoint written within 60 s"
+        run.feed()  # checkpoints come with punctuation batches
+        time.sleep(1.0)
     assert {"txstream_events_total", "txstream_latency_seconds_bucket"} <= exported
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     exprs += [a["expr"] for a in dashboard["annotations"]["list"]]
