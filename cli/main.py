@@ -209,15 +209,18 @@ def _parser() -> argparse.ArgumentParser:
         nargs="?",
         default=None,
         metavar="URL",
-        help="the run's metrics, e.g. http://127.0.0.1:9464/metrics (or --address and --name)",
+        help="the run's metrics, e.g. http://127.0.0.1:9464/metrics (or --address and --name; "
+        "default: none)",
     )
     top.add_argument(
         "--address",
         default=None,
         metavar="RAY_ADDRESS",
-        help="the Ray cluster a named session runs on (with --name, instead of URL)",
+        help="the Ray cluster a named session runs on (with --name, instead of URL; default: none)",
     )
-    top.add_argument("--name", default=None, help="the session's --name (with --address)")
+    top.add_argument(
+        "--name", default=None, help="the session's --name (with --address; default: none)"
+    )
     return parser
 
 
