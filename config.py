@@ -303,6 +303,18 @@ class RunConfig:
         """The configuration as JSON-ready values."""
         return asdict(self)
 
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the run serves its live metrics (None: it does not)."""
+        if self.metrics_port is None:
+            return None
+        return metrics_url(self.metrics_host, self.metrics_port)
+
+
+def metrics_url(host: str, port: int) -> str:
+    """The URL of the live metrics served on ``host:port``."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
 
 def _among(value: str | None, choices: tuple[str, ...]) -> bool:
     return value is None or value in choices

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -51,6 +50,7 @@ from txstream.monitor.console import Console, ProgressBar
 from txstream.monitor.live_metrics import Figures, RunCollector
 from txstream.monitor.metrics import session_metrics
 from txstream.monitor.metrics_server import MetricsServer
+from txstream.monitor.ray_metrics import RayMetricsExport, metrics_agent_running
 from txstream.result import Result
 from txstream.state.operations import STATUS_NAMES
 from txstream.topologies.api import conform_events
@@ -173,7 +173,10 @@ class Session:
         self.extra_metrics: dict[str, Any] = {}
         """Metrics the caller adds (e.g. Spark's start-up), written with the session's."""
         self._live: LiveTeam | None = None
+        self._collector = RunCollector(plan.label, self.config.topology, self._figures)
+        """The run's live metrics."""
         self._metrics: MetricsServer | None = None
+        self._ray_metrics: RayMetricsExport | None = None
         if plan.resume:  # said at once, not only in the summary at the end
             self.console.note(f"resuming from {plan.resume.path} at event {self.resumed_from:,}")
         try:
@@ -181,6 +184,8 @@ class Session:
             begin = time.perf_counter()
             self._engine = Engine(plan, self.console, transport, job_config)
             self._live = LiveTeam(self._engine)
+            if self._engine.transport.separate_processes and metrics_agent_running():
+                self._ray_metrics = RayMetricsExport(self._collector)
             if plan.store is not None:
                 self._checkpoints = Checkpointing(plan, self._engine, self._inputs)
             # the launch empties the checkpoint buffer in two steps: a writer between them
@@ -450,9 +455,10 @@ class Session:
     def _teardown(self, failed: bool) -> None:
         """Stop everything this session started (idempotent). What the outbox held is
         dropped: it is in the input log, which a recovery replays."""
-        if self._metrics is not None:  # first: a scrape reads the shared memory
-            self._metrics.close()
-            self._metrics = None
+        for exporter in (self._metrics, self._ray_metrics):  # first: they read shared memory
+            if exporter is not None:
+                exporter.close()
+        self._metrics = self._ray_metrics = None
         for source in self._sources:
             try:
                 source.close()
@@ -471,15 +477,12 @@ class Session:
 
     # ---------------------------------------------------------------- health
     def _serve_metrics(self) -> MetricsServer | None:
-        """The live metrics and health at ``--metrics-port``, if asked for; the run is
-        labelled by its name, or ``run-<pid>``."""
+        """The live metrics and health at ``--metrics-port``, if asked for."""
         cfg = self.config
         if cfg.metrics_port is None:
             return None
-        run = self.plan.name or f"run-{os.getpid()}"
-        collector = RunCollector(run, cfg.topology, self._figures)
         server = MetricsServer(
-            cfg.metrics_host, cfg.metrics_port, collector, self._alive, self._ready
+            cfg.metrics_host, cfg.metrics_port, self._collector, self._alive, self._ready
         )
         self.console.note(f"metrics at {server.url}")
         return server
@@ -492,7 +495,9 @@ class Session:
         """Whether the team runs: not while it starts, recovers, ends or has failed."""
         engine = self._engine
         running = engine is not None and engine.running is not None
-        return running and not self._recovering and self._alive() and not engine.stopped()
+        if not running or self._recovering or not self._alive():
+            return False
+        return engine.team_alive() and not engine.stopped()
 
     def _figures(self) -> Figures | None:
         """What a scrape of the live metrics reads (None before the team exists)."""

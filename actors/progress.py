@@ -32,7 +32,6 @@ import ray
 from txstream import schedulers
 from txstream.actors.punctuation import Chunk, ChunkSizer, Punctuator
 from txstream.cluster.transport import LocalActor, get, wait_all
-from txstream.monitor.metrics_server import metrics_url
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.shared import ArrayHandle
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
@@ -125,8 +124,6 @@ class ProgressController:
         self._seq = 0
         self._chunk_sizes: list[int] = []
         self._started = time.time()
-        port = config.metrics_port
-        self._metrics_url = metrics_url(config.metrics_host, port) if port else None
 
     # ---------------------------------------------------------------- input (in order)
     @ray.method(concurrency_group="input")
@@ -345,11 +342,14 @@ class ProgressController:
 
     # ---------------------------------------------------------------- outside readers
     def status(self) -> dict:
-        """Watermark, events received, throughput and latency so far."""
+        """Watermark, events received, throughput and latency so far; where the run's
+        live metrics are served, if they are (`txstream top` reads them there)."""
         watermark, _ = self._attach()
         sink = get(self.sink.stats.remote(), self.config.timeout_s)
         up = time.time() - self._started
         w = watermark.written
+        url = self.config.metrics_url
+        served = {"metrics_url": url} if url else {}
         return {
             "watermark": w,
             "received": self._received,
@@ -360,7 +360,7 @@ class ProgressController:
             "committed": sink["committed"],
             "aborted": sink["aborted"],
             "rejected": sink["rejected"],
-            "metrics_url": self._metrics_url,
+            **served,
         }
 
     def live(self, bounds: tuple[int, ...]) -> dict:

@@ -186,7 +186,13 @@ class Engine:
         plan.output.drop_parts_from(ts)
         sweep_segments(self.prefix)
         sink = transport.start(
-            Sink, plan.output, rows_schema(topology), self.watermark.handle, ts, feeder=True
+            Sink,
+            plan.output,
+            rows_schema(topology),
+            self.watermark.handle,
+            ts,
+            feeder=True,
+            **self._known_as("Sink"),
         )
         self._actors.append(sink)
         buffer = self.buffer.handle if self.buffer is not None else None
@@ -206,16 +212,20 @@ class Engine:
                 buffer,
                 self.live.handle,
                 label=f"Executor {seat.rank}",
+                **self._known_as(f"Executor {seat.rank}"),
             )
             for seat, (_, cpu) in zip(self.seats, plan.cores, strict=True)
         ]
         self._actors += executors
         self.serving = None
         if schedulers.get(cfg.scheduler).coordinator_policies(cfg):
-            coordinator = transport.start(Coordinator, cfg, self._sync.handle, self.prefix)
+            coordinator = transport.start(
+                Coordinator, cfg, self._sync.handle, self.prefix, **self._known_as("Coordinator")
+            )
             self._actors.append(coordinator)
             self.serving = coordinator.serve.remote()
         named = plan.name and transport.separate_processes
+        known_as = {"name": plan.name, "namespace": NAMESPACE} if named else None
         self.controller = transport.start(
             ProgressController,
             cfg,
@@ -229,9 +239,8 @@ class Engine:
             buffer,
             ts,
             feeder=True,
-            name=plan.name if named else None,
-            namespace=NAMESPACE if named else None,
             concurrency_groups=CONCURRENCY,
+            **(known_as or self._known_as("ProgressController")),
         )
         self._actors.append(self.controller)
         self.sink, self.executors = sink, executors
@@ -250,6 +259,13 @@ class Engine:
         gc.freeze()
         self.running = self.controller.run.remote(feeders)
         self.launches += 1
+
+    def _known_as(self, role: str) -> dict[str, str]:
+        """The Ray name of the team's actor ``role``, which Ray's dashboard shows: the
+        run's label and the role (a recovery's team numbered: a dead actor's name may
+        not be free yet)."""
+        team = f" (team {self.launches + 1})" if self.launches else ""
+        return {"name": f"{self.plan.label}: {role}{team}", "namespace": NAMESPACE}
 
     # ---------------------------------------------------------------- health
     def get(self, refs: Any) -> Any:
@@ -273,6 +289,11 @@ class Engine:
     def ended(self, refs: list, timeout_s: float = 0.0) -> list:
         """Those of ``refs`` that have ended (at least one within ``timeout_s``, if any)."""
         return ended([r for r in refs if r is not None], timeout_s)
+
+    def team_alive(self) -> bool:
+        """Whether every executor's process of this host is still there (an idle team
+        notices a dead member only at its next chunk)."""
+        return all(os.path.exists(f"/proc/{pid}") for pid in self._pids)
 
     def stopped(self) -> bool:
         """Whether the ProgressController's or the Coordinator's loop has ended."""

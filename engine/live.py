@@ -10,6 +10,7 @@ events after it are decided again), the observations of latency as they were mad
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -34,12 +35,17 @@ class LiveTeam:
         self._launch = 0
         self._last: dict[str, Any] | None = None  # the current team's last answers
         self._before: dict[str, Any] = _nothing()  # what the teams before it counted
+        self._lock = threading.Lock()  # scrapes and Ray's metrics read at the same time
 
     def read(self) -> dict[str, Any] | None:
         """Events by status and rejection reason, the latency and chunk histograms, the
         executors' rows (`LIVE_EXECUTOR`) and the scheduler's decisions: those of the teams
-        so far. None before the first team answers;
-        while a team does not answer (it is starting, or has died), its last answers."""
+        so far. None before the first team answers; while a team does not answer (it is
+        starting, or has died), its last answers."""
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> dict[str, Any] | None:
         engine = self.engine
         if engine.launches != self._launch:
             self._new_team(engine.launches)

@@ -7,6 +7,7 @@ shared memory exist (`plan`); the `Plan` then holds what the engine needs to sta
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,12 @@ class Plan:
     store: CheckpointStore | None = None
     resume: Checkpoint | None = None
     """The checkpoint of an interrupted run this session continues from."""
+
+    @property
+    def label(self) -> str:
+        """What names the run to a person (its metrics, its actors in Ray's dashboard):
+        its name, or ``run-<pid>``."""
+        return self.name or f"run-{os.getpid()}"
 
     @property
     def tables(self) -> dict[str, list[str]]:

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
+from txstream.config import metrics_url
 from txstream.errors import UsageError
 
 
@@ -58,11 +59,6 @@ class MetricsServer:
             self._server.shutdown()
             self._thread.join()
         self._server.server_close()
-
-
-def metrics_url(host: str, port: int) -> str:
-    """The URL of the metrics a run serves on ``host:port``."""
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
 
 def _server_class(host: str) -> type[ThreadingHTTPServer]:
