@@ -11,8 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from txstream.connectors import spark as spark_module
-from txstream.connectors import spark_converter
+from txstream.connectors import spark_converter, spark_private
 from txstream.connectors.spark import SparkSource
 from txstream.connectors.spark_converter import (
     AGENT_CLASS,
@@ -102,7 +101,7 @@ def small_splits(spark):
 def _drain(folder: str, monkeypatch, *, columnar: bool) -> tuple[pa.Table, list[bool], int]:
     """The source's events, per conversion whether it was columnar, its partitions."""
     taken: list[bool] = []
-    columnar_rdd = spark_module._columnar_rdd
+    columnar_rdd = spark_private._columnar_rdd
 
     def spy(*args):
         rdd = columnar_rdd(*args) if columnar else None
@@ -110,7 +109,7 @@ def _drain(folder: str, monkeypatch, *, columnar: bool) -> tuple[pa.Table, list[
         return rdd
 
     with monkeypatch.context() as patch:
-        patch.setattr(spark_module, "_columnar_rdd", spy)
+        patch.setattr(spark_private, "_columnar_rdd", spy)
         with SparkSource(folder, partition_rows=4_000) as source:
             batches = list(source.iter_batches(1_000))
             table = pa.Table.from_batches(batches, schema=source.schema)
@@ -136,7 +135,7 @@ def test_columnar_path_equals_the_row_path(spark, small_splits, files, monkeypat
 def test_unsupported_columns_take_the_row_path(spark, tmp_path, caplog, monkeypatch):
     table = pa.table({"event_id": [0, 1, 2], "keys": [[1], None, [2, 3]]})
     pq.write_table(table, tmp_path / "lists.parquet")
-    with caplog.at_level(logging.DEBUG, logger=spark_module.__name__):
+    with caplog.at_level(logging.DEBUG, logger=spark_private.__name__):
         columnar, taken, _ = _drain(str(tmp_path), monkeypatch, columnar=True)
     assert taken == [False]
     assert columnar.equals(table)
@@ -147,7 +146,7 @@ def test_a_missing_jar_is_compiled_at_first_use(spark, files, tmp_path, monkeypa
     assert CONVERTER_JAR.is_file(), "./setup compiles the converter"
     folder, expected = files
     jar = tmp_path / "compiled-at-first-use.jar"
-    monkeypatch.setattr(spark_module, "CONVERTER_JAR", jar)
+    monkeypatch.setattr(spark_converter, "CONVERTER_JAR", jar)
     table, taken, _ = _drain(folder, monkeypatch, columnar=True)
     assert jar.is_file() and taken == [True]
     assert table.column("event_id").to_pylist() == list(range(sum(FILE_ROWS)))
