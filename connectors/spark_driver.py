@@ -25,7 +25,6 @@ from pathlib import Path
 from txstream.cluster.ray_runtime import INSTALLATION_FILES
 from txstream.cluster.scratch import private_dir, remove_tree
 from txstream.connectors import spark_private
-from txstream.connectors.spark_converter import CONVERTER_JAR, WARMUP_SAMPLE
 from txstream.errors import UsageError
 
 _OPENED_PACKAGES = """
@@ -60,15 +59,6 @@ def _archive_flags() -> list[str]:
     """Map the class archive if this installation has one. A JVM checks it against its
     class path, jars and Java build, and ignores one that does not match, silently."""
     return [f"-XX:SharedArchiveFile={CLASS_ARCHIVE}"] if CLASS_ARCHIVE.is_file() else []
-
-
-def _warmup_flags() -> list[str]:
-    """The executor's warm-up (the converter's jar as a Java agent, `Warmup`), if this
-    installation has the jar and its sample: a cold first task takes about twice as long
-    as a warm one (docs/performance.md)."""
-    if CONVERTER_JAR.is_file() and WARMUP_SAMPLE.is_file():
-        return [f"-javaagent:{CONVERTER_JAR}={WARMUP_SAMPLE}"]
-    return []
 
 
 def jvm_flags() -> list[str]:
@@ -156,7 +146,7 @@ then sets the level to WARN: the run's level is set once Spark runs, with `setLo
 
 def spark_configs(folder: Path, log_level: str, java_options: Sequence[str]) -> dict[str, str]:
     """The Spark configs of `spark_session`: every JVM's flags (`jvm_flags`, then
-    ``java_options``), the executors' warm-up (`_warmup_flags`), temporary files in
+    ``java_options``), temporary files in
     ``folder``, the driver's log4j2 settings at ``log_level``, this interpreter for Python
     workers, no UI. RayDP's agent in the driver writes its log into ``folder`` too (by
     default, into the logs of whichever Ray session is the latest in /tmp/ray, not
@@ -167,7 +157,7 @@ def spark_configs(folder: Path, log_level: str, java_options: Sequence[str]) -> 
     python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return {
         "spark.ray.raydp_app_master.extraJavaOptions": flags,
-        "spark.executor.extraJavaOptions": " ".join([flags, *_warmup_flags()]),
+        "spark.executor.extraJavaOptions": flags,
         "spark.driver.extraJavaOptions": f"{flags} -Dray.logging.dir={folder}",
         "spark.local.dir": str(folder),
         "spark.log4j.config.file.name": str(log4j),

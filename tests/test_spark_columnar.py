@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import subprocess
 import zipfile
 
 import numpy as np
@@ -14,13 +13,10 @@ import pytest
 from txstream.connectors import spark_converter, spark_private
 from txstream.connectors.spark import SparkSource
 from txstream.connectors.spark_converter import (
-    AGENT_CLASS,
     CHUNKS_CLASS,
     CONVERTER_CLASS,
     CONVERTER_JAR,
-    WARMUP_SAMPLE,
 )
-from txstream.connectors.spark_driver import jvm_flags, spark_class_path, spark_configs
 
 FILE_ROWS = (25_000, 0, 14_000, 1)
 """Several files, one of them empty: splits and batches that do not line up."""
@@ -161,53 +157,5 @@ def test_janino_compiles_the_converter_without_javac(tmp_path, monkeypatch):
     assert "CompilerDemo" in " ".join(spark_converter._compile_command(tmp_path))
     jar = spark_converter.build(tmp_path / "converter.jar")
     names = zipfile.ZipFile(jar).namelist()
-    for name in (CONVERTER_CLASS, CHUNKS_CLASS, AGENT_CLASS):
+    for name in (CONVERTER_CLASS, CHUNKS_CLASS):
         assert name.replace(".", "/") + ".class" in names
-
-
-def _java(*args: str) -> subprocess.CompletedProcess:
-    """A JVM as Spark's on Ray are started (their flags, their class path) running ``args``."""
-    command = ["java", *jvm_flags(), "-cp", f"{spark_class_path()}:{CONVERTER_JAR}", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
-
-
-def test_the_warm_up_converts_a_file_of_every_type_as_a_task_does(files):
-    """`Warmup` converts a whole file (every type the converter copies, nulls, dictionary
-    pages that fall back to plain values) through the tasks' code: its `main` runs it in the
-    foreground and says how many rows came out."""
-    folder, _ = files
-    done = _java(AGENT_CLASS, f"{folder}/part-0.parquet")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-1] == f"{FILE_ROWS[0]} rows"
-
-
-def test_a_failed_warm_up_is_one_line_and_the_jvm_goes_on(files, tmp_path):
-    """The agent's warm-up of a sample that is not there fails on its thread, in one line,
-    while the JVM's own work (here a warm-up in the foreground, ~0.5 s) goes on."""
-    folder, _ = files
-    missing = tmp_path / "no-such-sample.parquet"
-    done = _java(f"-javaagent:{CONVERTER_JAR}={missing}", AGENT_CLASS, f"{folder}/part-0.parquet")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-1] == f"{FILE_ROWS[0]} rows"
-    failed = [line for line in done.stderr.splitlines() if "warm-up" in line]
-    assert len(failed) == 1 and str(missing) in failed[0]
-
-
-def test_only_executors_get_the_warm_up_agent(tmp_path, monkeypatch):
-    assert WARMUP_SAMPLE.is_file(), "./setup writes the warm-up sample"
-    agent = f"-javaagent:{CONVERTER_JAR}={WARMUP_SAMPLE}"
-    configs = spark_configs(tmp_path, "error", [])
-    assert agent in configs["spark.executor.extraJavaOptions"].split()
-    others = ("spark.driver.extraJavaOptions", "spark.ray.raydp_app_master.extraJavaOptions")
-    assert not any("-javaagent" in configs[key] for key in others)
-    monkeypatch.setattr(
-        "txstream.connectors.spark_driver.WARMUP_SAMPLE", tmp_path / "missing.parquet"
-    )
-    assert (
-        "-javaagent" not in spark_configs(tmp_path, "error", [])["spark.executor.extraJavaOptions"]
-    )
-
-
-def test_the_jar_names_the_warm_up_as_its_agent():
-    manifest = zipfile.ZipFile(CONVERTER_JAR).read("META-INF/MANIFEST.MF").decode()
-    assert f"Premain-Class: {AGENT_CLASS}" in manifest.splitlines()
