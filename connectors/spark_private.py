@@ -153,11 +153,19 @@ def _public_frame_from_arrow(table: pa.Table, schema: StructType, spark: SparkSe
     major = re.match(r"\d+", installed())
     if major and int(major[0]) >= 4:
         return spark.createDataFrame(table, schema)
+    import pandas as pd
+
+    # pyspark 3.5 takes neither pandas' Arrow-backed strings nor integers with nulls as
+    # floats: objects, None for a null, for both
+    frame = table.to_pandas(integer_object_nulls=True)
+    for name in frame.columns:
+        if isinstance(frame[name].dtype, pd.StringDtype):
+            frame[name] = frame[name].astype(object).where(frame[name].notna(), None)
     key = "spark.sql.execution.arrow.pyspark.enabled"
     before = spark.conf.get(key, "false")
     spark.conf.set(key, "true")
     try:
-        return spark.createDataFrame(table.to_pandas(), schema)
+        return spark.createDataFrame(frame, schema)
     finally:
         spark.conf.set(key, before)
 

@@ -68,7 +68,12 @@ from txstream.connectors.spark import (
 )
 
 spark_driver.launch_early("error")
-table = pa.table({"x": list(range(3000)), "y": [str(i) if i % 7 else None for i in range(3000)]})
+table = pa.table({
+    "x": list(range(3000)),
+    "y": [str(i) if i % 7 else None for i in range(3000)],
+    "z": [i if i % 5 else None for i in range(3000)],
+    "f": [i / 2 if i % 3 else None for i in range(3000)],
+})
 pq.write_table(table, sys.argv[1], row_group_size=1000)
 with ray_for_spark():
     assert not _AppMaster.possible()
