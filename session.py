@@ -342,7 +342,7 @@ class Session:
         next push,
         when the team is idle. How a node of a run over several takes in the values of
         other nodes' cells that its next transactions read (`txstream.nodes`)."""
-        self._engine.state.values[cells] = values
+        self._engine.state.write(cells, values)
 
     def read_cells(self, cells: np.ndarray) -> np.ndarray:
         """The values of ``cells`` of the flat state; only between `drain` (or `flush`) and

@@ -125,10 +125,12 @@ class Engine:
         run_id = new_run_id()
         self.prefix = run_prefix(run_id)
         self.state = stack.enter_context(SharedState.create(run_id, plan.layout, plan.set_capacity))
+        init = plan.take_init()
         if plan.resume is not None:
             self.restore(plan.resume)
         else:
-            self.state.load(plan.topology, plan.init)
+            self.state.load(plan.topology, init)
+        del init
         self.watermark = Watermark.create(run_id)
         stack.callback(self.watermark.close)
         self.seats = seats(cfg.placement, [socket for socket, _ in plan.cores])
@@ -153,8 +155,8 @@ class Engine:
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """The state as ``checkpoint`` has it (no team running)."""
-        for name in ("values", "set_cells", "set_members"):
-            want, got = getattr(self.state, name).shape, checkpoint.load(name).shape
+        for name, got in checkpoint.shapes().items():
+            want = getattr(self.state, name).shape
             if want != got:
                 raise UsageError(
                     f"checkpoint {checkpoint.path} is of another state size ({name} {got}, "
@@ -317,6 +319,7 @@ class Engine:
         coordinator = self.get(self.serving) if self.serving is not None else None
         summary = self.get(self.sink.finish.remote())
         self.get([e.close.remote() for e in self.executors])
+        self.snapshots.close()  # no query after the end: its memory goes before the results'
         return run_info, coordinator, summary
 
     def stop(self) -> None:

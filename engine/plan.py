@@ -27,7 +27,7 @@ from txstream.topologies.api import Topology
 
 DEFAULT_SET_CAPACITY = 1 << 20
 """Distinct-set slots when the number of events is not known in advance (a session)."""
-FORMAT = 1
+FORMAT = 2
 """Version of the checkpoint metadata this build writes and reads."""
 
 
@@ -50,6 +50,12 @@ class Plan:
     store: CheckpointStore | None = None
     resume: Checkpoint | None = None
     """The checkpoint of an interrupted run this session continues from."""
+
+    def take_init(self) -> dict[str, pa.Table]:
+        """The init tables, which the plan then forgets: once in the state, a copy kept
+        alive would double a run's memory for as long as it runs."""
+        init, self.init = self.init, {}
+        return init
 
     @property
     def tables(self) -> dict[str, list[str]]:

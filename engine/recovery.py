@@ -155,7 +155,7 @@ class CheckpointWriter:
         if self._committed() < ts:
             return  # the outputs before the copy are not all committed yet
         begin = time.perf_counter()
-        self.store.write(ts, self.buffer.arrays(), self._meta(ts))
+        self.store.write_delta(ts, self.buffer.arrays(), self._meta(ts))
         self.buffer.mark_written(ts)
         self.count += 1
         self.seconds += time.perf_counter() - begin

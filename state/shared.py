@@ -41,13 +41,13 @@ class SharedArray:
 
     @classmethod
     def create(cls, run_id: str, what: str, shape: tuple[int, ...], dtype: str) -> SharedArray:
-        """Create a zeroed segment named after the run (driver side)."""
+        """Create a zeroed segment named after the run (driver side). A new segment is
+        zeros already: its pages cost memory only once written (a buffer sized for the
+        worst case costs what it holds)."""
         name = f"{run_prefix(run_id)}_{what}"
         nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         shm = create_segment(name, nbytes)
-        array = cls(shm, ArrayHandle(name, tuple(shape), dtype), owner=True)
-        array.array.fill(0)
-        return array
+        return cls(shm, ArrayHandle(name, tuple(shape), dtype), owner=True)
 
     @classmethod
     def attach(cls, handle: ArrayHandle) -> SharedArray:

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
+from txstream.state import dirty
 from txstream.state.layout import Layout, TablesSpec
 from txstream.state.shared import ArrayHandle, SharedArray
 
@@ -26,6 +27,8 @@ class StateArrays(NamedTuple):
     values: np.ndarray
     set_cells: np.ndarray
     set_members: np.ndarray
+    dirty: np.ndarray
+    """Groups of ``values`` written since last taken (`txstream.state.dirty`)."""
 
 
 @dataclass(frozen=True)
@@ -36,15 +39,16 @@ class StateHandle:
     values: ArrayHandle
     set_cells: ArrayHandle
     set_members: ArrayHandle
+    dirty: ArrayHandle
 
 
 class SharedState:
     """The run's tables in shared memory (see module docstring)."""
 
-    def __init__(self, layout: Layout, arrays: tuple[SharedArray, SharedArray, SharedArray]):
+    def __init__(self, layout: Layout, arrays: tuple[SharedArray, ...]):
         self.layout = layout
         self._arrays = arrays
-        self.values, self.set_cells, self.set_members = (a.array for a in arrays)
+        self.values, self.set_cells, self.set_members, self.dirty = (a.array for a in arrays)
 
     @classmethod
     def create(cls, run_id: str, layout: Layout, set_capacity: int) -> SharedState:
@@ -54,6 +58,7 @@ class SharedState:
             SharedArray.create(run_id, "values", (layout.cells,), "int64"),
             SharedArray.create(run_id, "set_cells", (capacity,), "int64"),
             SharedArray.create(run_id, "set_members", (capacity,), "int64"),
+            SharedArray.create(run_id, "dirty", (dirty.groups_of(layout.cells),), "uint8"),
         )
         arrays[1].array.fill(EMPTY)
         return cls(layout, arrays)
@@ -61,27 +66,26 @@ class SharedState:
     @classmethod
     def attach(cls, handle: StateHandle) -> SharedState:
         """Attach to the driver's state (actor side)."""
-        arrays = (
-            SharedArray.attach(handle.values),
-            SharedArray.attach(handle.set_cells),
-            SharedArray.attach(handle.set_members),
+        arrays = tuple(
+            SharedArray.attach(h)
+            for h in (handle.values, handle.set_cells, handle.set_members, handle.dirty)
         )
         return cls(handle.layout, arrays)
 
     @property
     def arrays(self) -> StateArrays:
         """The arrays as one kernel argument."""
-        return StateArrays(self.values, self.set_cells, self.set_members)
+        return StateArrays(self.values, self.set_cells, self.set_members, self.dirty)
 
     @property
     def handle(self) -> StateHandle:
         """What to send to actors."""
-        values, cells, members = (a.handle for a in self._arrays)
-        return StateHandle(self.layout, values, cells, members)
+        return StateHandle(self.layout, *(a.handle for a in self._arrays))
 
     def close(self) -> None:
         """Detach (and unlink, on the driver)."""
         self.values = self.set_cells = self.set_members = np.empty(0, np.int64)
+        self.dirty = np.empty(0, np.uint8)
         for array in self._arrays:
             array.close()
 
@@ -99,6 +103,11 @@ class SharedState:
                 base = self.layout.bases[(table.name, column)]
                 data = init[table.name].column(column).to_numpy()
                 self.values[base : base + len(data)] = data
+
+    def write(self, cells: np.ndarray, values: np.ndarray) -> None:
+        """Overwrite ``cells`` outside a kernel (no team running), marked as written."""
+        self.values[cells] = values
+        dirty.mark_cells(self.dirty, cells)
 
     def tables(self, topology: TablesSpec) -> dict[str, pa.Table]:
         """Every table as ``key`` + value columns, of the keys the layout holds for good (a
