@@ -394,7 +394,7 @@ class Session:
         bar = self._wait_with_progress()
         run_info, coordinator, summary = engine.finish()
         seconds = time.perf_counter() - self._started
-        tables = engine.state.tables(self.topology)
+        tables = engine.take_tables()
         output = self.plan.output
         schema = output_schema(self.topology)
         if self.recoveries or self.resumed_from:  # the last Sink saw only the last events

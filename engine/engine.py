@@ -322,6 +322,13 @@ class Engine:
         self.snapshots.close()  # no query after the end: its memory goes before the results'
         return run_info, coordinator, summary
 
+    def take_tables(self) -> dict[str, pa.Table]:
+        """Once finished: every table of the state (copies), whose shared memory is then
+        freed, so that a run's end holds the state once, in its results."""
+        tables = self.state.tables(self.plan.topology)
+        self.state.close()
+        return tables
+
     def stop(self) -> None:
         """Stop every actor of the team and wait until its executors' processes are gone
         (a dying executor must not write into the state after it was restored)."""

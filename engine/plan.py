@@ -97,6 +97,9 @@ def plan(
     the keys a node of a run over several holds (``init_state`` has only those)."""
     topology = topologies.get(config.topology)
     cores = host_topology(config.sockets).assign(config.executors)
+    # from malloc, not pyarrow's mimalloc, which keeps freed memory a while: the init
+    # tables' goes back to the kernel as soon as the engine has loaded them
+    pa.set_memory_pool(pa.system_memory_pool())
     init = read_init_state(topology, init_state, share)
     sizes = share.sizes if share else topology.sizes_from({k: t.num_rows for k, t in init.items()})
     layout = Layout.of(topology.tables, sizes, share)

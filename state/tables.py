@@ -100,9 +100,11 @@ class SharedState:
         without init start at 0)."""
         for table in topology.init_tables:
             for column in table.columns:
-                base = self.layout.bases[(table.name, column)]
-                data = init[table.name].column(column).to_numpy()
-                self.values[base : base + len(data)] = data
+                row = self.layout.bases[(table.name, column)]
+                for chunk in init[table.name].column(column).chunks:  # no copy of it whole
+                    data = chunk.to_numpy()
+                    self.values[row : row + len(data)] = data
+                    row += len(data)
 
     def write(self, cells: np.ndarray, values: np.ndarray) -> None:
         """Overwrite ``cells`` outside a kernel (no team running), marked as written."""
