@@ -49,7 +49,7 @@ from txstream.state.chunk import sweep_segments
 from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
 from txstream.state.snapshots import SnapshotRing
 from txstream.state.sync import ask_to_stop, sync_words
-from txstream.state.tables import SharedState
+from txstream.state.tables import SharedState, with_keys
 from txstream.state.watermark import Watermark
 
 NAMESPACE = "txstream"
@@ -323,11 +323,11 @@ class Engine:
         return run_info, coordinator, summary
 
     def take_tables(self) -> dict[str, pa.Table]:
-        """Once finished: every table of the state (copies), whose shared memory is then
-        freed, so that a run's end holds the state once, in its results."""
-        tables = self.state.tables(self.plan.topology)
+        """Once finished: every table of the state (copies), whose shared memory is freed
+        before the key columns are made, so that a run's end holds the state about once."""
+        columns = self.state.columns(self.plan.topology)
         self.state.close()
-        return tables
+        return with_keys(self.plan.layout, columns)
 
     def stop(self) -> None:
         """Stop every actor of the team and wait until its executors' processes are gone

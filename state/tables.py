@@ -111,16 +111,29 @@ class SharedState:
         self.values[cells] = values
         dirty.mark_cells(self.dirty, cells)
 
+    def columns(self, topology: TablesSpec) -> dict[str, dict[str, np.ndarray]]:
+        """Every table's value columns, of the keys the layout holds for good (copies,
+        safe after close)."""
+        layout, out = self.layout, {}
+        for table in topology.tables:
+            size = layout.share.own(table.name) if layout.share else layout.sizes[table.name]
+            out[table.name] = {
+                column: self.values[layout.bases[(table.name, column)] :][:size].copy()
+                for column in table.columns
+            }
+        return out
+
     def tables(self, topology: TablesSpec) -> dict[str, pa.Table]:
         """Every table as ``key`` + value columns, of the keys the layout holds for good (a
         copy, safe after close)."""
-        out = {}
-        for table in topology.tables:
-            keys = self.layout.keys(table.name)
-            size = len(keys)
-            columns = {"key": pa.array(keys)}
-            for column in table.columns:
-                base = self.layout.bases[(table.name, column)]
-                columns[column] = pa.array(self.values[base : base + size].copy())
-            out[table.name] = pa.table(columns)
-        return out
+        return with_keys(self.layout, self.columns(topology))
+
+
+def with_keys(layout: Layout, columns: dict[str, dict[str, np.ndarray]]) -> dict[str, pa.Table]:
+    """Tables of value ``columns`` (by table, by column) with their ``key`` column first."""
+    return {
+        name: pa.table(
+            {"key": pa.array(layout.keys(name)), **{c: pa.array(v) for c, v in values.items()}}
+        )
+        for name, values in columns.items()
+    }
