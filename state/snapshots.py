@@ -17,6 +17,7 @@ waits for a reader.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -200,6 +201,9 @@ class SnapshotRing:
         self._wake.set()
 
     def _fold_loop(self) -> None:
+        # free to run beside executor 0, whose core it was started on (a team of threads:
+        # the process's own mask is every core it may use)
+        os.sched_setaffinity(0, os.sched_getaffinity(os.getpid()))
         while True:
             self._wake.wait()
             self._wake.clear()
