@@ -87,7 +87,7 @@ class CheckpointBuffer:
             **{name: getattr(state, name).shape for name in SETS},
         }
         arrays = [
-            SharedArray.create(run_id, f"ckpt_{name}", shape, "int64")
+            SharedArray.create(run_id, f"ckpt_{name}", shape, "int64", touch=name in SETS)
             for name, shape in shapes.items()
         ]
         return cls(arrays, SharedArray.create(run_id, "ckpt_words", (3 * STRIDE,), "int64"))

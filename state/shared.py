@@ -50,14 +50,19 @@ class SharedArray:
         self.array: np.ndarray = np.ndarray(handle.shape, handle.dtype, buffer=shm.buf)
 
     @classmethod
-    def create(cls, run_id: str, what: str, shape: tuple[int, ...], dtype: str) -> SharedArray:
-        """Create a zeroed segment named after the run (driver side). A new segment is
-        zeros already: its pages cost memory only once written (a buffer sized for the
-        worst case costs what it holds)."""
+    def create(
+        cls, run_id: str, what: str, shape: tuple[int, ...], dtype: str, touch: bool = True
+    ) -> SharedArray:
+        """Create a zeroed segment named after the run (driver side), its pages faulted in
+        now rather than while a run is timed; without ``touch``, a page costs memory only
+        once written (a buffer sized for the worst case costs what it holds)."""
         name = f"{run_prefix(run_id)}_{what}"
         nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         shm = create_segment(name, nbytes)
-        return cls(shm, ArrayHandle(name, tuple(shape), dtype), owner=True)
+        array = cls(shm, ArrayHandle(name, tuple(shape), dtype), owner=True)
+        if touch:
+            array.array.fill(0)
+        return array
 
     @classmethod
     def attach(cls, handle: ArrayHandle) -> SharedArray:
