@@ -27,6 +27,7 @@ from txstream.schedulers.statements import Statements
 from txstream.schedulers.team.aborts import MAP_SEGMENT
 from txstream.schedulers.team.member import Member
 from txstream.schedulers.team.placement import Seat
+from txstream.state import dirty
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.chunk import (
     ChunkArrays,
@@ -127,7 +128,7 @@ class Executor:
     team's sync block: a shared-memory handle, or an array when executors are threads.
     A scheduler that declares Coordinator policies needs the run's `Coordinator` serving
     that block. Executor 0
-    copies the state into the ``snapshots`` ring at the end of every chunk (queries read it).
+    hands what each chunk wrote to the ``snapshots`` ring at its end (queries read it).
     """
 
     def __init__(
@@ -172,6 +173,8 @@ class Executor:
         self._pending: deque = deque()
         self._chunk: ChunkArrays | None = None
         self._run: TeamSegment | None = None
+        self._taken: np.ndarray | None = None
+        """Executor 0's scratch for the groups each chunk wrote (`dirty.take`)."""
 
     def __repr__(self) -> str:
         """How Ray names this actor in its logs and errors (errors of an executor that
@@ -188,6 +191,8 @@ class Executor:
             os.sched_setaffinity(0, {thread_cpu})
         empty = pa.RecordBatch.from_pylist([], schema=schema)
         compile_validation()
+        if self.rank == 0:
+            dirty.warm_up()
         self.run_share(empty, -1, 0, 0, np.zeros(1, np.int64), Breakdown())
         self.scheduler.warm_up(self._chunk)
         self.batch_seconds.clear()
@@ -292,17 +297,28 @@ class Executor:
         self.scheduler.finish(chunk, ops, first, first + batch.n, breakdown)
         self.team.barrier(breakdown)  # the whole chunk is done: the state is as of ts0 + events
         if topology.marks_created:  # keys this chunk created, before the state is copied
-            txn.mark_created(self.state.values, chunk.outcomes.status[share])
+            self.state.write(txn.created_cells(chunk.outcomes.status[share]), 1)
             self.team.barrier(breakdown)
         if team.rank == 0 and seq >= 0:
-            self.snapshots.publish(self.state.values, ts0 + events, seq + 1)
-            if checkpoint:
-                self.checkpoints.copy_from(self.state, ts0 + events)
+            self._publish(ts0 + events, checkpoint)
         if idle:
             return self._no_rows
         outcomes = Outcomes(*(column[share].copy() for column in chunk.outcomes))
         with breakdown.timing("useful"):
             return _output_rows(topology, batch, outcomes, ts0 + first)
+
+    def _publish(self, ts: int, checkpoint: bool) -> None:
+        """Executor 0, the whole team past the chunk's last barrier: hand what the chunk
+        wrote to the snapshots of queries and to the checkpoints (a copy of it all, with
+        ``checkpoint``); what it costs grows with the chunk's writes, not the state."""
+        if self._taken is None:
+            self._taken = np.empty(len(self.state.dirty), np.int64)
+        groups = dirty.take(self.state.dirty, self._taken)
+        self.snapshots.publish(self.state.values, groups, ts)
+        if self.checkpoints is not None:
+            self.checkpoints.note(self.state, groups)
+            if checkpoint:
+                self.checkpoints.copy_from(self.state, ts)
 
     def _map_chunk(self, seq: int, events: int, breakdown: Breakdown) -> ChunkArrays:
         """The chunk segment laid out for this chunk; when the chunk does not fit,

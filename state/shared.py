@@ -16,9 +16,11 @@ from pathlib import Path
 import numpy as np
 
 PREFIX = "txstream_"
-_CREATED_HERE: set[str] = set()
-"""Segments this process created: attaching to one of them (executors run as threads
-in tests) must leave the resource tracker's registration for the owner's unlink."""
+_CREATED_HERE: dict[str, shared_memory.SharedMemory] = {}
+"""Segments this process created, by name: attaching to one of them (executors run as
+threads) must leave the resource tracker's registration for the owner's unlink; a
+`SharedArray` attached to one shares the owner's mapping (a second mapping of the same
+pages would count them twice in the process's RSS)."""
 
 
 @dataclass(frozen=True)
@@ -33,25 +35,41 @@ class ArrayHandle:
 class SharedArray:
     """One numpy array backed by one shared-memory segment."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, handle: ArrayHandle, owner: bool):
+    def __init__(
+        self,
+        shm: shared_memory.SharedMemory,
+        handle: ArrayHandle,
+        owner: bool,
+        shared_mapping: bool = False,
+    ):
         self._shm = shm
         self.handle = handle
         self.owner = owner
+        self._shared_mapping = shared_mapping
+        """The mapping is the owner's of this process: closing it is the owner's."""
         self.array: np.ndarray = np.ndarray(handle.shape, handle.dtype, buffer=shm.buf)
 
     @classmethod
-    def create(cls, run_id: str, what: str, shape: tuple[int, ...], dtype: str) -> SharedArray:
-        """Create a zeroed segment named after the run (driver side)."""
+    def create(
+        cls, run_id: str, what: str, shape: tuple[int, ...], dtype: str, touch: bool = True
+    ) -> SharedArray:
+        """Create a zeroed segment named after the run (driver side), its pages faulted in
+        now rather than while a run is timed; without ``touch``, a page costs memory only
+        once written (a buffer sized for the worst case costs what it holds)."""
         name = f"{run_prefix(run_id)}_{what}"
         nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         shm = create_segment(name, nbytes)
         array = cls(shm, ArrayHandle(name, tuple(shape), dtype), owner=True)
-        array.array.fill(0)
+        if touch:
+            array.array.fill(0)
         return array
 
     @classmethod
     def attach(cls, handle: ArrayHandle) -> SharedArray:
         """Attach to an existing segment (actor side); never unlinks it."""
+        mapped = _CREATED_HERE.get(handle.name)
+        if mapped is not None:
+            return cls(mapped, handle, owner=False, shared_mapping=True)
         return cls(attach_segment(handle.name), handle, owner=False)
 
     def close(self) -> None:
@@ -62,6 +80,8 @@ class SharedArray:
         mapping then goes away with the last view, but the name is gone already.
         """
         self.array = np.empty(0)
+        if self._shared_mapping:
+            return
         if self.owner:
             unlink_segment(self._shm)
         try:
@@ -73,7 +93,7 @@ class SharedArray:
 def create_segment(name: str, nbytes: int) -> shared_memory.SharedMemory:
     """A new zeroed segment; this process unlinks it (`unlink_segment`)."""
     shm = shared_memory.SharedMemory(name=name, create=True, size=max(1, nbytes))
-    _CREATED_HERE.add(name)
+    _CREATED_HERE[name] = shm
     return shm
 
 
@@ -89,7 +109,7 @@ def attach_segment(name: str) -> shared_memory.SharedMemory:
 
 def unlink_segment(shm: shared_memory.SharedMemory) -> None:
     """Remove a segment's name (its memory goes with the last mapping)."""
-    _CREATED_HERE.discard(shm.name)
+    _CREATED_HERE.pop(shm.name, None)
     try:
         shm.unlink()
     except FileNotFoundError:
