@@ -20,6 +20,7 @@ from txstream.cluster.ray_runtime import check_dashboard, ray_address, ray_sessi
 from txstream.cluster.topology import check_executors
 from txstream.cluster.transport import RayTransport, ThreadTransport
 from txstream.config import RunConfig
+from txstream.connectors.extras import require_spark
 from txstream.connectors.inputs import Events, checked_events, event_source, needs_spark, staged
 from txstream.connectors.sources import SkippedSource, Source
 from txstream.engine.plan import plan
@@ -166,6 +167,7 @@ class Job:
         session = spark.staging_session(events)
         if session is not None and not spark.on_ray(session):
             return None
+        require_spark("starting Spark on Ray", instead="source='arrow'")
         cfg, console = self.config, self.console
         job_config = spark.ray_job_config()
         stack.enter_context(

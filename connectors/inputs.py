@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pyarrow as pa
+from txstream.connectors.extras import require_spark
 from txstream.connectors.sources import ArrowSource, Source
 from txstream.errors import SchemaError, UsageError
 
@@ -74,6 +75,9 @@ def checked_events(
         raise UsageError("a Source of events must know its number of rows (num_rows)")
     topology.check_event_schema(source.schema)
     if needs_spark(source, read_files):
+        require_spark(
+            "source='spark' (Parquet files read by Spark)", on_ray=False, instead="source='arrow'"
+        )
         from txstream.connectors.spark_driver import java_available
 
         problem = java_available()

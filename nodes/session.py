@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,9 +32,8 @@ import pyarrow.parquet as pq
 from txstream.actors.executor import output_schema
 from txstream.cluster.nodes import pick_nodes
 from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor, stop_actors
-from txstream.connectors.inputs import Events, event_source
+from txstream.connectors.inputs import Events, checked_events, needs_spark, staged
 from txstream.connectors.outputs import part_name
-from txstream.connectors.spark import SparkSource, follow
 from txstream.engine.engine import NAMESPACE
 from txstream.engine.plan import Plan
 from txstream.engine.recovery import MAX_RECOVERIES, InputLog, Pushed
@@ -42,13 +41,16 @@ from txstream.errors import ActorDied, RuntimeFailure, TopologyError, TxstreamEr
 from txstream.monitor.console import Console
 from txstream.monitor.metrics import LatencyHistogram
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
-from txstream.nodes.intake import Prepared, prepare_partition
 from txstream.nodes.member import NodeTeam
 from txstream.nodes.sequencer import Partition, Sequencer, UnitPlan, cut, touched_cells
 from txstream.result import Result
 from txstream.state.checkpoints import CheckpointStore
 from txstream.state.operations import STATUS_NAMES
 from txstream.topologies.api import conform_events
+
+if TYPE_CHECKING:  # Spark's connector is imported only when Spark stages the input
+    from txstream.connectors.spark import SparkSource
+    from txstream.nodes.intake import Prepared
 
 UNIT_EVENTS = 65536
 """Events per unit of input: the sequencer's grain (levels restart with every unit)."""
@@ -326,11 +328,14 @@ class NodesSession:
             raise UsageError("the session is closed")
         start = self.ts
         cfg = self.config
-        source = event_source(events, self.plan.topology, cfg.source, cfg.spark_exchange_dir)
-        if source is not events and hasattr(source, "close"):  # staged by Spark for it
+        topology = self.plan.topology
+        checked = checked_events(events, topology, cfg.source)
+        by_spark = needs_spark(checked, cfg.source)
+        source = staged(checked, topology, cfg.source, cfg.spark_exchange_dir)
+        if by_spark:  # staged by Spark for it
             self._stack.callback(source.close)
         size = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
-        if isinstance(source, SparkSource):
+        if by_spark:
             units = self._spark_units(source, size)
         else:
             units = (self._read_unit(batch) for batch in source.iter_batches(size))
@@ -371,6 +376,8 @@ class NodesSession:
         driver's node (`txstream.nodes.intake`), `PREPARED_AHEAD` partitions ahead."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from txstream.connectors.spark import follow
+        from txstream.nodes.intake import prepare_partition
 
         plan, nodes = self.plan, self.config.nodes
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
