@@ -175,7 +175,14 @@ def _shutdown(phase: Phase, name: str) -> None:
 
 def reachable_address(address: str) -> str:
     """The ``host:port`` of ``address`` (``auto``: the Ray running here), once its GCS
-    port accepts a connection; a `UsageError` within seconds otherwise."""
+    port accepts a connection; a `UsageError` within seconds otherwise, and at once for a
+    Ray Client address (``ray://``): the driver shares memory and files with the actors it
+    starts, which a client on another host cannot."""
+    if address.startswith("ray://"):
+        raise UsageError(
+            f"--address {address}: Ray Client is not supported; run txstream on a node of "
+            "the cluster, with --address HOST:PORT of its GCS (or auto)"
+        )
     target = address
     if address == "auto":
         try:
@@ -187,7 +194,7 @@ def reachable_address(address: str) -> str:
             ) from exc
         if target is None:  # ray.init looks for it
             return address
-    host, _, port = target.removeprefix("ray://").rpartition(":")
+    host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
         raise UsageError(f"--address {address}: expected auto or HOST:PORT")
     try:
