@@ -9,6 +9,7 @@ importing pyspark) or for Parquet files that Spark is to read.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -119,6 +120,14 @@ def staged(
         source.close()
         raise
     return source
+
+
+def staged_by_spark(source: object) -> bool:
+    """Whether ``source`` is staged by Spark (a `txstream.connectors.spark.SparkSource`),
+    without importing Spark's connector otherwise: such a source exists only once it is
+    loaded."""
+    spark = sys.modules.get("txstream.connectors.spark")
+    return spark is not None and isinstance(source, spark.SparkSource)
 
 
 def is_spark_dataframe(data: object) -> bool:

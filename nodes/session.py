@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from txstream.actors.executor import output_schema
 from txstream.cluster.nodes import pick_nodes
 from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor, stop_actors
-from txstream.connectors.inputs import Events, checked_events, needs_spark, staged
+from txstream.connectors.inputs import Events, event_source, staged_by_spark
 from txstream.connectors.outputs import part_name
 from txstream.engine.engine import NAMESPACE
 from txstream.engine.plan import Plan
@@ -328,14 +328,11 @@ class NodesSession:
             raise UsageError("the session is closed")
         start = self.ts
         cfg = self.config
-        topology = self.plan.topology
-        checked = checked_events(events, topology, cfg.source)
-        by_spark = needs_spark(checked, cfg.source)
-        source = staged(checked, topology, cfg.source, cfg.spark_exchange_dir)
-        if by_spark:  # staged by Spark for it
+        source = event_source(events, self.plan.topology, cfg.source, cfg.spark_exchange_dir)
+        if source is not events and hasattr(source, "close"):  # staged by Spark for it
             self._stack.callback(source.close)
         size = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
-        if by_spark:
+        if staged_by_spark(source):
             units = self._spark_units(source, size)
         else:
             units = (self._read_unit(batch) for batch in source.iter_batches(size))
