@@ -128,7 +128,8 @@ class Job:
     def _plan(self, init_state: InitState, output: str | Path | None, **options: Any):
         """Everything checked before anything starts (`txstream.engine.plan`, Ray's
         dashboard's packages if asked); too many executors for the cores is a warning."""
-        if self.config.dashboard and ray_address(self.config.address) is None:
+        address = ray_address(self.config.address)  # a Ray Client address refused here
+        if self.config.dashboard and address is None:
             check_dashboard()
         warning = check_executors(self.config.executors)
         session_plan = plan(self.config, init_state, output, **options)

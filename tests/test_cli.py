@@ -512,23 +512,28 @@ def test_query_and_status_on_an_unreachable_address_are_exit_2_at_once(verb):
     )
 
 
+RAY_CLIENT = "ray://127.0.0.1:10001"
+RAY_CLIENT_REFUSED = (
+    f"txstream: error: --address {RAY_CLIENT}: Ray Client is not supported; run txstream on "
+    "a node of the cluster, with --address HOST:PORT of its GCS (or auto)\n"
+)
+
+
 @pytest.mark.parametrize("source", ["arrow", "spark"])
 def test_a_ray_client_address_is_exit_2_with_one_line(tmp_path, capsys, monkeypatch, source):
     data = _generate(tmp_path, "sl", events=10)
     capsys.readouterr()
-    address = "ray://127.0.0.1:10001"
-    refused = (
-        f"txstream: error: --address {address}: Ray Client is not supported; run txstream on "
-        "a node of the cluster, with --address HOST:PORT of its GCS (or auto)\n"
-    )
-    assert _run_sl(data, tmp_path / "out", "--source", source, "--address", address) == 2
-    assert capsys.readouterr().err == refused
-    monkeypatch.setenv("RAY_ADDRESS", address)
+    assert _run_sl(data, tmp_path / "out", "--source", source, "--address", RAY_CLIENT) == 2
+    assert capsys.readouterr().err == RAY_CLIENT_REFUSED
+    monkeypatch.setenv("RAY_ADDRESS", RAY_CLIENT)
     assert _run_sl(data, tmp_path / "out", "--source", source) == 2
-    assert capsys.readouterr().err == refused
-    assert main(["status", "--address", address, "--name", "ledger"]) == 2
-    assert capsys.readouterr().err == refused
+    assert capsys.readouterr().err == RAY_CLIENT_REFUSED
     assert not (tmp_path / "out").exists()
+
+
+def test_status_at_a_ray_client_address_is_exit_2_with_one_line():
+    proc = _cli("status", "--address", RAY_CLIENT, "--name", "ledger", timeout=60)
+    assert proc.returncode == 2 and proc.stderr == RAY_CLIENT_REFUSED
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
