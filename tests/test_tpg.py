@@ -22,17 +22,20 @@ from txstream.schedulers.team._links import (
     HOT,
     LINK_STATS,
     Links,
-    Partition,
     deal_share,
     forget_chunk,
     link_batch,
+    partition,
     take_dealt,
 )
 from txstream.schedulers.team._versions import Fates, Versions, find_affected
+from txstream.schedulers.team.placement import row_pools
 from txstream.state.operations import Ops
 
 CELLS = 6
-ROW_OF_CELL = np.array([c // 2 for c in range(CELLS)], np.int64)  # rows of two columns
+SPANS = np.array([(0, 2, 0), (2, 2, 2), (4, 2, 2)], np.int64)
+"""A table of one column and one of two, two keys each (`Layout.spans`)."""
+ROW_OF_CELL = np.array([0, 1, 2, 3, 2, 3], np.int64)
 
 
 @st.composite
@@ -70,7 +73,7 @@ def _ops(txns, cell, reads, cond) -> Ops:
     )
 
 
-def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None, share_cuts=None):
+def _link(ops: Ops, op_cuts: list[int], parties: int, share_cuts=None):
     """Deal every executor's share of the chunk (``share_cuts``: where each executor's
     operations begin, then the end; default: even), then link every batch with
     ``parties`` executors (one after the other: each writes only its rows). Returns the
@@ -84,23 +87,8 @@ def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None, share_cuts=
             for name in Links._fields
         )
     )
-    part_of = row_pool[ROW_OF_CELL] if row_pool is not None else ROW_OF_CELL % parties
-    parts = [
-        Partition(
-            part_of,
-            ROW_OF_CELL,
-            np.full(CELLS, -1, np.int64),
-            np.full(CELLS, -1, np.int64),
-            np.zeros(CELLS, np.int64),
-            np.zeros(CELLS, np.int64),
-            np.zeros(n, np.int64),
-            np.zeros(2, np.int64),
-            np.zeros(parties, np.int64),
-            np.zeros(parties, np.int64),
-            np.zeros(parties, np.int64),
-        )
-        for _ in range(parties)
-    ]
+    part_of = row_pools(len(set(ROW_OF_CELL)), parties)[ROW_OF_CELL]
+    parts = [partition(SPANS, parties, n) for _ in range(parties)]
     if share_cuts is None:
         share_cuts = [n * e // parties for e in range(parties + 1)]
     dealt = np.full(n + r, -(10**9), np.int64)
@@ -130,7 +118,7 @@ def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None, share_cuts=
     for part in parts:
         assert (part.cursor == part.stop).all()  # every item linked
         forget_chunk(part)
-        assert (part.last == -1).all() and (part.last_row == -1).all()
+        assert (part.cells[:, 0] == -1).all() and (part.rows[:, 0] == -1).all()
     return links, stats
 
 
@@ -359,9 +347,7 @@ def test_fine_strata_and_dependency_counts_equal_their_definitions(batch, partie
         assert strata == 1 + max(want.values())
         counted = np.zeros(1, np.int64)
         for me in range(parties):
-            count_pending(
-                me, first, end, True, ops, links, units, np.zeros(3, np.int64), ROW_OF_CELL, counted
-            )
+            count_pending(me, first, end, True, ops, links, units, SPANS, 1, counted)
         assert {o: int(units.pending[o]) for o in range(first, end)} == {
             o: len(p) for o, p in preds.items()
         }
