@@ -143,8 +143,9 @@ class Engine:
         stack.callback(self.live.close)
         self.live_before = np.zeros(self.live.handle.shape)
         """What the executors of the teams before this one had published."""
-        self.snapshots = SnapshotRing.create(run_id, plan.layout.cells)
-        stack.callback(self.snapshots.close)
+        self.snapshots = SnapshotRing.create(run_id, plan.layout.cells) if plan.queryable else None
+        if self.snapshots is not None:
+            stack.callback(self.snapshots.close)
         stack.callback(sweep_segments, self.prefix)  # if an executor died
         self.buffer = None
         if plan.store is not None:
@@ -193,7 +194,8 @@ class Engine:
         self._sync.array[:] = 0
         self.live_before += self.live.array
         self.live.array[:] = 0
-        self.snapshots.reset(self.state.values, ts)
+        if self.snapshots is not None:
+            self.snapshots.reset(self.state.values, ts)
         self.watermark.reset(ts)
         if self.buffer is not None:
             self.buffer.reset(ts)
@@ -210,6 +212,7 @@ class Engine:
         )
         self._actors.append(sink)
         buffer = self.buffer.handle if self.buffer is not None else None
+        snapshots = self.snapshots.handle if self.snapshots is not None else None
         # a process is pinned as it starts; a thread by its first call (on its own thread)
         pin = transport.separate_processes
         executors = [
@@ -220,7 +223,7 @@ class Engine:
                 seat,
                 self._sync.handle,
                 self.prefix,
-                self.snapshots.handle,
+                snapshots,
                 sink,
                 cpu if pin else None,
                 buffer,
@@ -247,7 +250,7 @@ class Engine:
             executors,
             sink,
             self.watermark.handle,
-            self.snapshots.handle,
+            snapshots,
             plan.layout,
             plan.tables,
             buffer,
@@ -364,7 +367,8 @@ class Engine:
         coordinator = self.get(self.serving) if self.serving is not None else None
         summary = self.get(self.sink.finish.remote())
         self.get([e.close.remote() for e in self.executors])
-        self.snapshots.close()  # no query after the end: its memory goes before the results'
+        if self.snapshots is not None:  # no query after the end: its memory goes first
+            self.snapshots.close()
         return run_info, coordinator, summary
 
     def take_tables(self, indexes: dict[str, KeyIndex] | None = None) -> dict[str, pa.Table]:

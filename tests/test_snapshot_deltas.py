@@ -14,7 +14,8 @@ from txstream.state.tables import SharedState
 
 
 class _Table:
-    name, columns, init_min = "t", ("balance",), None
+    name, columns, init_min, key = "t", ("balance",), None, "dense"
+    state_columns = columns
 
 
 def _state(cells: int) -> SharedState:
