@@ -36,6 +36,9 @@ CELLS = 6
 SPANS = np.array([(0, 2, 0), (2, 2, 2), (4, 2, 2)], np.int64)
 """A table of one column and one of two, two keys each (`Layout.spans`)."""
 ROW_OF_CELL = np.array([0, 1, 2, 3, 2, 3], np.int64)
+LARGE_SPANS = np.array([(0, 2, 0), (2, 2, 2), (4, 1 << 20, 2)], np.int64)
+"""The same rows of the same cells in a state far larger than a chunk's tables: linking
+hashes cells and rows (`partition`'s ``direct`` is false)."""
 
 
 @st.composite
@@ -73,11 +76,11 @@ def _ops(txns, cell, reads, cond) -> Ops:
     )
 
 
-def _link(ops: Ops, op_cuts: list[int], parties: int, share_cuts=None):
+def _link(ops: Ops, op_cuts: list[int], parties: int, share_cuts=None, spans=SPANS):
     """Deal every executor's share of the chunk (``share_cuts``: where each executor's
     operations begin, then the end; default: even), then link every batch with
-    ``parties`` executors (one after the other: each writes only its rows). Returns the
-    links and, per batch, the summed statistics."""
+    ``parties`` executors (one after the other: each writes only its rows) over the
+    state of ``spans``. Returns the links and, per batch, the summed statistics."""
     n, r = len(ops.txn), len(ops.dep_cell)
     links = Links(
         *(
@@ -88,7 +91,8 @@ def _link(ops: Ops, op_cuts: list[int], parties: int, share_cuts=None):
         )
     )
     part_of = row_pools(len(set(ROW_OF_CELL)), parties)[ROW_OF_CELL]
-    parts = [partition(SPANS, parties, n) for _ in range(parties)]
+    parts = [partition(spans, parties, n) for _ in range(parties)]
+    assert all(p.direct == (spans is SPANS and CELLS <= n * 3 // 2) for p in parts)
     if share_cuts is None:
         share_cuts = [n * e // parties for e in range(parties + 1)]
     dealt = np.full(n + r, -(10**9), np.int64)
@@ -214,7 +218,8 @@ def test_links_equal_their_definitions(batch, parties, data):
     inner = sorted(
         data.draw(st.lists(st.integers(0, n), min_size=parties - 1, max_size=parties - 1))
     )
-    links, stats = _link(ops, op_cuts, parties, share_cuts=[0, *inner, n])
+    spans = data.draw(st.sampled_from((SPANS, LARGE_SPANS)), label="spans")
+    links, stats = _link(ops, op_cuts, parties, share_cuts=[0, *inner, n], spans=spans)
     want = _naive_links(txns, cell, reads, op_cuts)
     for name in ("chain_prev", "chain_next", "dep_prev", "head", "row_next", "read_op"):
         assert getattr(links, name).tolist() == want[name], name
