@@ -201,6 +201,7 @@ class Engine:
             self.buffer.reset(ts)
         plan.output.drop_parts_from(ts)
         sweep_segments(self.prefix)
+        self.state.unmap_pages()  # the team's mappings hold the state while it runs
         sink = transport.start(
             Sink,
             plan.output,
