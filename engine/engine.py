@@ -126,8 +126,10 @@ class Engine:
         ensure_reaper()  # what a SIGKILL of this process would leave is removed at once
         run_id = new_run_id()
         self.prefix = run_prefix(run_id)
+        # a key is its row (`Layout`) or in its table's key index: the key columns go
+        # before the state is allocated, which the init values alone then stand beside
+        init = {name: table.drop_columns(["key"]) for name, table in plan.take_init().items()}
         self.state = stack.enter_context(SharedState.create(run_id, plan.layout, plan.set_capacity))
-        init = plan.take_init()
         if plan.resume is not None:
             self.restore(plan.resume)
         else:
