@@ -128,7 +128,8 @@ class Executor:
     team's sync block: a shared-memory handle, or an array when executors are threads.
     A scheduler that declares Coordinator policies needs the run's `Coordinator` serving
     that block. Executor 0
-    hands what each chunk wrote to the ``snapshots`` ring at its end (queries read it).
+    hands what each chunk wrote to the ``snapshots`` ring at its end (queries read it; a
+    run nobody can query has none: `Plan.queryable`).
     """
 
     def __init__(
@@ -138,7 +139,7 @@ class Executor:
         seat: Seat,
         sync: ArrayHandle | np.ndarray,
         segment_prefix: str,
-        snapshots: SnapshotHandle | SnapshotRing,
+        snapshots: SnapshotHandle | SnapshotRing | None,
         sink: object | None = None,
         cpu: int | None = None,
         checkpoints: CheckpointBufferHandle | None = None,
@@ -319,10 +320,13 @@ class Executor:
         """Executor 0, the whole team past the chunk's last barrier: hand what the chunk
         wrote to the snapshots of queries and to the checkpoints (a copy of it all, with
         ``checkpoint``); what it costs grows with the chunk's writes, not the state."""
+        if self.snapshots is None and self.checkpoints is None:
+            return
         if self._taken is None:
             self._taken = np.empty(len(self.state.dirty), np.int64)
         groups = dirty.take(self.state.dirty, self._taken)
-        self.snapshots.publish(self.state.values, groups, ts)
+        if self.snapshots is not None:
+            self.snapshots.publish(self.state.values, groups, ts)
         if self.checkpoints is not None:
             self.checkpoints.note(self.state, groups)
             if checkpoint:
@@ -427,7 +431,8 @@ class Executor:
             if segment is not None:
                 segment.close()
         self.state.close()
-        self.snapshots.close()
+        if self.snapshots is not None:
+            self.snapshots.close()
         if self.checkpoints is not None:
             self.checkpoints.close()
         for attached in (self._sync, self._live_segment):

@@ -57,6 +57,9 @@ class Plan:
     """The checkpoint of an interrupted run this session continues from."""
     keys: dict[str, KeyIndex] | None = None
     """The key index of every table of natural keys, holding its init keys."""
+    queryable: bool = True
+    """Outside readers may query the state while it runs: the engine keeps snapshots of
+    it for them (`txstream.state.snapshots`). A one-shot run without a name has none."""
 
     @property
     def label(self) -> str:
@@ -103,12 +106,14 @@ def plan(
     progressive: bool = True,
     source: Any = None,
     share: NodeShare | None = None,
+    queryable: bool = True,
 ) -> Plan:
     """Check everything a session needs before starting anything; UsageError,
     SchemaError or TopologyError otherwise. ``progressive``: outputs are committed as
     part files while the session runs (a one-shot run commits once, at the end).
     ``source``: a one-shot run's input (it identifies the run for checkpoints); ``share``:
-    the keys a node of a run over several holds (``init_state`` has only those)."""
+    the keys a node of a run over several holds (``init_state`` has only those);
+    ``queryable``: see `Plan.queryable`."""
     config = with_key_type(config, init_state)
     topology = topologies.get(config.topology, config.key_type)
     cores = host_topology(config.sockets).assign(config.executors)
@@ -164,6 +169,7 @@ def plan(
         store,
         resume,
         keys,
+        queryable,
     )
 
 

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 from txstream.errors import RuntimeFailure
+from txstream.state._numba import inline
 from txstream.state.keys import node_of
 
 FOREIGN_ROWS = 1 << 17
@@ -179,12 +180,38 @@ class Layout:
         """Number of rows of all tables together."""
         return sum(self.stored[table] for table in dict.fromkeys(t for t, _ in self.bases))
 
+    def spans(self) -> np.ndarray:
+        """Per (table, column), in base order: its first cell, its cells, its first row
+        (`row_of`)."""
+        first_row: dict[str, int] = {}
+        spans = [
+            (
+                base,
+                self.stored[table],
+                first_row.setdefault(table, sum(self.stored[t] for t in first_row)),
+            )
+            for (table, _), base in self.bases.items()
+        ]
+        return np.array(spans, np.int64).reshape(-1, 3)
+
     def row_of_cell(self) -> np.ndarray:
         """Row of every cell: rows are numbered table by table, key by key."""
-        row = np.empty(self.cells, np.int64)
-        first_row: dict[str, int] = {}
-        for (table, _), base in self.bases.items():
-            size = self.stored[table]
-            start = first_row.setdefault(table, sum(self.stored[t] for t in first_row))
-            row[base : base + size] = np.arange(start, start + size)
-        return row
+        return cell_rows(self.spans(), self.cells)
+
+
+def cell_rows(spans: np.ndarray, cells: int) -> np.ndarray:
+    """The row of each of the first ``cells`` cells (``spans``: `Layout.spans`)."""
+    row = np.empty(cells, np.int64)
+    for base, size, start in spans:
+        row[base : base + size] = np.arange(start, start + size)
+    return row
+
+
+@inline
+def row_of(cell, spans):
+    """The row of ``cell`` (``spans``: `Layout.spans`): that of its column's span, the
+    last one starting at or before it (an empty span holds no cell)."""
+    for i in range(len(spans) - 1, -1, -1):
+        if spans[i, 0] <= cell:
+            return cell - spans[i, 0] + spans[i, 2]
+    return -1

@@ -7,6 +7,7 @@ Names carry the creating pid, so segments left by a killed run can be swept.
 
 from __future__ import annotations
 
+import mmap
 import os
 import secrets
 from dataclasses import dataclass
@@ -65,6 +66,13 @@ class SharedArray:
     def attach(cls, handle: ArrayHandle) -> SharedArray:
         """Attach to an existing segment (actor side); never unlinks it."""
         return cls(attach_segment(handle.name), handle, owner=False)
+
+    def unmap_pages(self) -> None:
+        """Let go of this mapping's pages; the segment keeps them, and a later access maps
+        them again. A process counts a page once per mapping of it: the owner, idle while
+        executors of this process (threads, each with its mapping) run, would hold the
+        state twice in its resident set."""
+        self._shm._mmap.madvise(mmap.MADV_DONTNEED)
 
     def close(self) -> None:
         """Unlink the segment (owner only), then detach.
