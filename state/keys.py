@@ -5,15 +5,15 @@ Schedulers and kernels work on dense rows only; a chunk's key columns are turned
 before it is handed to the team, in ``ts`` order, so a new key gets the next free row in
 the order the stream first names it, whatever runs the chunk. An index is an open-addressing
 hash table of ``row + 1`` (0: free slot) over the keys held in row order: for int64 keys
-the values, for strings their bytes and offsets, so it costs the key bytes plus 16 to 32
-bytes a key.
+the values, for strings their bytes and offsets, so it costs the key bytes plus 8 bytes and
+its slots (11 to 23 bytes) a key. It grows a step a chunk (`KeyIndex._translate`), so that no
+chunk boundary pays for a whole doubling.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -32,16 +32,8 @@ KEYS_PREFIX = "keys-"
 MISSING, FULL, UNKNOWN, NULL = -1, -2, -3, -4
 """Rows the kernels give a key that is not in the index (or malformed), one that did not
 fit (`--max-keys`), a dictionary entry not looked up yet, a null key."""
-NO_BITS = np.zeros(0, np.uint8)
-"""The validity bitmap of an array without nulls."""
 DICTIONARIES = 8
 """String dictionaries whose rows an index keeps (a source's, used again by later chunks)."""
-LOAD = 0.7
-MOVE_STEP = 1 << 17
-"""Rows of the old slots a call puts into the new ones, at least, while the slots double."""
-NO_SLOTS = np.zeros(1, np.int64)
-"""The old slots when none are being taken over: a probe there finds nothing at once."""
-"""Largest share of used slots before the slots double."""
 
 
 # ---------------------------------------------------------------- hashing
@@ -97,15 +89,44 @@ def node_of(keys: pa.Array | np.ndarray, nodes: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- kernels
-# A slot holds ``tag | (row + 1)``: the high bits of the key's hash above the row, so that
-# a probe past other keys rarely reads them (a cache miss each); 0 is a free slot.
+# The slots are an open-addressing table with linear probing and no wrap-around: a key's
+# home is the top bits of its hash, and `PAD` slots past the last home catch the probes
+# that run on. A slot holds ``tag | (row + 1)``, the tag being the hash's high 32 bits, so a
+# probe past other keys rarely reads them (a cache miss each) and a doubling finds a key's
+# new home in its slot alone; 0 is a free slot.
+#
+# A doubling takes the old slots over in slot order, a step each call (`KeyIndex._move`):
+# a step reads them in order and writes the new slots nearly in order, so no chunk pays for
+# all of it nor touches all the new memory at once. A step ends just past a free slot, so a
+# run of keys is either moved whole or not at all: a key whose old home lies before the end
+# of the steps (``done``) is in the new slots, any other in the old ones, which take the
+# keys added there meanwhile. Every key is thus looked for in one place.
 LOW = (1 << 32) - 1
-"""The bits of a slot that hold ``row + 1``: a table holds fewer than 2^32 - 1 keys."""
+"""The bits of a slot that hold ``row + 1``."""
+LOAD = 0.7
+"""Largest share of used slots before the slots double."""
+PAD = 1 << 12
+"""Slots past the last home, at most: a probe running past them doubles the slots."""
+MAX_BITS = 32
+"""Homes of at most 32 bits: a slot's tag then holds its home in slots of any size."""
+OLD_ROOM = 6
+"""While the slots double, the old ones take at most a sixth of their size in new keys."""
+MOVE_PER_KEY = 4
+"""Old slots a call takes over per key it added (at least `MOVE_STEP`): the old slots are
+taken over before they have taken `OLD_ROOM`'s share of new keys."""
+MOVE_STEP = 1 << 16
+NOT_MOVING = 1 << 62
+"""``done`` when no slots are being taken over: every home lies before it."""
+NO_SLOTS = np.zeros(1, np.int64)
+AHEAD = 64
+"""Keys whose slots a kernel reads ahead before it probes them: misses that overlap."""
+DONE, LOADED, OLD_FULL, ROWS_FULL, BYTES_FULL = range(5)
+"""Why a kernel stopped: every key translated, or the room it lacks (`KeyIndex._translate`)."""
 
 
 @inline
 def _tag(hashed):
-    return np.int64(hashed >> np.uint64(33)) << 32
+    return np.int64(hashed >> np.uint64(32)) << 32
 
 
 @inline
@@ -114,16 +135,22 @@ def _row(slot):
 
 
 @inline
-def _probe_int(slots, keys_by_row, key, hashed):
-    """The slot of ``key`` (of hash ``hashed``), or the free slot where it would go."""
-    mask = len(slots) - 1
+def _home(hashed, shift):
+    return np.int64(hashed >> np.uint64(shift))
+
+
+@inline
+def _probe_int(slots, shift, keys_by_row, key, hashed):
+    """The slot of ``key`` (of hash ``hashed``), or the free slot where it would go; -1 if
+    the probe runs past the last slot."""
     tag = _tag(hashed)
-    h = np.int64(hashed & np.uint64(mask))
-    while slots[h] != 0:
-        if slots[h] - (slots[h] & LOW) == tag and keys_by_row[_row(slots[h])] == key:
-            break
-        h = (h + 1) & mask
-    return h
+    h = _home(hashed, shift)
+    while h < len(slots):
+        slot = slots[h]
+        if slot == 0 or (slot - (slot & LOW) == tag and keys_by_row[_row(slot)] == key):
+            return h
+        h += 1
+    return -1
 
 
 @inline
@@ -138,129 +165,198 @@ def _same(data, start, end, key_offsets, key_bytes, row):
 
 
 @inline
-def _probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed):
-    mask = len(slots) - 1
+def _probe_bytes(slots, shift, key_offsets, key_bytes, data, start, end, hashed):
     tag = _tag(hashed)
-    h = np.int64(hashed & np.uint64(mask))
-    while slots[h] != 0:
-        if slots[h] - (slots[h] & LOW) == tag and _same(
-            data, start, end, key_offsets, key_bytes, _row(slots[h])
+    h = _home(hashed, shift)
+    while h < len(slots):
+        slot = slots[h]
+        if slot == 0 or (
+            slot - (slot & LOW) == tag
+            and _same(data, start, end, key_offsets, key_bytes, _row(slot))
         ):
-            break
-        h = (h + 1) & mask
-    return h
+            return h
+        h += 1
+    return -1
 
 
 @inline
-def _is_valid(valid, offset, i):
-    """Bit ``offset + i`` of a validity bitmap (an empty one: every value is valid)."""
-    if len(valid) == 0:
-        return True
-    return (valid[(offset + i) >> 3] >> ((offset + i) & 7)) & 1 == 1
+def _touch(slots, shift, old, old_shift, done, keys_by_row, hashed):
+    """Read a key's home slot and, if its tag is the key's, the key its row holds: the
+    loads of `AHEAD` keys, independent of each other, overlap, and the probes that follow
+    find them cached."""
+    if _home(hashed, old_shift) >= done:
+        slot = old[_home(hashed, old_shift)]
+    else:
+        slot = slots[_home(hashed, shift)]
+    if slot == 0 or slot - (slot & LOW) != _tag(hashed):
+        return slot
+    return keys_by_row[_row(slot)]
 
 
 @jit
-def _gather(entry, valid, offset, entry_rows, out):
-    """``out[i]``: the row of entry ``entry[i]`` of a dictionary (NULL where null); the
-    number of entries not looked up yet (UNKNOWN)."""
-    unknown = 0
-    for i in range(len(out)):
-        if _is_valid(valid, offset, i):
-            out[i] = entry_rows[entry[i]]
-            unknown += out[i] == UNKNOWN
-        else:
-            out[i] = NULL
-    return unknown
-
-
-@jit
-def _find_ints(slots, old, keys_by_row, keys, valid, offset, out):
-    for i in range(len(keys)):
-        if not _is_valid(valid, offset, i):
-            out[i] = NULL
+def _rows_ints(index, keys_by_row, keys, valid, start, out):
+    """The rows of ``keys`` (one column a line) event by event, column by column from
+    position ``start``, each missing key added at the next row (FULL past the limit).
+    ``index``: [slots, shift, old slots, old shift, done, count, limit, room, old room].
+    Returns (count, old room, the position reached, why it stopped, a sum of what
+    `_touch` read)."""
+    slots, shift, old, old_shift, done, count, limit, room, old_room = index
+    columns, n = keys.shape
+    touched = 0
+    for p in range(start, columns * n):
+        if (p - start) % AHEAD == 0:
+            for q in range(p, min(p + AHEAD, columns * n)):
+                key = keys[q % columns, q // columns]
+                touched += _touch(slots, shift, old, old_shift, done, keys_by_row, _hash_int(key))
+        i, j = p // columns, p % columns
+        if len(valid) and not valid[j, i]:
+            out[j, i] = NULL
             continue
-        hashed = _hash_int(keys[i])
-        slot = slots[_probe_int(slots, keys_by_row, keys[i], hashed)]
-        if slot == 0:  # not there, or not moved from the old slots yet (`KeyIndex._move`)
-            slot = old[_probe_int(old, keys_by_row, keys[i], hashed)]
-        out[i] = _row(slot)
-
-
-@jit
-def _add_ints(slots, old, keys_by_row, count, limit, keys, out):
-    """Rows of ``keys`` in order, each missing one added at the next row (FULL past
-    ``limit`` rows); returns the new count."""
-    for i in range(len(keys)):
-        hashed = _hash_int(keys[i])
-        h = _probe_int(slots, keys_by_row, keys[i], hashed)
-        slot = slots[h]
-        if slot == 0:
-            slot = old[_probe_int(old, keys_by_row, keys[i], hashed)]
+        key = keys[j, i]
+        hashed = _hash_int(key)
+        in_old = _home(hashed, old_shift) >= done
+        table, table_shift = (old, old_shift) if in_old else (slots, shift)
+        h = _probe_int(table, table_shift, keys_by_row, key, hashed)
+        if h < 0:
+            return count, old_room, p, LOADED, touched
+        slot = table[h]
         if slot == 0:
             if count == limit:
-                out[i] = FULL
+                out[j, i] = FULL
                 continue
-            keys_by_row[count] = keys[i]
+            if count == len(keys_by_row):
+                return count, old_room, p, ROWS_FULL, touched
+            if in_old:
+                if old_room == 0:
+                    return count, old_room, p, OLD_FULL, touched
+                old_room -= 1
+            elif count >= room:
+                return count, old_room, p, LOADED, touched
+            keys_by_row[count] = key
             count += 1
-            slot = slots[h] = _tag(hashed) | count
-        out[i] = _row(slot)
-    return count
+            slot = table[h] = _tag(hashed) | count
+        out[j, i] = _row(slot)
+    return count, old_room, columns * n, DONE, touched
+
+
+@inline
+def _touch_bytes(slots, shift, old, old_shift, done, key_offsets, key_bytes, hashed):
+    """As `_touch`, for strings: the slot, its key's offset and first byte."""
+    if _home(hashed, old_shift) >= done:
+        slot = old[_home(hashed, old_shift)]
+    else:
+        slot = slots[_home(hashed, shift)]
+    if slot == 0 or slot - (slot & LOW) != _tag(hashed):
+        return slot
+    return key_bytes[key_offsets[_row(slot)]]
 
 
 @jit
-def _find_strings(slots, old, key_offsets, key_bytes, offsets, data, out):
-    for i in range(len(out)):
-        start, end = offsets[i], offsets[i + 1]
-        hashed = _hash_bytes(data, start, end)
-        slot = slots[_probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed)]
-        if slot == 0:
-            slot = old[_probe_bytes(old, key_offsets, key_bytes, data, start, end, hashed)]
-        out[i] = _row(slot) if end > start else MISSING
-
-
-@jit
-def _add_strings(slots, old, key_offsets, key_bytes, count, limit, offsets, data, out):
-    """As `_add_ints`, for strings (an empty one is malformed: MISSING, not added)."""
-    for i in range(len(out)):
-        start, end = offsets[i], offsets[i + 1]
-        if end == start:
-            out[i] = MISSING
+def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, cached, start, out):
+    """As `_rows_ints` for strings, given as the ``entry`` of every key (-1: null) among
+    distinct strings (``offsets``, ``data``, their ``hashes``) whose rows are ``cached``
+    (UNKNOWN: not looked up yet). An empty string is malformed (MISSING)."""
+    slots, shift, old, old_shift, done, count, limit, room, old_room = index
+    columns, n = entry.shape
+    touched = 0
+    for p in range(start, columns * n):
+        if (p - start) % AHEAD == 0:
+            for q in range(p, min(p + AHEAD, columns * n)):
+                e = entry[q % columns, q // columns]
+                if e >= 0 and cached[e] == UNKNOWN:
+                    touched += _touch_bytes(
+                        slots, shift, old, old_shift, done, key_offsets, key_bytes, hashes[e]
+                    )
+        i, j = p // columns, p % columns
+        e = entry[j, i]
+        if e < 0:
+            out[j, i] = NULL
             continue
-        hashed = _hash_bytes(data, start, end)
-        h = _probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed)
-        slot = slots[h]
-        if slot == 0:
-            slot = old[_probe_bytes(old, key_offsets, key_bytes, data, start, end, hashed)]
+        if cached[e] != UNKNOWN:
+            out[j, i] = cached[e]
+            continue
+        a, b = offsets[e], offsets[e + 1]
+        if a == b:
+            out[j, i] = cached[e] = MISSING
+            continue
+        hashed = hashes[e]
+        in_old = _home(hashed, old_shift) >= done
+        table, table_shift = (old, old_shift) if in_old else (slots, shift)
+        h = _probe_bytes(table, table_shift, key_offsets, key_bytes, data, a, b, hashed)
+        if h < 0:
+            return count, old_room, p, LOADED, touched
+        slot = table[h]
         if slot == 0:
             if count == limit:
-                out[i] = FULL
+                out[j, i] = FULL
                 continue
+            if count + 1 == len(key_offsets):
+                return count, old_room, p, ROWS_FULL, touched
             used = key_offsets[count]
-            for j in range(end - start):
-                key_bytes[used + j] = data[start + j]
-            key_offsets[count + 1] = used + end - start
+            if used + b - a > len(key_bytes):
+                return count, old_room, p, BYTES_FULL, touched
+            if in_old:
+                if old_room == 0:
+                    return count, old_room, p, OLD_FULL, touched
+                old_room -= 1
+            elif count >= room:
+                return count, old_room, p, LOADED, touched
+            for k in range(b - a):
+                key_bytes[used + k] = data[a + k]
+            key_offsets[count + 1] = used + b - a
             count += 1
-            slot = slots[h] = _tag(hashed) | count
-        out[i] = _row(slot)
-    return count
+            slot = table[h] = _tag(hashed) | count
+        out[j, i] = cached[e] = _row(slot)
+    return count, old_room, columns * n, DONE, touched
 
 
 @jit
-def _move_ints(slots, keys_by_row, first, end):
-    """Put the keys of rows ``first..end-1`` into ``slots`` (read in row order: no misses
-    but the slots' own)."""
-    for row in range(first, end):
-        hashed = _hash_int(keys_by_row[row])
-        slots[_probe_int(slots, keys_by_row, keys_by_row[row], hashed)] = _tag(hashed) | (row + 1)
+def _find_ints(slots, shift, old, old_shift, done, keys_by_row, keys, out):
+    for i in range(len(keys)):
+        hashed = _hash_int(keys[i])
+        if _home(hashed, old_shift) >= done:
+            h = _probe_int(old, old_shift, keys_by_row, keys[i], hashed)
+            out[i] = _row(old[h]) if h >= 0 else MISSING
+        else:
+            h = _probe_int(slots, shift, keys_by_row, keys[i], hashed)
+            out[i] = _row(slots[h]) if h >= 0 else MISSING
 
 
 @jit
-def _move_strings(slots, key_offsets, key_bytes, first, end):
-    for row in range(first, end):
-        start, stop = key_offsets[row], key_offsets[row + 1]
-        hashed = _hash_bytes(key_bytes, start, stop)
-        h = _probe_bytes(slots, key_offsets, key_bytes, key_bytes, start, stop, hashed)
-        slots[h] = _tag(hashed) | (row + 1)
+def _find_strings(slots, shift, old, old_shift, done, key_offsets, key_bytes, offsets, data, out):
+    for i in range(len(out)):
+        a, b = offsets[i], offsets[i + 1]
+        hashed = _hash_bytes(data, a, b)
+        if _home(hashed, old_shift) >= done:
+            h = _probe_bytes(old, old_shift, key_offsets, key_bytes, data, a, b, hashed)
+            out[i] = _row(old[h]) if h >= 0 else MISSING
+        else:
+            h = _probe_bytes(slots, shift, key_offsets, key_bytes, data, a, b, hashed)
+            out[i] = _row(slots[h]) if h >= 0 else MISSING
+        if a == b:
+            out[i] = MISSING
+
+
+@jit
+def _take_over(old, done, end, slots, shift):
+    """Put the keys of the old slots from ``done`` on into ``slots``, up to ``end`` and on
+    to just past a free slot; returns where it stopped (-1: a probe ran past the last
+    slot). A key's new home is the top bits of its tag."""
+    bits = 64 - shift
+    p = done
+    while p < len(old):
+        slot = old[p]
+        p += 1
+        if slot != 0:
+            h = ((slot >> 32) & LOW) >> (MAX_BITS - bits)
+            while h < len(slots) and slots[h] != 0:
+                h += 1
+            if h == len(slots):
+                return -1
+            slots[h] = slot
+        elif p >= end:
+            break
+    return p
 
 
 # ---------------------------------------------------------------- the index
@@ -270,15 +366,17 @@ class KeyIndex:
     def __init__(self, table: str, key_type: str, limit: int):
         if key_type not in NATURAL:
             raise ValueError(f"a key index holds int64 or string keys, not {key_type!r}")
-        if limit >= LOW:
-            raise UsageError(f"--max-keys must be below {LOW}")
+        if limit >= LOAD * (1 << MAX_BITS):
+            raise UsageError(f"--max-keys must be below {int(LOAD * (1 << MAX_BITS))}")
         self.table, self.key_type, self.limit = table, key_type, limit
         self.count = 0
-        self._slots = np.zeros(16, np.int64)
-        self._old = NO_SLOTS
-        """The slots `_slots` are taking over, a `MOVE_STEP` of rows a call (`_reserve`)."""
-        self._moved = self._moving = 0
-        """Rows put into `_slots` so far, of the first `_moving` (the old slots' keys)."""
+        self._slots, self._shift = _slots(4)
+        self._old, self._old_shift = NO_SLOTS, 63
+        """The slots `_slots` are taking over (`_move`), and the shift of their homes."""
+        self._done = NOT_MOVING
+        """The old slots taken over so far: those before this."""
+        self._old_room = 0
+        """New keys the old slots may still take."""
         self._keys = np.zeros(16, np.int64)
         """int64 keys by row, or string offsets (``count + 1`` used)."""
         self._bytes = np.zeros(64 if key_type == STRING else 0, np.uint8)
@@ -319,61 +417,57 @@ class KeyIndex:
 
     def rows(self, columns: list[pa.ChunkedArray | pa.Array]) -> list[pa.ChunkedArray]:
         """The rows of the keys in ``columns`` (of one chunk, in ``ts`` order), as int64
-        columns with the same nulls and chunks; a missing key is given the next row in the
-        order of first appearance, event by event and, within an event, column by column.
+        columns with the same nulls; a missing key is given the next row in the order of
+        first appearance, event by event and, within an event, column by column.
         A malformed key (an empty string) gets -1. RuntimeFailure past `limit` keys.
         Strings are looked up once per distinct string (per dictionary entry)."""
-        looked = [self._look_up(column) for column in columns]
-        if any(len(column.missing) for column in looked):
-            positions = [column.missing for column in looked]
-            order = np.argsort(
-                np.concatenate([m * len(looked) + i for i, m in enumerate(positions)]),
-                kind="stable",
+        if self.key_type == INT64:
+            keys = [_conformed(column, INT64, "events") for column in columns]
+            nulls = [_valid(k) if k.null_count else None for k in keys]
+            out = self._translate(np.stack([_ints(k) for k in keys]), _masks(nulls))
+        else:
+            encoded = [_dictionary_encoded(column) for column in columns]
+            nulls = [_valid(e) if e.null_count else None for e in encoded]
+            out = self._rows_of_entries(encoded)
+        if (out == FULL).any():
+            raise RuntimeFailure(
+                f"table {self.table!r}: more than {self.limit} keys (--max-keys {self.limit})"
             )
-            keys = pa.concat_arrays([column.keys() for column in looked])
-            added = self._add(keys.take(pa.array(order)))
-            if (added == FULL).any():
-                raise RuntimeFailure(
-                    f"table {self.table!r}: more than {self.limit} keys (--max-keys {self.limit})"
-                )
-            rows_in_order = np.empty(len(order), np.int64)
-            rows_in_order[order] = added
-            start = 0
-            for column in looked:
-                column.found(rows_in_order[start : start + len(column.missing)])
-                start += len(column.missing)
-        return [column.arrow() for column in looked]
+        return [
+            pa.chunked_array([pa.array(rows, mask=None if valid is None else ~valid)])
+            for rows, valid in zip(out, nulls, strict=True)
+        ]
 
-    def _look_up(self, column: pa.ChunkedArray | pa.Array) -> _Looked:
-        """The rows of one key column's keys that the index holds (MISSING for others)."""
-        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-        looked = _Looked(chunks, self.key_type)
-        for i, piece in enumerate(chunks):
-            rows = looked.piece(i)
-            value_type = piece.type.value_type if pa.types.is_dictionary(piece.type) else piece.type
-            if pa.types.is_null(value_type):
-                rows[:] = NULL
-            elif self.key_type == INT64:
-                keys = _conformed(piece, INT64, "events")
-                _find_ints(
-                    self._slots, self._old, self._keys, _ints(keys), *_validity_bits(keys), rows
-                )
-                looked.note_missing(i, keys)
-            else:
-                encoded = _dictionary_encoded(piece)
-                valid, offset = _validity_bits(encoded)
-                entries = encoded.dictionary
-                entry = np.frombuffer(encoded.indices.buffers()[1], np.int32)
-                entry = entry[encoded.offset : encoded.offset + len(encoded)]
-                cached = self._entry_rows(entries)
-                if _gather(entry, valid, offset, cached, rows):  # entries not looked up yet
-                    wanted = np.zeros(len(entries), bool)
-                    wanted[entry[rows == UNKNOWN]] = True
-                    wanted = np.flatnonzero(wanted)
-                    cached[wanted] = self.find(entries.take(pa.array(wanted)))
-                    _gather(entry, valid, offset, cached, rows)
-                looked.note_missing(i, entries, entry, cached)
-        return looked
+    def _rows_of_entries(self, encoded: list[pa.DictionaryArray]) -> np.ndarray:
+        """The rows of dictionary-encoded string columns, their dictionaries' entries looked
+        up once (and kept for later chunks, `_entry_rows`). Of a dictionary longer than its
+        chunk (a source's, shared by many), only the entries the chunk names are taken."""
+        entry = np.empty((len(encoded), len(encoded[0]) if encoded else 0), np.int32)
+        named, cached, first = [], [], 0
+        for line, column in enumerate(encoded):
+            valid = _valid(column)
+            indices = np.frombuffer(column.indices.buffers()[1], np.int32)
+            indices = np.where(valid, indices[column.offset : column.offset + len(column)], 0)
+            entries, rows = column.dictionary, self._entry_rows(column.dictionary)
+            used = None
+            if len(entries) > len(column):
+                used = np.zeros(len(entries), bool)
+                used[indices] = True
+                used = np.flatnonzero(used)
+                local = np.zeros(len(entries), np.int32)
+                local[used] = np.arange(len(used), dtype=np.int32)
+                indices, entries = local[indices], entries.take(pa.array(used))
+            entry[line] = np.where(valid, indices + first, -1)
+            named.append(_conformed(entries, STRING, "events"))
+            cached.append((rows, used, first, len(entries)))
+            first += len(entries)
+        every = np.concatenate(
+            [rows if used is None else rows[used] for rows, used, _, _ in cached] or [[]]
+        ).astype(np.int64)
+        out = self._translate(entry, entries=pa.concat_arrays(named), cached=every)
+        for rows, used, at, n in cached:
+            rows[slice(None) if used is None else used] = every[at : at + n]
+        return out
 
     def _entry_rows(self, entries: pa.Array) -> np.ndarray:
         """The rows of a dictionary's entries, UNKNOWN where not looked up yet. A source's
@@ -391,11 +485,11 @@ class KeyIndex:
         """The row of every key, MISSING if it has none (or is null or malformed)."""
         keys = _conformed(keys, self.key_type, "keys")
         out = np.empty(len(keys), np.int64)
+        where = (self._slots, self._shift, self._old, self._old_shift, self._done)
         if self.key_type == INT64:
-            _find_ints(self._slots, self._old, self._keys, _ints(keys), *_validity_bits(keys), out)
+            _find_ints(*where, self._keys, _ints(keys), out)
         else:
-            buffers = _string_buffers(keys)
-            _find_strings(self._slots, self._old, self._keys, self._bytes, *buffers, out)
+            _find_strings(*where, self._keys, self._bytes, *_string_buffers(keys), out)
         out[~_valid(keys)] = MISSING
         return out
 
@@ -432,148 +526,109 @@ class KeyIndex:
         self.add_init(keys, f"checkpoint keys of {self.table!r}")
 
     def _add(self, keys: pa.Array) -> np.ndarray:
-        """Rows of ``keys`` (valid ones), adding the missing ones in order."""
+        """Rows of ``keys`` (one column, without nulls), adding the missing ones in order."""
         keys = _conformed(keys, self.key_type, "keys")
-        self._reserve(len(keys), _string_bytes(keys) if self.key_type == STRING else 0)
-        out = np.empty(len(keys), np.int64)
         if self.key_type == INT64:
-            self.count = _add_ints(
-                self._slots, self._old, self._keys, self.count, self.limit, _ints(keys), out
-            )
-        else:
-            offsets, data = _string_buffers(keys)
-            self.count = _add_strings(
+            return self._translate(_ints(keys)[None, :], _masks([None]))[0]
+        entry = np.arange(len(keys), dtype=np.int32)[None, :]
+        return self._translate(entry, entries=keys, cached=np.full(len(keys), UNKNOWN))[0]
+
+    def _translate(
+        self,
+        keys: np.ndarray,
+        valid: np.ndarray | None = None,
+        entries: pa.Array | None = None,
+        cached: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Rows of int64 ``keys`` (with their ``valid`` masks), or of the string ``entries``
+        that ``keys`` point to (-1: null), one column a line, adding the missing ones in
+        order: a kernel runs until done or out of room, which is made before it goes on.
+        Then the old slots are taken over a step further."""
+        out = np.empty(keys.shape, np.int64)
+        if entries is not None:
+            offsets, data = _string_buffers(entries)
+            room_bytes = int(offsets[-1] - offsets[0]) if len(entries) else 0
+            hashes = np.empty(len(entries), np.uint64)
+            _hash_strings(offsets, data, hashes)
+        before, start, stopped = self.count, 0, LOADED
+        while stopped != DONE:
+            index = (
                 self._slots,
+                self._shift,
                 self._old,
-                self._keys,
-                self._bytes,
+                self._old_shift,
+                self._done,
                 self.count,
                 self.limit,
-                offsets,
-                data,
-                out,
+                int(LOAD * (len(self._slots) - _pad(self._shift))),
+                self._old_room,
             )
+            if entries is None:
+                got = _rows_ints(index, self._keys, keys, valid, start, out)
+            else:
+                got = _rows_strings(
+                    index, self._keys, self._bytes, offsets, data, hashes, keys, cached, start, out
+                )
+            self.count, self._old_room, start, stopped, _ = got
+            if stopped == LOADED:
+                self._double()
+            elif stopped == OLD_FULL:
+                self._move(len(self._old))
+            elif stopped == ROWS_FULL:  # room for every key of the call
+                self._keys = _grown(self._keys, self.count + 2 + keys.size - start)
+            elif stopped == BYTES_FULL:
+                self._bytes = _grown(self._bytes, int(self._keys[self.count]) + room_bytes)
+        self._move(max(MOVE_STEP, MOVE_PER_KEY * (self.count - before)))
         return out
 
-    def _reserve(self, keys: int, key_bytes: int) -> None:
-        """Room for ``keys`` more keys of ``key_bytes`` bytes: arrays grow to a quarter more
-        than needed; past `LOAD`, the slots double, taking the old ones' keys over a few
-        calls (`_move`)."""
-        wanted = min(self.count + keys, self.limit) + 1
-        if wanted > len(self._keys):
-            self._keys = _grown(self._keys, wanted)
-        if self.key_type == STRING:
-            used = int(self._keys[self.count])
-            if used + key_bytes > len(self._bytes):
-                self._bytes = _grown(self._bytes, used + key_bytes)
-        if wanted > LOAD * len(self._slots):
-            self._move(self._moving)  # the last doubling's move is done first
-            slots = len(self._slots)
-            while wanted > LOAD * slots:
-                slots *= 2
-            self._old, self._slots = self._slots, np.zeros(slots, np.int64)
-            self._moved, self._moving = 0, self.count
-        # the next doubling comes once as many keys were added as the old slots held:
-        # moving two rows per key added finishes first
-        self._move(max(MOVE_STEP, 2 * keys))
+    def _double(self) -> None:
+        """Slots twice as many, taking the present ones over in steps (`_move`), the
+        last doubling's first."""
+        self._move(len(self._old))
+        self._old, self._old_shift = self._slots, self._shift
+        self._slots, self._shift = _slots(65 - self._shift)
+        self._done, self._old_room = 0, len(self._old) // OLD_ROOM
 
     def _move(self, step: int) -> None:
-        """Put the next ``step`` rows of the old slots into the slots: a doubling costs
-        each chunk a share, not one chunk all of it (the old slots are looked in
-        meanwhile, and keep every key they had)."""
-        end = min(self._moved + step, self._moving)
-        if self._moved < end:
-            if self.key_type == INT64:
-                _move_ints(self._slots, self._keys, self._moved, end)
-            else:
-                _move_strings(self._slots, self._keys, self._bytes, self._moved, end)
-        self._moved = end
-        if end == self._moving:
-            self._old = NO_SLOTS
+        """Take the old slots over ``step`` slots further (on to a free one)."""
+        if self._done >= len(self._old):
+            return
+        done = _take_over(self._old, self._done, self._done + step, self._slots, self._shift)
+        if done < 0:
+            raise RuntimeFailure(f"table {self.table!r}: the key index overflowed its slots")
+        self._done = done
+        if done == len(self._old):
+            self._old, self._old_shift, self._done = NO_SLOTS, 63, NOT_MOVING
+
+
+def _slots(bits: int) -> tuple[np.ndarray, int]:
+    """Free slots for homes of ``bits`` bits, and the shift that gives a hash's home."""
+    if bits > MAX_BITS:
+        raise RuntimeFailure(f"a key index of more than 2^{MAX_BITS} slots")
+    shift = 64 - bits
+    return np.zeros((1 << bits) + _pad(shift), np.int64), shift
+
+
+def _pad(shift: int) -> int:
+    return min(PAD, 1 << (64 - shift))
 
 
 def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
-    bigger = np.zeros(max(wanted + wanted // 4, 16), array.dtype)
-    bigger[: len(array)] = array
-    return bigger
+    """``array`` with room for ``wanted`` items and an eighth more, resized in place: a
+    large array is remapped, not copied, so growing costs only its new room."""
+    array.resize(max(wanted + wanted // 8, 16), refcheck=False)
+    return array
 
 
-class _Looked:
-    """One key column of a chunk while `KeyIndex.rows` turns it into rows: the rows of
-    its pieces (Arrow chunks) end to end, and its missing keys, which get theirs."""
-
-    def __init__(self, chunks: list[pa.Array], key_type: str):
-        self.chunks, self.key_type = chunks, key_type
-        self.starts = np.cumsum([0, *(len(c) for c in chunks)])
-        self.rows = np.empty(int(self.starts[-1]), np.int64)
-        self._missing: list[np.ndarray] = []
-        self._keys: list[pa.Array] = []
-        self._entries: list[tuple[np.ndarray, np.ndarray]] = []
-
-    def piece(self, i: int) -> np.ndarray:
-        """The rows of chunk ``i``."""
-        return self.rows[self.starts[i] : self.starts[i + 1]]
-
-    def note_missing(
-        self,
-        i: int,
-        keys: pa.Array,
-        entry: np.ndarray | None = None,
-        cached: np.ndarray | None = None,
-    ) -> None:
-        """Note the missing keys of chunk ``i``: its ``keys``, or its dictionary ``keys``
-        with the ``entry`` of every event and the ``cached`` rows of its entries."""
-        local = np.flatnonzero(self.piece(i) == MISSING)
-        if not len(local):
-            return
-        self._missing.append(local + self.starts[i])
-        at = local if entry is None else entry[local]
-        self._keys.append(_conformed(keys.take(pa.array(at)), self.key_type, "events"))
-        if entry is not None:
-            self._entries.append((cached, entry[local]))
-
-    @cached_property
-    def missing(self) -> np.ndarray:
-        """Positions of the missing keys, in order."""
-        return np.concatenate(self._missing) if self._missing else np.zeros(0, np.int64)
-
-    def keys(self) -> pa.Array:
-        """The missing keys, in order."""
-        if not self._keys:
-            return pa.array([], pa.int64() if self.key_type == INT64 else pa.large_string())
-        return pa.concat_arrays(self._keys)
-
-    def found(self, rows: np.ndarray) -> None:
-        """The rows the missing keys were given (kept for their dictionary entries too)."""
-        self.rows[self.missing] = rows
-        start = 0
-        for cached, entries in self._entries:
-            given = rows[start : start + len(entries)]
-            cached[entries[given >= 0]] = given[given >= 0]
-            start += len(entries)
-
-    def arrow(self) -> pa.ChunkedArray:
-        """The rows as int64 chunks with the column's nulls."""
-        out = []
-        for i, chunk in enumerate(self.chunks):
-            valid, offset = _validity_bits(chunk)
-            data = np.empty(offset + len(chunk), np.int64)
-            data[offset:] = self.piece(i)
-            bitmap = chunk.buffers()[0] if len(valid) else None
-            buffers = [bitmap, pa.py_buffer(data)]
-            out.append(pa.Array.from_buffers(pa.int64(), len(chunk), buffers, offset=offset))
-        return pa.chunked_array(out, pa.int64())
+def _masks(valid: list[np.ndarray | None]) -> np.ndarray:
+    """The validity of key columns, one a line (no lines when none has nulls)."""
+    if all(v is None for v in valid):
+        return np.ones((0, 0), bool)
+    n = len(next(v for v in valid if v is not None))
+    return np.stack([np.ones(n, bool) if v is None else v for v in valid])
 
 
 # ---------------------------------------------------------------- Arrow columns
-def _validity_bits(array: pa.Array) -> tuple[np.ndarray, int]:
-    """(validity bitmap, offset of the array's first bit) of an array; an empty bitmap
-    when it has no nulls."""
-    if array.null_count == 0 or pa.types.is_null(array.type):
-        return NO_BITS, 0
-    return np.frombuffer(array.buffers()[0], np.uint8), array.offset
-
-
 def _dictionary_encoded(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
     """A string key column as one dictionary array (its chunks' dictionaries unified);
     SchemaError if it holds no strings."""
@@ -642,11 +697,6 @@ def _string_buffers(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.frombuffer(buffers[1], np.int64)[keys.offset : keys.offset + len(keys) + 1]
     data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
     return np.ascontiguousarray(offsets), data
-
-
-def _string_bytes(keys: pa.Array) -> int:
-    offsets, _ = _string_buffers(keys)
-    return int(offsets[-1] - offsets[0]) if len(offsets) else 0
 
 
 # ---------------------------------------------------------------- a stream's keys
