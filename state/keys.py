@@ -120,6 +120,9 @@ NOT_MOVING = 1 << 62
 NO_SLOTS = np.zeros(1, np.int64)
 AHEAD = 64
 """Keys whose slots a kernel reads ahead before it probes them: misses that overlap."""
+AHEAD_FROM = 1 << 18
+"""Slots past which they are read ahead (fewer stay cached, and reading ahead costs more
+than it saves)."""
 DONE, LOADED, OLD_FULL, ROWS_FULL, BYTES_FULL = range(5)
 """Why a kernel stopped: every key translated, or the room it lacks (`KeyIndex._translate`)."""
 
@@ -195,34 +198,36 @@ def _touch(slots, shift, old, old_shift, done, keys_by_row, hashed):
 
 @jit
 def _rows_ints(index, keys_by_row, keys, valid, start, out):
-    """The rows of ``keys`` (one column a line) event by event, column by column from
-    position ``start``, each missing key added at the next row (FULL past the limit).
+    """The rows of ``keys`` (event by event, each event's key columns in order, its key
+    ``valid`` or not: no mask, none is null) from position ``start``, each missing key
+    added at the next row (FULL past the limit).
     ``index``: [slots, shift, old slots, old shift, done, count, limit, room, old room].
     Returns (count, old room, the position reached, why it stopped, a sum of what
     `_touch` read)."""
     slots, shift, old, old_shift, done, count, limit, room, old_room = index
-    columns, n = keys.shape
     touched = 0
-    for p in range(start, columns * n):
-        if (p - start) % AHEAD == 0:
-            for q in range(p, min(p + AHEAD, columns * n)):
-                key = keys[q % columns, q // columns]
-                touched += _touch(slots, shift, old, old_shift, done, keys_by_row, _hash_int(key))
-        i, j = p // columns, p % columns
-        if len(valid) and not valid[j, i]:
-            out[j, i] = NULL
+    ahead = len(slots) + len(old) > AHEAD_FROM
+    for p in range(start, len(keys)):
+        if ahead and (p - start) % AHEAD == 0:
+            for q in range(p, min(p + AHEAD, len(keys))):
+                hashed = _hash_int(keys[q])
+                touched += _touch(slots, shift, old, old_shift, done, keys_by_row, hashed)
+        if len(valid) and not valid[p]:
+            out[p] = NULL
             continue
-        key = keys[j, i]
+        key = keys[p]
         hashed = _hash_int(key)
         in_old = _home(hashed, old_shift) >= done
-        table, table_shift = (old, old_shift) if in_old else (slots, shift)
-        h = _probe_int(table, table_shift, keys_by_row, key, hashed)
+        if in_old:
+            h = _probe_int(old, old_shift, keys_by_row, key, hashed)
+        else:
+            h = _probe_int(slots, shift, keys_by_row, key, hashed)
         if h < 0:
             return count, old_room, p, LOADED, touched
-        slot = table[h]
+        slot = old[h] if in_old else slots[h]
         if slot == 0:
             if count == limit:
-                out[j, i] = FULL
+                out[p] = FULL
                 continue
             if count == len(keys_by_row):
                 return count, old_room, p, ROWS_FULL, touched
@@ -234,9 +239,13 @@ def _rows_ints(index, keys_by_row, keys, valid, start, out):
                 return count, old_room, p, LOADED, touched
             keys_by_row[count] = key
             count += 1
-            slot = table[h] = _tag(hashed) | count
-        out[j, i] = _row(slot)
-    return count, old_room, columns * n, DONE, touched
+            slot = _tag(hashed) | count
+            if in_old:
+                old[h] = slot
+            else:
+                slots[h] = slot
+        out[p] = _row(slot)
+    return count, old_room, len(keys), DONE, touched
 
 
 @inline
@@ -254,41 +263,44 @@ def _touch_bytes(slots, shift, old, old_shift, done, key_offsets, key_bytes, has
 @jit
 def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, cached, start, out):
     """As `_rows_ints` for strings, given as the ``entry`` of every key (-1: null) among
-    distinct strings (``offsets``, ``data``, their ``hashes``) whose rows are ``cached``
-    (UNKNOWN: not looked up yet). An empty string is malformed (MISSING)."""
+    distinct strings (``offsets``, ``data``) whose rows are ``cached`` (UNKNOWN: not looked
+    up yet; their ``hashes`` kept while read ahead). An empty string is malformed
+    (MISSING)."""
     slots, shift, old, old_shift, done, count, limit, room, old_room = index
-    columns, n = entry.shape
     touched = 0
-    for p in range(start, columns * n):
-        if (p - start) % AHEAD == 0:
-            for q in range(p, min(p + AHEAD, columns * n)):
-                e = entry[q % columns, q // columns]
+    ahead = len(slots) + len(old) > AHEAD_FROM
+    for p in range(start, len(entry)):
+        if ahead and (p - start) % AHEAD == 0:
+            for q in range(p, min(p + AHEAD, len(entry))):
+                e = entry[q]
                 if e >= 0 and cached[e] == UNKNOWN:
+                    hashes[e] = _hash_bytes(data, offsets[e], offsets[e + 1])
                     touched += _touch_bytes(
                         slots, shift, old, old_shift, done, key_offsets, key_bytes, hashes[e]
                     )
-        i, j = p // columns, p % columns
-        e = entry[j, i]
+        e = entry[p]
         if e < 0:
-            out[j, i] = NULL
+            out[p] = NULL
             continue
         if cached[e] != UNKNOWN:
-            out[j, i] = cached[e]
+            out[p] = cached[e]
             continue
         a, b = offsets[e], offsets[e + 1]
         if a == b:
-            out[j, i] = cached[e] = MISSING
+            out[p] = cached[e] = MISSING
             continue
-        hashed = hashes[e]
+        hashed = hashes[e] if ahead else _hash_bytes(data, a, b)
         in_old = _home(hashed, old_shift) >= done
-        table, table_shift = (old, old_shift) if in_old else (slots, shift)
-        h = _probe_bytes(table, table_shift, key_offsets, key_bytes, data, a, b, hashed)
+        if in_old:
+            h = _probe_bytes(old, old_shift, key_offsets, key_bytes, data, a, b, hashed)
+        else:
+            h = _probe_bytes(slots, shift, key_offsets, key_bytes, data, a, b, hashed)
         if h < 0:
             return count, old_room, p, LOADED, touched
-        slot = table[h]
+        slot = old[h] if in_old else slots[h]
         if slot == 0:
             if count == limit:
-                out[j, i] = FULL
+                out[p] = FULL
                 continue
             if count + 1 == len(key_offsets):
                 return count, old_room, p, ROWS_FULL, touched
@@ -305,9 +317,13 @@ def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, c
                 key_bytes[used + k] = data[a + k]
             key_offsets[count + 1] = used + b - a
             count += 1
-            slot = table[h] = _tag(hashed) | count
-        out[j, i] = cached[e] = _row(slot)
-    return count, old_room, columns * n, DONE, touched
+            slot = _tag(hashed) | count
+            if in_old:
+                old[h] = slot
+            else:
+                slots[h] = slot
+        out[p] = cached[e] = _row(slot)
+    return count, old_room, len(entry), DONE, touched
 
 
 @jit
@@ -424,31 +440,34 @@ class KeyIndex:
         if self.key_type == INT64:
             keys = [_conformed(column, INT64, "events") for column in columns]
             nulls = [_valid(k) if k.null_count else None for k in keys]
-            out = self._translate(np.stack([_ints(k) for k in keys]), _masks(nulls))
+            out = self._translate(_interleaved([_ints(k) for k in keys]), _masks(nulls))
         else:
-            encoded = [_dictionary_encoded(column) for column in columns]
-            nulls = [_valid(e) if e.null_count else None for e in encoded]
-            out = self._rows_of_entries(encoded)
+            keys = [_dictionary_encoded(column) for column in columns]
+            out = self._rows_of_entries(keys)
         if (out == FULL).any():
             raise RuntimeFailure(
                 f"table {self.table!r}: more than {self.limit} keys (--max-keys {self.limit})"
             )
-        return [
-            pa.chunked_array([pa.array(rows, mask=None if valid is None else ~valid)])
-            for rows, valid in zip(out, nulls, strict=True)
-        ]
+        out = out.reshape(-1, len(columns))
+        return [pa.chunked_array([_with_nulls(out[:, i], k)]) for i, k in enumerate(keys)]
 
     def _rows_of_entries(self, encoded: list[pa.DictionaryArray]) -> np.ndarray:
         """The rows of dictionary-encoded string columns, their dictionaries' entries looked
         up once (and kept for later chunks, `_entry_rows`). Of a dictionary longer than its
-        chunk (a source's, shared by many), only the entries the chunk names are taken."""
-        entry = np.empty((len(encoded), len(encoded[0]) if encoded else 0), np.int32)
-        named, cached, first = [], [], 0
-        for line, column in enumerate(encoded):
+        chunk (a source's, shared by many), only the entries the chunk names are taken.
+        Once every entry the chunk names has its row, its rows are gathered from them."""
+        known = [self._entry_rows(column.dictionary) for column in encoded]
+        gathered = np.empty((len(encoded[0]) if encoded else 0, len(encoded)), np.int64)
+        if all(
+            _gather(_indices(column), _valid(column), rows, gathered[:, i]) == 0
+            for i, (column, rows) in enumerate(zip(encoded, known, strict=True))
+        ):
+            return gathered.ravel()
+        entry, named, cached, first = [], [], [], 0
+        for column, rows in zip(encoded, known, strict=True):
             valid = _valid(column)
-            indices = np.frombuffer(column.indices.buffers()[1], np.int32)
-            indices = np.where(valid, indices[column.offset : column.offset + len(column)], 0)
-            entries, rows = column.dictionary, self._entry_rows(column.dictionary)
+            indices = np.where(valid, _indices(column), 0)
+            entries = column.dictionary
             used = None
             if len(entries) > len(column):
                 used = np.zeros(len(entries), bool)
@@ -457,14 +476,14 @@ class KeyIndex:
                 local = np.zeros(len(entries), np.int32)
                 local[used] = np.arange(len(used), dtype=np.int32)
                 indices, entries = local[indices], entries.take(pa.array(used))
-            entry[line] = np.where(valid, indices + first, -1)
+            entry.append(np.where(valid, indices + first, -1).astype(np.int32))
             named.append(_conformed(entries, STRING, "events"))
             cached.append((rows, used, first, len(entries)))
             first += len(entries)
         every = np.concatenate(
             [rows if used is None else rows[used] for rows, used, _, _ in cached] or [[]]
         ).astype(np.int64)
-        out = self._translate(entry, entries=pa.concat_arrays(named), cached=every)
+        out = self._translate(_interleaved(entry), entries=pa.concat_arrays(named), cached=every)
         for rows, used, at, n in cached:
             rows[slice(None) if used is None else used] = every[at : at + n]
         return out
@@ -529,9 +548,9 @@ class KeyIndex:
         """Rows of ``keys`` (one column, without nulls), adding the missing ones in order."""
         keys = _conformed(keys, self.key_type, "keys")
         if self.key_type == INT64:
-            return self._translate(_ints(keys)[None, :], _masks([None]))[0]
-        entry = np.arange(len(keys), dtype=np.int32)[None, :]
-        return self._translate(entry, entries=keys, cached=np.full(len(keys), UNKNOWN))[0]
+            return self._translate(_ints(keys), _masks([None]))
+        entry = np.arange(len(keys), dtype=np.int32)
+        return self._translate(entry, entries=keys, cached=np.full(len(keys), UNKNOWN))
 
     def _translate(
         self,
@@ -540,16 +559,15 @@ class KeyIndex:
         entries: pa.Array | None = None,
         cached: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Rows of int64 ``keys`` (with their ``valid`` masks), or of the string ``entries``
-        that ``keys`` point to (-1: null), one column a line, adding the missing ones in
-        order: a kernel runs until done or out of room, which is made before it goes on.
-        Then the old slots are taken over a step further."""
+        """Rows of int64 ``keys`` (with their ``valid`` mask), or of the string ``entries``
+        that ``keys`` point to (-1: null), each event's keys one after the other, adding
+        the missing ones in order: a kernel runs until done or out of room, which is made
+        before it goes on. Then the old slots are taken over a step further."""
         out = np.empty(keys.shape, np.int64)
         if entries is not None:
             offsets, data = _string_buffers(entries)
             room_bytes = int(offsets[-1] - offsets[0]) if len(entries) else 0
             hashes = np.empty(len(entries), np.uint64)
-            _hash_strings(offsets, data, hashes)
         before, start, stopped = self.count, 0, LOADED
         while stopped != DONE:
             index = (
@@ -620,12 +638,46 @@ def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
     return array
 
 
+@jit
+def _gather(indices, valid, entry_rows, out):
+    """``out[i]``: the row of dictionary entry ``indices[i]`` (NULL where null); how many
+    entries were not looked up yet (UNKNOWN)."""
+    unknown = 0
+    for i in range(len(out)):
+        out[i] = entry_rows[indices[i]] if valid[i] else NULL
+        unknown += out[i] == UNKNOWN
+    return unknown
+
+
+def _indices(column: pa.DictionaryArray) -> np.ndarray:
+    """The int32 indices of a dictionary array (`_dictionary_encoded`), without copying."""
+    indices = np.frombuffer(column.indices.buffers()[1], np.int32)
+    return indices[column.offset : column.offset + len(column)]
+
+
+def _with_nulls(rows: np.ndarray, like: pa.Array) -> pa.Array:
+    """``rows`` as an int64 array with the nulls of ``like``, its validity bitmap shared."""
+    if like.null_count == 0:
+        return pa.array(np.ascontiguousarray(rows))
+    if like.buffers()[0] is None:  # of null type
+        return pa.nulls(len(like), pa.int64())
+    data = np.empty(like.offset + len(like), np.int64)
+    data[like.offset :] = rows
+    buffers = [like.buffers()[0], pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.int64(), len(like), buffers, offset=like.offset)
+
+
+def _interleaved(columns: list[np.ndarray]) -> np.ndarray:
+    """Columns of one chunk as one array, event by event: the order new keys get rows."""
+    return np.stack(columns, axis=1).ravel() if columns else np.zeros(0, np.int64)
+
+
 def _masks(valid: list[np.ndarray | None]) -> np.ndarray:
-    """The validity of key columns, one a line (no lines when none has nulls)."""
+    """The validity of key columns, `_interleaved` (empty when none has nulls)."""
     if all(v is None for v in valid):
-        return np.ones((0, 0), bool)
+        return np.ones(0, bool)
     n = len(next(v for v in valid if v is not None))
-    return np.stack([np.ones(n, bool) if v is None else v for v in valid])
+    return _interleaved([np.ones(n, bool) if v is None else v for v in valid])
 
 
 # ---------------------------------------------------------------- Arrow columns
@@ -686,9 +738,13 @@ def _ints(keys: pa.Array) -> np.ndarray:
 
 
 def _valid(keys: pa.Array) -> np.ndarray:
+    """Where ``keys`` are not null, from the validity bitmap."""
     if keys.null_count == 0:
         return np.ones(len(keys), bool)
-    return keys.is_valid().to_numpy(zero_copy_only=False)
+    if pa.types.is_null(keys.type):
+        return np.zeros(len(keys), bool)
+    bits = np.unpackbits(np.frombuffer(keys.buffers()[0], np.uint8), bitorder="little")
+    return bits[keys.offset : keys.offset + len(keys)].view(bool)
 
 
 def _string_buffers(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
