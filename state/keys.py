@@ -29,9 +29,10 @@ LIVE = "_live"
 """The column of a table of natural keys that is 1 where a key exists (contract §2)."""
 KEYS_PREFIX = "keys-"
 """Names of the arrays of key indexes in a checkpoint (`StreamKeys.arrays`)."""
-MISSING, FULL, UNKNOWN, NULL = -1, -2, -3, -4
+MISSING, FULL, UNKNOWN, NULL, NAMED = -1, -2, -3, -4, -16
 """Rows the kernels give a key that is not in the index (or malformed), one that did not
-fit (`--max-keys`), a dictionary entry not looked up yet, a null key."""
+fit (`--max-keys`), a dictionary entry not looked up yet, a null key; and below NAMED,
+the entries a chunk names while it is turned into rows (`_named_entries`)."""
 DICTIONARIES = 8
 """String dictionaries whose rows an index keeps (a source's, used again by later chunks)."""
 
@@ -453,9 +454,9 @@ class KeyIndex:
 
     def _rows_of_entries(self, encoded: list[pa.DictionaryArray]) -> np.ndarray:
         """The rows of dictionary-encoded string columns, their dictionaries' entries looked
-        up once (and kept for later chunks, `_entry_rows`). Of a dictionary longer than its
-        chunk (a source's, shared by many), only the entries the chunk names are taken.
-        Once every entry the chunk names has its row, its rows are gathered from them."""
+        up once (and kept for later chunks, `_entry_rows`). Of a dictionary (a source's may
+        serve many chunks) only the entries the chunk names are taken. Once every entry the
+        chunk names has its row, its rows are gathered from them."""
         known = [self._entry_rows(column.dictionary) for column in encoded]
         gathered = np.empty((len(encoded[0]) if encoded else 0, len(encoded)), np.int64)
         if all(
@@ -463,29 +464,27 @@ class KeyIndex:
             for i, (column, rows) in enumerate(zip(encoded, known, strict=True))
         ):
             return gathered.ravel()
-        entry, named, cached, first = [], [], [], 0
+        entry, named, taken, rows_found, first = [], [], [], [], 0
         for column, rows in zip(encoded, known, strict=True):
-            valid = _valid(column)
-            indices = np.where(valid, _indices(column), 0)
-            entries = column.dictionary
-            used = None
-            if len(entries) > len(column):
-                used = np.zeros(len(entries), bool)
-                used[indices] = True
-                used = np.flatnonzero(used)
-                local = np.zeros(len(entries), np.int32)
-                local[used] = np.arange(len(used), dtype=np.int32)
-                indices, entries = local[indices], entries.take(pa.array(used))
-            entry.append(np.where(valid, indices + first, -1).astype(np.int32))
-            named.append(_conformed(entries, STRING, "events"))
-            cached.append((rows, used, first, len(entries)))
-            first += len(entries)
-        every = np.concatenate(
-            [rows if used is None else rows[used] for rows, used, _, _ in cached] or [[]]
-        ).astype(np.int64)
-        out = self._translate(_interleaved(entry), entries=pa.concat_arrays(named), cached=every)
-        for rows, used, at, n in cached:
-            rows[slice(None) if used is None else used] = every[at : at + n]
+            local = np.empty(len(column), np.int32)
+            used = np.empty(len(column), np.int64)
+            found = np.empty(len(column), np.int64)
+            n = _named_entries(_indices(column), _valid(column), rows, first, local, used, found)
+            entry.append(local)
+            named.append(_conformed(column.dictionary.take(pa.array(used[:n])), STRING, "events"))
+            taken.append((rows, used[:n]))
+            rows_found.append(found[:n])
+            first += n
+        every = np.concatenate(rows_found or [[]]).astype(np.int64)
+        try:
+            out = self._translate(
+                _interleaved(entry), entries=pa.concat_arrays(named), cached=every
+            )
+        finally:  # the rows found replace the marks `_named_entries` left
+            at = 0
+            for rows, used in taken:
+                rows[used] = every[at : at + len(used)]
+                at += len(used)
         return out
 
     def _entry_rows(self, entries: pa.Array) -> np.ndarray:
@@ -647,6 +646,29 @@ def _gather(indices, valid, entry_rows, out):
         out[i] = entry_rows[indices[i]] if valid[i] else NULL
         unknown += out[i] == UNKNOWN
     return unknown
+
+
+@jit
+def _named_entries(indices, valid, entry_rows, first, local, used, found):
+    """The entries of a dictionary that a column names, each once, numbered from
+    ``first`` in order of first use: ``local[i]``, the number of key ``i`` (-1: null);
+    ``used``, the entries; ``found``, their rows known so far. An entry numbered is marked
+    in ``entry_rows`` by its number (`NAMED` - number, to be replaced by its row), so that
+    the columns sharing a dictionary share its numbers. Returns how many are new."""
+    n = 0
+    for i in range(len(indices)):
+        if not valid[i]:
+            local[i] = -1
+            continue
+        e = indices[i]
+        if entry_rows[e] <= NAMED:
+            local[i] = NAMED - entry_rows[e]
+            continue
+        used[n], found[n] = e, entry_rows[e]
+        local[i] = first + n
+        entry_rows[e] = NAMED - local[i]
+        n += 1
+    return n
 
 
 def _indices(column: pa.DictionaryArray) -> np.ndarray:
