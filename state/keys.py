@@ -340,6 +340,27 @@ def _find_ints(slots, shift, old, old_shift, done, keys_by_row, keys, out):
 
 
 @jit
+def _found_ints(slots, shift, old, old_shift, done, keys_by_row, keys, valid, out):
+    """As `_find_ints` for keys that may be null (``valid``, empty: none is); False at the
+    first key missing."""
+    for i in range(len(keys)):
+        if len(valid) and not valid[i]:
+            out[i] = NULL
+            continue
+        hashed = _hash_int(keys[i])
+        if _home(hashed, old_shift) >= done:
+            h = _probe_int(old, old_shift, keys_by_row, keys[i], hashed)
+            slot = old[h] if h >= 0 else 0
+        else:
+            h = _probe_int(slots, shift, keys_by_row, keys[i], hashed)
+            slot = slots[h] if h >= 0 else 0
+        if slot == 0:
+            return False
+        out[i] = _row(slot)
+    return True
+
+
+@jit
 def _find_strings(slots, shift, old, old_shift, done, key_offsets, key_bytes, offsets, data, out):
     for i in range(len(out)):
         a, b = offsets[i], offsets[i + 1]
@@ -441,7 +462,9 @@ class KeyIndex:
         if self.key_type == INT64:
             keys = [_conformed(column, INT64, "events") for column in columns]
             nulls = [_valid(k) if k.null_count else None for k in keys]
-            out = self._translate(_interleaved([_ints(k) for k in keys]), _masks(nulls))
+            out = self._found(keys, nulls)
+            if out is None:
+                out = self._translate(_interleaved([_ints(k) for k in keys]), _masks(nulls))
         else:
             keys = [_dictionary_encoded(column) for column in columns]
             out = self._rows_of_entries(keys)
@@ -451,6 +474,17 @@ class KeyIndex:
             )
         out = out.reshape(-1, len(columns))
         return [pa.chunked_array([_with_nulls(out[:, i], k)]) for i, k in enumerate(keys)]
+
+    def _found(self, keys: list[pa.Array], nulls: list[np.ndarray | None]) -> np.ndarray | None:
+        """The rows of int64 key columns (`_interleaved`) if the index holds every key, else
+        None: a lookup alone, column by column, that stops at the first missing key."""
+        out = np.empty((len(keys[0]) if keys else 0, len(keys)), np.int64)
+        where = (self._slots, self._shift, self._old, self._old_shift, self._done, self._keys)
+        for i, (column, valid) in enumerate(zip(keys, nulls, strict=True)):
+            valid = np.ones(0, bool) if valid is None else valid
+            if not _found_ints(*where, _ints(column), valid, out[:, i]):
+                return None
+        return out.ravel()
 
     def _rows_of_entries(self, encoded: list[pa.DictionaryArray]) -> np.ndarray:
         """The rows of dictionary-encoded string columns, their dictionaries' entries looked
