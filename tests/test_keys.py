@@ -89,6 +89,8 @@ def test_keys_arriving_while_the_slots_double_keep_their_rows(key_type):
             ]
         )
         got = [column.to_pylist() for column in index.rows(columns)]
+        # again, every key known: looked up (or gathered) without adding
+        assert [column.to_pylist() for column in index.rows(columns)] == got
         for i in range(n):
             for key, row, missing in (
                 (first[i], got[0][i], False),
