@@ -264,9 +264,8 @@ def _touch_bytes(slots, shift, old, old_shift, done, key_offsets, key_bytes, has
 @jit
 def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, cached, start, out):
     """As `_rows_ints` for strings, given as the ``entry`` of every key (-1: null) among
-    distinct strings (``offsets``, ``data``) whose rows are ``cached`` (UNKNOWN: not looked
-    up yet; their ``hashes`` kept while read ahead). An empty string is malformed
-    (MISSING)."""
+    distinct strings (``offsets``, ``data``, their ``hashes``) whose rows are ``cached``
+    (UNKNOWN: not looked up yet). An empty string is malformed (MISSING)."""
     slots, shift, old, old_shift, done, count, limit, room, old_room = index
     touched = 0
     ahead = len(slots) + len(old) > AHEAD_FROM
@@ -275,7 +274,6 @@ def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, c
             for q in range(p, min(p + AHEAD, len(entry))):
                 e = entry[q]
                 if e >= 0 and cached[e] == UNKNOWN:
-                    hashes[e] = _hash_bytes(data, offsets[e], offsets[e + 1])
                     touched += _touch_bytes(
                         slots, shift, old, old_shift, done, key_offsets, key_bytes, hashes[e]
                     )
@@ -290,7 +288,7 @@ def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, c
         if a == b:
             out[p] = cached[e] = MISSING
             continue
-        hashed = hashes[e] if ahead else _hash_bytes(data, a, b)
+        hashed = hashes[e]
         in_old = _home(hashed, old_shift) >= done
         if in_old:
             h = _probe_bytes(old, old_shift, key_offsets, key_bytes, data, a, b, hashed)
@@ -601,6 +599,7 @@ class KeyIndex:
             offsets, data = _string_buffers(entries)
             room_bytes = int(offsets[-1] - offsets[0]) if len(entries) else 0
             hashes = np.empty(len(entries), np.uint64)
+            _hash_strings(offsets, data, hashes)
         before, start, stopped = self.count, 0, LOADED
         while stopped != DONE:
             index = (
@@ -665,9 +664,9 @@ def _pad(shift: int) -> int:
 
 
 def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
-    """``array`` with room for ``wanted`` items and an eighth more, resized in place: a
+    """``array`` with room for ``wanted`` items and a sixteenth more, resized in place: a
     large array is remapped, not copied, so growing costs only its new room."""
-    array.resize(max(wanted + wanted // 8, 16), refcheck=False)
+    array.resize(max(wanted + wanted // 16, 16), refcheck=False)
     return array
 
 
