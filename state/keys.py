@@ -110,11 +110,15 @@ PAD = 1 << 12
 """Slots past the last home, at most: a probe running past them doubles the slots."""
 MAX_BITS = 32
 """Homes of at most 32 bits: a slot's tag then holds its home in slots of any size."""
-OLD_ROOM = 6
-"""While the slots double, the old ones take at most a sixth of their size in new keys."""
-MOVE_PER_KEY = 4
+OLD_ROOM = 4
+"""While the slots double, the old ones take at most a quarter of their size in new keys
+(then a quarter of them is taken over at once)."""
+MOVE_PER_KEY = 3
 """Old slots a call takes over per key it added (at least `MOVE_STEP`): the old slots are
-taken over before they have taken `OLD_ROOM`'s share of new keys."""
+taken over before they have taken `OLD_ROOM`'s share of new keys (about half of it: the
+keys added meanwhile go to the old slots while their homes are not taken over yet, half of
+them on average). Each slot taken over touches two new ones: fewer a key, less new memory
+a chunk."""
 MOVE_STEP = 1 << 16
 NOT_MOVING = 1 << 62
 """``done`` when no slots are being taken over: every home lies before it."""
@@ -623,7 +627,7 @@ class KeyIndex:
             if stopped == LOADED:
                 self._double()
             elif stopped == OLD_FULL:
-                self._move(len(self._old))
+                self._move(len(self._old) // OLD_ROOM)
             elif stopped == ROWS_FULL:  # room for every key of the call
                 self._keys = _grown(self._keys, self.count + 2 + keys.size - start)
             elif stopped == BYTES_FULL:
