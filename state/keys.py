@@ -100,8 +100,9 @@ def node_of(keys: pa.Array | np.ndarray, nodes: int) -> np.ndarray:
 # a step reads them in order and writes the new slots nearly in order, so no chunk pays for
 # all of it nor touches all the new memory at once. A step ends just past a free slot, so a
 # run of keys is either moved whole or not at all: a key whose old home lies before the end
-# of the steps (``done``) is in the new slots, any other in the old ones, which take the
-# keys added there meanwhile. Every key is thus looked for in one place.
+# of the steps (``done``) is in the new slots; any other is in the old ones if it was there
+# at the doubling, else in the new ones. New keys go to the new slots only, so the old ones
+# never fill up while their last steps wait.
 LOW = (1 << 32) - 1
 """The bits of a slot that hold ``row + 1``."""
 LOAD = 0.7
@@ -110,25 +111,23 @@ PAD = 1 << 12
 """Slots past the last home, at most: a probe running past them doubles the slots."""
 MAX_BITS = 32
 """Homes of at most 32 bits: a slot's tag then holds its home in slots of any size."""
-OLD_ROOM = 4
-"""While the slots double, the old ones take at most a quarter of their size in new keys
-(then a quarter of them is taken over at once)."""
-MOVE_PER_KEY = 3
-"""Old slots a call takes over per key it added (at least `MOVE_STEP`): the old slots are
-taken over before they have taken `OLD_ROOM`'s share of new keys (about half of it: the
-keys added meanwhile go to the old slots while their homes are not taken over yet, half of
-them on average). Each slot taken over touches two new ones: fewer a key, less new memory
-a chunk."""
+MOVE_PER_KEY = 2
+"""Old slots a call takes over per key it added (at least `MOVE_STEP`): a doubling leaves
+room for as many keys again as the old slots hold (0.7 of them), so the old slots are
+taken over (1.4 a key) before the new ones fill up. Each slot taken over touches two new
+ones: fewer a key, less new memory a chunk."""
 MOVE_STEP = 1 << 16
 NOT_MOVING = 1 << 62
 """``done`` when no slots are being taken over: every home lies before it."""
 NO_SLOTS = np.zeros(1, np.int64)
+NONE_NULL = np.ones(0, bool)
+"""The validity a kernel is given for keys of which none is null."""
 AHEAD = 64
 """Keys whose slots a kernel reads ahead before it probes them: misses that overlap."""
 AHEAD_FROM = 1 << 18
 """Slots past which they are read ahead (fewer stay cached, and reading ahead costs more
 than it saves)."""
-DONE, LOADED, OLD_FULL, ROWS_FULL, BYTES_FULL = range(5)
+DONE, LOADED, ROWS_FULL, BYTES_FULL = range(4)
 """Why a kernel stopped: every key translated, or the room it lacks (`KeyIndex._translate`)."""
 
 
@@ -162,6 +161,15 @@ def _probe_int(slots, shift, keys_by_row, key, hashed):
 
 
 @inline
+def _old_int(old, old_shift, done, keys_by_row, key, hashed):
+    """The old slot holding ``key`` if its home there is not taken over yet, else 0."""
+    if _home(hashed, old_shift) < done:
+        return 0
+    h = _probe_int(old, old_shift, keys_by_row, key, hashed)
+    return old[h] if h >= 0 else 0
+
+
+@inline
 def _same(data, start, end, key_offsets, key_bytes, row):
     a, b = key_offsets[row], key_offsets[row + 1]
     if b - a != end - start:
@@ -188,17 +196,20 @@ def _probe_bytes(slots, shift, key_offsets, key_bytes, data, start, end, hashed)
 
 
 @inline
-def _touch(slots, shift, old, old_shift, done, keys_by_row, hashed):
-    """Read a key's home slot and, if its tag is the key's, the key its row holds: the
-    loads of `AHEAD` keys, independent of each other, overlap, and the probes that follow
-    find them cached."""
+def _old_bytes(old, old_shift, done, key_offsets, key_bytes, data, start, end, hashed):
+    if _home(hashed, old_shift) < done:
+        return 0
+    h = _probe_bytes(old, old_shift, key_offsets, key_bytes, data, start, end, hashed)
+    return old[h] if h >= 0 else 0
+
+
+@inline
+def _touch(slots, shift, old, old_shift, done, hashed):
+    """Read a key's home slot: the loads of `AHEAD` keys, independent of each other,
+    overlap, and the probes that follow find them cached."""
     if _home(hashed, old_shift) >= done:
-        slot = old[_home(hashed, old_shift)]
-    else:
-        slot = slots[_home(hashed, shift)]
-    if slot == 0 or slot - (slot & LOW) != _tag(hashed):
-        return slot
-    return keys_by_row[_row(slot)]
+        return old[_home(hashed, old_shift)]
+    return slots[_home(hashed, shift)]
 
 
 @jit
@@ -206,63 +217,39 @@ def _rows_ints(index, keys_by_row, keys, valid, start, out):
     """The rows of ``keys`` (event by event, each event's key columns in order, its key
     ``valid`` or not: no mask, none is null) from position ``start``, each missing key
     added at the next row (FULL past the limit).
-    ``index``: [slots, shift, old slots, old shift, done, count, limit, room, old room].
-    Returns (count, old room, the position reached, why it stopped, a sum of what
-    `_touch` read)."""
-    slots, shift, old, old_shift, done, count, limit, room, old_room = index
+    ``index``: [slots, shift, old slots, old shift, done, count, limit, room].
+    Returns (count, the position reached, why it stopped, a sum of what `_touch` read)."""
+    slots, shift, old, old_shift, done, count, limit, room = index
     touched = 0
     ahead = len(slots) + len(old) > AHEAD_FROM
     for p in range(start, len(keys)):
         if ahead and (p - start) % AHEAD == 0:
             for q in range(p, min(p + AHEAD, len(keys))):
-                hashed = _hash_int(keys[q])
-                touched += _touch(slots, shift, old, old_shift, done, keys_by_row, hashed)
+                touched += _touch(slots, shift, old, old_shift, done, _hash_int(keys[q]))
         if len(valid) and not valid[p]:
             out[p] = NULL
             continue
         key = keys[p]
         hashed = _hash_int(key)
-        in_old = _home(hashed, old_shift) >= done
-        if in_old:
-            h = _probe_int(old, old_shift, keys_by_row, key, hashed)
-        else:
-            h = _probe_int(slots, shift, keys_by_row, key, hashed)
-        if h < 0:
-            return count, old_room, p, LOADED, touched
-        slot = old[h] if in_old else slots[h]
+        slot = _old_int(old, old_shift, done, keys_by_row, key, hashed)
         if slot == 0:
-            if count == limit:
-                out[p] = FULL
-                continue
-            if count == len(keys_by_row):
-                return count, old_room, p, ROWS_FULL, touched
-            if in_old:
-                if old_room == 0:
-                    return count, old_room, p, OLD_FULL, touched
-                old_room -= 1
-            elif count >= room:
-                return count, old_room, p, LOADED, touched
-            keys_by_row[count] = key
-            count += 1
-            slot = _tag(hashed) | count
-            if in_old:
-                old[h] = slot
-            else:
-                slots[h] = slot
+            h = _probe_int(slots, shift, keys_by_row, key, hashed)
+            if h < 0:
+                return count, p, LOADED, touched
+            slot = slots[h]
+            if slot == 0:
+                if count == limit:
+                    out[p] = FULL
+                    continue
+                if count == len(keys_by_row):
+                    return count, p, ROWS_FULL, touched
+                if count >= room:
+                    return count, p, LOADED, touched
+                keys_by_row[count] = key
+                count += 1
+                slot = slots[h] = _tag(hashed) | count
         out[p] = _row(slot)
-    return count, old_room, len(keys), DONE, touched
-
-
-@inline
-def _touch_bytes(slots, shift, old, old_shift, done, key_offsets, key_bytes, hashed):
-    """As `_touch`, for strings: the slot, its key's offset and first byte."""
-    if _home(hashed, old_shift) >= done:
-        slot = old[_home(hashed, old_shift)]
-    else:
-        slot = slots[_home(hashed, shift)]
-    if slot == 0 or slot - (slot & LOW) != _tag(hashed):
-        return slot
-    return key_bytes[key_offsets[_row(slot)]]
+    return count, len(keys), DONE, touched
 
 
 @jit
@@ -270,7 +257,7 @@ def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, c
     """As `_rows_ints` for strings, given as the ``entry`` of every key (-1: null) among
     distinct strings (``offsets``, ``data``, their ``hashes``) whose rows are ``cached``
     (UNKNOWN: not looked up yet). An empty string is malformed (MISSING)."""
-    slots, shift, old, old_shift, done, count, limit, room, old_room = index
+    slots, shift, old, old_shift, done, count, limit, room = index
     touched = 0
     ahead = len(slots) + len(old) > AHEAD_FROM
     for p in range(start, len(entry)):
@@ -278,9 +265,7 @@ def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, c
             for q in range(p, min(p + AHEAD, len(entry))):
                 e = entry[q]
                 if e >= 0 and cached[e] == UNKNOWN:
-                    touched += _touch_bytes(
-                        slots, shift, old, old_shift, done, key_offsets, key_bytes, hashes[e]
-                    )
+                    touched += _touch(slots, shift, old, old_shift, done, hashes[e])
         e = entry[p]
         if e < 0:
             out[p] = NULL
@@ -293,69 +278,52 @@ def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, c
             out[p] = cached[e] = MISSING
             continue
         hashed = hashes[e]
-        in_old = _home(hashed, old_shift) >= done
-        if in_old:
-            h = _probe_bytes(old, old_shift, key_offsets, key_bytes, data, a, b, hashed)
-        else:
-            h = _probe_bytes(slots, shift, key_offsets, key_bytes, data, a, b, hashed)
-        if h < 0:
-            return count, old_room, p, LOADED, touched
-        slot = old[h] if in_old else slots[h]
+        slot = _old_bytes(old, old_shift, done, key_offsets, key_bytes, data, a, b, hashed)
         if slot == 0:
-            if count == limit:
-                out[p] = FULL
-                continue
-            if count + 1 == len(key_offsets):
-                return count, old_room, p, ROWS_FULL, touched
-            used = key_offsets[count]
-            if used + b - a > len(key_bytes):
-                return count, old_room, p, BYTES_FULL, touched
-            if in_old:
-                if old_room == 0:
-                    return count, old_room, p, OLD_FULL, touched
-                old_room -= 1
-            elif count >= room:
-                return count, old_room, p, LOADED, touched
-            for k in range(b - a):
-                key_bytes[used + k] = data[a + k]
-            key_offsets[count + 1] = used + b - a
-            count += 1
-            slot = _tag(hashed) | count
-            if in_old:
-                old[h] = slot
-            else:
-                slots[h] = slot
+            h = _probe_bytes(slots, shift, key_offsets, key_bytes, data, a, b, hashed)
+            if h < 0:
+                return count, p, LOADED, touched
+            slot = slots[h]
+            if slot == 0:
+                if count == limit:
+                    out[p] = FULL
+                    continue
+                if count + 1 == len(key_offsets):
+                    return count, p, ROWS_FULL, touched
+                used = key_offsets[count]
+                if used + b - a > len(key_bytes):
+                    return count, p, BYTES_FULL, touched
+                if count >= room:
+                    return count, p, LOADED, touched
+                for k in range(b - a):
+                    key_bytes[used + k] = data[a + k]
+                key_offsets[count + 1] = used + b - a
+                count += 1
+                slot = slots[h] = _tag(hashed) | count
         out[p] = cached[e] = _row(slot)
-    return count, old_room, len(entry), DONE, touched
+    return count, len(entry), DONE, touched
 
 
-@jit
-def _find_ints(slots, shift, old, old_shift, done, keys_by_row, keys, out):
-    for i in range(len(keys)):
-        hashed = _hash_int(keys[i])
-        if _home(hashed, old_shift) >= done:
-            h = _probe_int(old, old_shift, keys_by_row, keys[i], hashed)
-            out[i] = _row(old[h]) if h >= 0 else MISSING
-        else:
-            h = _probe_int(slots, shift, keys_by_row, keys[i], hashed)
-            out[i] = _row(slots[h]) if h >= 0 else MISSING
+@inline
+def _slot_int(slots, shift, old, old_shift, done, keys_by_row, key):
+    """The slot holding ``key``, old or new; 0 if none does."""
+    hashed = _hash_int(key)
+    slot = _old_int(old, old_shift, done, keys_by_row, key, hashed)
+    if slot == 0:
+        h = _probe_int(slots, shift, keys_by_row, key, hashed)
+        slot = slots[h] if h >= 0 else 0
+    return slot
 
 
 @jit
 def _found_ints(slots, shift, old, old_shift, done, keys_by_row, keys, valid, out):
-    """As `_find_ints` for keys that may be null (``valid``, empty: none is); False at the
+    """The rows of ``keys`` (NULL where not ``valid``; empty: none is null); False at the
     first key missing."""
     for i in range(len(keys)):
         if len(valid) and not valid[i]:
             out[i] = NULL
             continue
-        hashed = _hash_int(keys[i])
-        if _home(hashed, old_shift) >= done:
-            h = _probe_int(old, old_shift, keys_by_row, keys[i], hashed)
-            slot = old[h] if h >= 0 else 0
-        else:
-            h = _probe_int(slots, shift, keys_by_row, keys[i], hashed)
-            slot = slots[h] if h >= 0 else 0
+        slot = _slot_int(slots, shift, old, old_shift, done, keys_by_row, keys[i])
         if slot == 0:
             return False
         out[i] = _row(slot)
@@ -363,18 +331,22 @@ def _found_ints(slots, shift, old, old_shift, done, keys_by_row, keys, valid, ou
 
 
 @jit
+def _find_ints(slots, shift, old, old_shift, done, keys_by_row, keys, out):
+    for i in range(len(keys)):
+        slot = _slot_int(slots, shift, old, old_shift, done, keys_by_row, keys[i])
+        out[i] = _row(slot) if slot != 0 else MISSING
+
+
+@jit
 def _find_strings(slots, shift, old, old_shift, done, key_offsets, key_bytes, offsets, data, out):
     for i in range(len(out)):
         a, b = offsets[i], offsets[i + 1]
         hashed = _hash_bytes(data, a, b)
-        if _home(hashed, old_shift) >= done:
-            h = _probe_bytes(old, old_shift, key_offsets, key_bytes, data, a, b, hashed)
-            out[i] = _row(old[h]) if h >= 0 else MISSING
-        else:
+        slot = _old_bytes(old, old_shift, done, key_offsets, key_bytes, data, a, b, hashed)
+        if slot == 0:
             h = _probe_bytes(slots, shift, key_offsets, key_bytes, data, a, b, hashed)
-            out[i] = _row(slots[h]) if h >= 0 else MISSING
-        if a == b:
-            out[i] = MISSING
+            slot = slots[h] if h >= 0 else 0
+        out[i] = _row(slot) if slot != 0 and a != b else MISSING
 
 
 @jit
@@ -415,8 +387,6 @@ class KeyIndex:
         """The slots `_slots` are taking over (`_move`), and the shift of their homes."""
         self._done = NOT_MOVING
         """The old slots taken over so far: those before this."""
-        self._old_room = 0
-        """New keys the old slots may still take."""
         self._keys = np.zeros(16, np.int64)
         """int64 keys by row, or string offsets (``count + 1`` used)."""
         self._bytes = np.zeros(64 if key_type == STRING else 0, np.uint8)
@@ -461,67 +431,72 @@ class KeyIndex:
         first appearance, event by event and, within an event, column by column.
         A malformed key (an empty string) gets -1. RuntimeFailure past `limit` keys.
         Strings are looked up once per distinct string (per dictionary entry)."""
-        if self.key_type == INT64:
-            keys = [_conformed(column, INT64, "events") for column in columns]
-            nulls = [_valid(k) if k.null_count else None for k in keys]
-            out = self._found(keys, nulls)
-            if out is None:
-                out = self._translate(_interleaved([_ints(k) for k in keys]), _masks(nulls))
-        else:
-            keys = [_dictionary_encoded(column) for column in columns]
-            out = self._rows_of_entries(keys)
-        if (out == FULL).any():
-            raise RuntimeFailure(
-                f"table {self.table!r}: more than {self.limit} keys (--max-keys {self.limit})"
-            )
-        out = out.reshape(-1, len(columns))
-        return [pa.chunked_array([_with_nulls(out[:, i], k)]) for i, k in enumerate(keys)]
+        pieces = [_pieces(column, self.key_type) for column in columns]
+        n = sum(len(piece) for piece in pieces[0]) if pieces else 0
+        out = np.empty((len(columns), n), np.int64)
+        if not self._known(pieces, out):
+            if self.key_type == INT64:
+                keys = [np.concatenate([_ints(p) for p in column] or [[]]) for column in pieces]
+                valid = [_valid_or_none(column) for column in pieces]
+                added = self._translate(_interleaved(keys), _masks(valid))
+            else:
+                added = self._rows_of_entries(pieces)
+            if (added == FULL).any():
+                raise RuntimeFailure(
+                    f"table {self.table!r}: more than {self.limit} keys (--max-keys {self.limit})"
+                )
+            out[:] = added.reshape(n, len(columns)).T
+        return [pa.chunked_array([_with_nulls(out[i], column)]) for i, column in enumerate(pieces)]
 
-    def _found(self, keys: list[pa.Array], nulls: list[np.ndarray | None]) -> np.ndarray | None:
-        """The rows of int64 key columns (`_interleaved`) if the index holds every key, else
-        None: a lookup alone, column by column, that stops at the first missing key."""
-        out = np.empty((len(keys[0]) if keys else 0, len(keys)), np.int64)
-        where = (self._slots, self._shift, self._old, self._old_shift, self._done, self._keys)
-        for i, (column, valid) in enumerate(zip(keys, nulls, strict=True)):
-            valid = np.ones(0, bool) if valid is None else valid
-            if not _found_ints(*where, _ints(column), valid, out[:, i]):
-                return None
-        return out.ravel()
+    def _known(self, pieces: list[list[pa.Array]], out: np.ndarray) -> bool:
+        """Fill ``out`` (a row of it per column) with the rows of the keys if the index
+        holds every one: a lookup alone, piece by piece, that stops at the first missing key
+        (for strings, a gather from the rows of their dictionary's entries)."""
+        where = (self._slots, self._shift, self._old, self._old_shift, self._done)
+        for column, rows in zip(pieces, out, strict=True):
+            at = 0
+            for piece in column:
+                got, at = rows[at : at + len(piece)], at + len(piece)
+                valid = _valid(piece) if piece.null_count else NONE_NULL
+                if self.key_type == INT64:
+                    if not _found_ints(*where, self._keys, _ints(piece), valid, got):
+                        return False
+                else:
+                    known = self._entry_rows(piece.dictionary)
+                    if _gather(_indices(piece), valid, known, got):
+                        return False
+        return True
 
-    def _rows_of_entries(self, encoded: list[pa.DictionaryArray]) -> np.ndarray:
-        """The rows of dictionary-encoded string columns, their dictionaries' entries looked
-        up once (and kept for later chunks, `_entry_rows`). Of a dictionary (a source's may
-        serve many chunks) only the entries the chunk names are taken. Once every entry the
-        chunk names has its row, its rows are gathered from them."""
-        known = [self._entry_rows(column.dictionary) for column in encoded]
-        gathered = np.empty((len(encoded[0]) if encoded else 0, len(encoded)), np.int64)
-        if all(
-            _gather(_indices(column), _valid(column), rows, gathered[:, i]) == 0
-            for i, (column, rows) in enumerate(zip(encoded, known, strict=True))
-        ):
-            return gathered.ravel()
+    def _rows_of_entries(self, pieces: list[list[pa.DictionaryArray]]) -> np.ndarray:
+        """The rows of dictionary-encoded string columns (`_interleaved`), their
+        dictionaries' entries looked up once (and kept for later chunks, `_entry_rows`).
+        Of a dictionary (a source's may serve many chunks) only the entries the chunk names
+        are taken."""
         entry, named, taken, rows_found, first = [], [], [], [], 0
-        for column, rows in zip(encoded, known, strict=True):
-            local = np.empty(len(column), np.int32)
-            used = np.empty(len(column), np.int64)
-            found = np.empty(len(column), np.int64)
-            n = _named_entries(_indices(column), _valid(column), rows, first, local, used, found)
-            entry.append(local)
-            named.append(_conformed(column.dictionary.take(pa.array(used[:n])), STRING, "events"))
-            taken.append((rows, used[:n]))
-            rows_found.append(found[:n])
-            first += n
+        for column in pieces:
+            local = []
+            for piece in column:
+                rows = self._entry_rows(piece.dictionary)
+                numbers = np.empty(len(piece), np.int32)
+                used = np.empty(len(piece), np.int64)
+                found = np.empty(len(piece), np.int64)
+                valid = _valid(piece) if piece.null_count else NONE_NULL
+                n = _named_entries(_indices(piece), valid, rows, first, numbers, used, found)
+                local.append(numbers)
+                named.append(_conformed(piece.dictionary.take(used[:n]), STRING, "events"))
+                taken.append((rows, used[:n]))
+                rows_found.append(found[:n])
+                first += n
+            entry.append(np.concatenate(local or [np.zeros(0, np.int32)]))
         every = np.concatenate(rows_found or [[]]).astype(np.int64)
+        entries = pa.concat_arrays(named) if named else pa.array([], pa.large_string())
         try:
-            out = self._translate(
-                _interleaved(entry), entries=pa.concat_arrays(named), cached=every
-            )
+            return self._translate(_interleaved(entry), entries=entries, cached=every)
         finally:  # the rows found replace the marks `_named_entries` left
             at = 0
             for rows, used in taken:
                 rows[used] = every[at : at + len(used)]
                 at += len(used)
-        return out
 
     def _entry_rows(self, entries: pa.Array) -> np.ndarray:
         """The rows of a dictionary's entries, UNKNOWN where not looked up yet. A source's
@@ -615,7 +590,6 @@ class KeyIndex:
                 self.count,
                 self.limit,
                 int(LOAD * (len(self._slots) - _pad(self._shift))),
-                self._old_room,
             )
             if entries is None:
                 got = _rows_ints(index, self._keys, keys, valid, start, out)
@@ -623,11 +597,9 @@ class KeyIndex:
                 got = _rows_strings(
                     index, self._keys, self._bytes, offsets, data, hashes, keys, cached, start, out
                 )
-            self.count, self._old_room, start, stopped, _ = got
+            self.count, start, stopped, _ = got
             if stopped == LOADED:
                 self._double()
-            elif stopped == OLD_FULL:
-                self._move(len(self._old) // OLD_ROOM)
             elif stopped == ROWS_FULL:  # room for every key of the call
                 self._keys = _grown(self._keys, self.count + 2 + keys.size - start)
             elif stopped == BYTES_FULL:
@@ -641,7 +613,7 @@ class KeyIndex:
         self._move(len(self._old))
         self._old, self._old_shift = self._slots, self._shift
         self._slots, self._shift = _slots(65 - self._shift)
-        self._done, self._old_room = 0, len(self._old) // OLD_ROOM
+        self._done = 0
 
     def _move(self, step: int) -> None:
         """Take the old slots over ``step`` slots further (on to a free one)."""
@@ -676,11 +648,11 @@ def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
 
 @jit
 def _gather(indices, valid, entry_rows, out):
-    """``out[i]``: the row of dictionary entry ``indices[i]`` (NULL where null); how many
-    entries were not looked up yet (UNKNOWN)."""
+    """``out[i]``: the row of dictionary entry ``indices[i]`` (NULL where not ``valid``;
+    empty: none is null); how many entries were not looked up yet (UNKNOWN)."""
     unknown = 0
     for i in range(len(out)):
-        out[i] = entry_rows[indices[i]] if valid[i] else NULL
+        out[i] = NULL if len(valid) and not valid[i] else entry_rows[indices[i]]
         unknown += out[i] == UNKNOWN
     return unknown
 
@@ -691,10 +663,11 @@ def _named_entries(indices, valid, entry_rows, first, local, used, found):
     ``first`` in order of first use: ``local[i]``, the number of key ``i`` (-1: null);
     ``used``, the entries; ``found``, their rows known so far. An entry numbered is marked
     in ``entry_rows`` by its number (`NAMED` - number, to be replaced by its row), so that
-    the columns sharing a dictionary share its numbers. Returns how many are new."""
+    the columns sharing a dictionary share its numbers (``valid`` empty: no key is null).
+    Returns how many are new."""
     n = 0
     for i in range(len(indices)):
-        if not valid[i]:
+        if len(valid) and not valid[i]:
             local[i] = -1
             continue
         e = indices[i]
@@ -714,16 +687,12 @@ def _indices(column: pa.DictionaryArray) -> np.ndarray:
     return indices[column.offset : column.offset + len(column)]
 
 
-def _with_nulls(rows: np.ndarray, like: pa.Array) -> pa.Array:
-    """``rows`` as an int64 array with the nulls of ``like``, its validity bitmap shared."""
-    if like.null_count == 0:
-        return pa.array(np.ascontiguousarray(rows))
-    if like.buffers()[0] is None:  # of null type
-        return pa.nulls(len(like), pa.int64())
-    data = np.empty(like.offset + len(like), np.int64)
-    data[like.offset :] = rows
-    buffers = [like.buffers()[0], pa.py_buffer(data)]
-    return pa.Array.from_buffers(pa.int64(), len(like), buffers, offset=like.offset)
+def _with_nulls(rows: np.ndarray, pieces: list[pa.Array]) -> pa.Array:
+    """``rows`` (C-contiguous, not copied) as an int64 array with the nulls of the key
+    column ``pieces``."""
+    valid = _valid_or_none(pieces)
+    bits = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(pa.int64(), len(rows), [bits, pa.py_buffer(rows)])
 
 
 def _interleaved(columns: list[np.ndarray]) -> np.ndarray:
@@ -734,35 +703,37 @@ def _interleaved(columns: list[np.ndarray]) -> np.ndarray:
 def _masks(valid: list[np.ndarray | None]) -> np.ndarray:
     """The validity of key columns, `_interleaved` (empty when none has nulls)."""
     if all(v is None for v in valid):
-        return np.ones(0, bool)
+        return NONE_NULL
     n = len(next(v for v in valid if v is not None))
     return _interleaved([np.ones(n, bool) if v is None else v for v in valid])
 
 
 # ---------------------------------------------------------------- Arrow columns
-def _dictionary_encoded(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
-    """A string key column as one dictionary array (its chunks' dictionaries unified);
-    SchemaError if it holds no strings."""
-    chunks = column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column])
-    value_type = chunks.type.value_type if pa.types.is_dictionary(chunks.type) else chunks.type
+def _pieces(column: pa.ChunkedArray | pa.Array, key_type: str) -> list[pa.Array]:
+    """A key column's chunks, each as int64 (`_conformed`) or as a dictionary array
+    (`_dictionary_encoded`): the chunks of a source share its dictionaries, which are
+    looked up once; merging them would hash every entry again."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if key_type == INT64:
+        return [_conformed(chunk, INT64, "events") for chunk in chunks]
+    return [_dictionary_encoded(chunk) for chunk in chunks]
+
+
+def _dictionary_encoded(piece: pa.Array) -> pa.DictionaryArray:
+    """A string key array as a dictionary array with int32 indices; SchemaError if it holds
+    no strings."""
+    value_type = piece.type.value_type if pa.types.is_dictionary(piece.type) else piece.type
     if pa.types.is_null(value_type):
         return pa.DictionaryArray.from_arrays(
-            pa.nulls(len(chunks), pa.int32()), pa.array([], pa.string())
+            pa.nulls(len(piece), pa.int32()), pa.array([], pa.string())
         )
     if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)):
         raise SchemaError(f"events: key of type {value_type}, expected string")
-    if not pa.types.is_dictionary(chunks.type):
-        chunks = pc.dictionary_encode(chunks)
-    if chunks.num_chunks == 0:
-        return pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
-    if chunks.num_chunks > 1:
-        chunks = chunks.unify_dictionaries()
-    encoded = pa.concat_arrays(chunks.chunks) if chunks.num_chunks > 1 else chunks.chunk(0)
-    if encoded.indices.type != pa.int32():
-        encoded = pa.DictionaryArray.from_arrays(
-            encoded.indices.cast(pa.int32()), encoded.dictionary
-        )
-    return encoded
+    if not pa.types.is_dictionary(piece.type):
+        piece = pc.dictionary_encode(piece)
+    if piece.indices.type != pa.int32():
+        piece = pa.DictionaryArray.from_arrays(piece.indices.cast(pa.int32()), piece.dictionary)
+    return piece
 
 
 def _conformed(keys: pa.Array | pa.ChunkedArray, key_type: str, label: str) -> pa.Array:
@@ -804,6 +775,13 @@ def _valid(keys: pa.Array) -> np.ndarray:
         return np.zeros(len(keys), bool)
     bits = np.unpackbits(np.frombuffer(keys.buffers()[0], np.uint8), bitorder="little")
     return bits[keys.offset : keys.offset + len(keys)].view(bool)
+
+
+def _valid_or_none(pieces: list[pa.Array]) -> np.ndarray | None:
+    """Where the key column ``pieces`` are not null; None when none is."""
+    if not any(piece.null_count for piece in pieces):
+        return None
+    return np.concatenate([_valid(piece) for piece in pieces])
 
 
 def _string_buffers(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
