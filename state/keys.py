@@ -217,18 +217,17 @@ def _place_bytes(slots, shift, old, old_shift, done, key_offsets, key_bytes, dat
 
 
 @inline
-def _touch(slots, shift, old, old_shift, done, key_offsets, key_bytes, hashed):
-    """Read a key's home slot and, if its tag is the key's, where the key its row holds
-    starts (and, of a string, its first byte): the loads of `AHEAD` keys, independent of
-    each other, overlap, and the probes that follow find them cached."""
+def _touch(slots, shift, old, old_shift, done, key_offsets, key_bytes, hashed, depth):
+    """What a probe of a key reads first, ``depth`` loads deep: its home slot (0); if its tag
+    is the key's, where the key its row holds starts (1) and that key's first byte (2)."""
     if _home(hashed, old_shift) >= done:
         slot = old[_home(hashed, old_shift)]
     else:
         slot = slots[_home(hashed, shift)]
-    if slot == 0 or slot - (slot & LOW) != _tag(hashed):
+    if depth == 0 or slot == 0 or slot - (slot & LOW) != _tag(hashed):
         return slot
     start = key_offsets[_row(slot)]
-    return key_bytes[start] if len(key_bytes) else start
+    return start if depth == 1 else key_bytes[start]
 
 
 @jit
@@ -243,10 +242,13 @@ def _rows_ints(index, keys_by_row, keys, valid, start, out):
     touched = 0
     ahead = len(slots) + len(old) > AHEAD_FROM
     for p in range(start, len(keys)):
-        if ahead and (p - start) % AHEAD == 0:
-            for q in range(p, min(p + AHEAD, len(keys))):
-                hashed = _hash_int(keys[q])
-                touched += _touch(slots, shift, old, old_shift, done, keys_by_row, NO_BYTES, hashed)
+        if ahead and (p - start) % AHEAD == 0:  # each load of a block's keys, then the next
+            for depth in range(2):
+                for q in range(p, min(p + AHEAD, len(keys))):
+                    hashed = _hash_int(keys[q])
+                    touched += _touch(
+                        slots, shift, old, old_shift, done, keys_by_row, NO_BYTES, hashed, depth
+                    )
         if len(valid) and not valid[p]:
             out[p] = NULL
             continue
@@ -282,13 +284,22 @@ def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, c
     touched = 0
     ahead = len(slots) + len(old) > AHEAD_FROM
     for p in range(start, len(entry)):
-        if ahead and (p - start) % AHEAD == 0:
-            for q in range(p, min(p + AHEAD, len(entry))):
-                e = entry[q]
-                if e >= 0 and cached[e] == UNKNOWN:
-                    touched += _touch(
-                        slots, shift, old, old_shift, done, key_offsets, key_bytes, hashes[e]
-                    )
+        if ahead and (p - start) % AHEAD == 0:  # each load of a block's keys, then the next
+            for depth in range(3):
+                for q in range(p, min(p + AHEAD, len(entry))):
+                    e = entry[q]
+                    if e >= 0 and cached[e] == UNKNOWN:
+                        touched += _touch(
+                            slots,
+                            shift,
+                            old,
+                            old_shift,
+                            done,
+                            key_offsets,
+                            key_bytes,
+                            hashes[e],
+                            depth,
+                        )
         e = entry[p]
         if e < 0:
             out[p] = NULL
@@ -691,9 +702,10 @@ def _pad(shift: int) -> int:
 
 
 def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
-    """``array`` with room for ``wanted`` items and a sixteenth more, resized in place: a
-    large array is remapped, not copied, so growing costs only its new room."""
-    array.resize(max(wanted + wanted // 16, 16), refcheck=False)
+    """``array`` with room for ``wanted`` items and a 64th more, resized in place: a large
+    array is remapped, not copied, so growing costs only its new room (zeroed), and a chunk
+    grows it by about what it adds rather than another by much more."""
+    array.resize(max(wanted + wanted // 64, 16), refcheck=False)
     return array
 
 
