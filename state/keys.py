@@ -6,8 +6,8 @@ before it is handed to the team, in ``ts`` order, so a new key gets the next fre
 the order the stream first names it, whatever runs the chunk. An index is an open-addressing
 hash table of ``row + 1`` (0: free slot) over the keys held in row order: for int64 keys
 the values, for strings their bytes and offsets, so it costs the key bytes plus 8 bytes and
-its slots (11 to 23 bytes) a key. It grows a step a chunk (`KeyIndex._translate`), so that no
-chunk boundary pays for a whole doubling.
+its slots (11 to 23 bytes; more in a small table, `SMALL`) a key. Its slots double a step at
+a time (`KeyIndex._translate`), so that no chunk boundary pays for a whole doubling.
 """
 
 from __future__ import annotations
