@@ -70,6 +70,44 @@ def test_int64_keys_of_any_value_and_growth_through_rehashes():
     assert index.nbytes <= 48 * len(keys)
 
 
+@pytest.mark.parametrize("key_type", ["int64", "string"])
+def test_keys_arriving_while_the_slots_double_keep_their_rows(key_type):
+    # two key columns with nulls, chunk after chunk: every key keeps the row of its first
+    # appearance (event by event, column by column), and is found whichever slots hold it
+    rng = np.random.default_rng(7)
+    index, model, moving = KeyIndex("t", key_type, 1 << 20), {}, False
+    for _ in range(25):
+        n = int(rng.integers(1, 24_000))
+        first, second = rng.integers(0, 400_000, (2, n))
+        null = rng.random(n) < 0.3
+        columns = (
+            [pa.array(first), pa.array(second, mask=null)]
+            if key_type == "int64"
+            else [
+                pa.array([f"k{x}" for x in first]).dictionary_encode(),
+                pa.array([None if m else f"k{x}" for x, m in zip(second, null, strict=True)]),
+            ]
+        )
+        got = [column.to_pylist() for column in index.rows(columns)]
+        # again, every key known: looked up (or gathered) without adding
+        assert [column.to_pylist() for column in index.rows(columns)] == got
+        for i in range(n):
+            for key, row, missing in (
+                (first[i], got[0][i], False),
+                (second[i], got[1][i], null[i]),
+            ):
+                if missing:
+                    assert row is None
+                    continue
+                key = int(key) if key_type == "int64" else f"k{key}"
+                assert row == model.setdefault(key, len(model))
+        known = list(model)
+        assert index.find(pa.array(known)).tolist() == list(range(len(known)))
+        moving |= 0 < index._done < len(index._old)
+    assert moving and len(index) == len(model)
+    assert index.keys().to_pylist() == list(model)
+
+
 def test_a_table_past_its_limit_fails_naming_it():
     index = KeyIndex("accounts", "string", 3)
     index.rows([pa.array(["a", "b", "a", "c"])])
