@@ -51,10 +51,10 @@ class NodeTeam:
     ):
         keep_freed_memory()
         self.node = share.node
-        self.topology = topologies.get(topology)
+        config = RunConfig(topology=topology, **options)
+        self.topology = topologies.get(topology, config.key_type)
         self.whole = Layout.of(self.topology.tables, share.sizes)
         """The layout of every key, in which the driver names cells."""
-        config = RunConfig(topology=topology, **options)
         planned = plan(config, init, Path(output) if output else None, share=share)
         self.layout = planned.layout
         self.session = Session(planned, console=Console(enabled=False), transport=ThreadTransport())
@@ -99,19 +99,23 @@ class NodeTeam:
         home: np.ndarray,
         receive: np.ndarray,
         send: list[np.ndarray],
+        placed: dict[str, np.ndarray],
         *values: np.ndarray,
     ) -> Any:
-        """Step ``seq``: install ``values`` (from other nodes) into the cells ``receive``,
-        run ``events`` (its rows ``take``, if given; at ``global_ts`` in the input; ``home``:
-        whether their outputs count here) to the end, then read the cells of ``send`` (one
-        array per node to send to). Returns the values read: one array per entry of
-        ``send``, or None."""
+        """Step ``seq``: place the new rows of tables of natural keys (``placed``: the node
+        of each, `NodeShare.place`), install ``values`` (from other nodes) into the cells
+        ``receive``, run ``events`` (its rows ``take``, if given; at ``global_ts`` in the
+        input; ``home``: whether their outputs count here) to the end, then read the cells
+        of ``send`` (one array per node to send to). Returns the values read: one array per
+        entry of ``send``, or None."""
         begin = time.perf_counter()
         if seq != self.next_step:
             raise RuntimeFailure(
                 f"node {self.node} was given step {seq}, expected {self.next_step}"
             )
         session = self.session
+        for table, owner in placed.items():
+            self.layout.share.place(table, owner)
         if len(receive):
             session.set_cells(self._install(receive), np.concatenate(values))
         if take is not None:
@@ -141,7 +145,7 @@ class NodeTeam:
         share = self.layout.share
         for number, name in enumerate(names):
             keys_held = held[bounds[number] : bounds[number + 1]] - number * span
-            share.hold(name, keys_held[share.others(keys_held)])
+            share.hold(name, keys_held[share.others(name, keys_held)])
         return self._local(columns, where, keys)
 
     def _local(self, columns: list[tuple[str, str]], where: np.ndarray, keys: np.ndarray):
