@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Protocol
 
 import numpy as np
@@ -71,6 +70,10 @@ class NodeShare:
         """Set where the run is planned (the driver): its nodes get it with their share."""
         self._foreign: dict[str, np.ndarray] = {}
         """Per table, the other nodes' keys held this step, sorted: key i is in row own + i."""
+        self._dense: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        """Per table of dense keys, `owners` once computed: a step asks for them per column."""
+        self._own: dict[str, tuple[int, np.ndarray]] = {}
+        """Per table, `own_keys` of the rows given when last asked, and how many those were."""
         self._placed: dict[str, _Placed] = {}
         for table, owner in (placed or {}).items():
             self._placed[table] = _Placed(self.sizes[table], nodes)
@@ -88,18 +91,31 @@ class NodeShare:
     def owners(self, table: str) -> tuple[np.ndarray, np.ndarray]:
         """The node of every row of ``table`` given so far, and its row on that node."""
         placed = self._placed.get(table)
-        if placed is None:
-            return owners(self.sizes[table], self.nodes)
-        return placed.owner[: placed.count], placed.row[: placed.count]
+        if placed is not None:
+            return placed.owner[: placed.count], placed.row[: placed.count]
+        dense = self._dense.get(table)
+        if dense is None:
+            dense = self._dense[table] = owners(self.sizes[table], self.nodes)
+        return dense
 
     def own(self, table: str) -> int:
         """How many keys of ``table`` the node owns."""
-        return len(self.own_keys(table))
+        placed = self._placed.get(table)
+        return len(self.own_keys(table)) if placed is None else int(placed.per_node[self.node])
 
     def own_keys(self, table: str) -> np.ndarray:
-        """The keys of ``table`` the node owns, in row order."""
+        """The keys of ``table`` the node owns, in row order: only the rows given since
+        the last call are looked at."""
         owner, _ = self.owners(table)
-        return np.flatnonzero(owner == self.node)
+        seen, known = self._own.get(table, (0, np.zeros(0, np.int64)))
+        if len(owner) > seen or table not in self._own:
+            known = np.concatenate([known, np.flatnonzero(owner[seen:] == self.node) + seen])
+            self._own[table] = (len(owner), known)
+        return known
+
+    def __getstate__(self) -> dict:
+        # what is worked out again from the placements stays behind
+        return {**self.__dict__, "_dense": {}, "_own": {}}
 
     def own_rows(self, table: str) -> int:
         """Rows of ``table`` for the node's own keys: all its keys may be here if its keys
@@ -174,7 +190,6 @@ class _Placed:
         self.count = end
 
 
-@cache
 def owners(size: int, nodes: int) -> tuple[np.ndarray, np.ndarray]:
     """For keys ``0..size-1`` of a table over ``nodes`` nodes: the node of every key
     (`node_of`) and its row on that node (its rank among the node's keys)."""
