@@ -4,11 +4,9 @@ nodes that own the keys, and merges what the nodes produced into one output, as 
 on one host writes it (`Job.run` is a session too: start, push everything, close).
 
 Each node is a `NodeTeam` actor placed on its own Ray node. The values one node sends
-another are a step's results, Ray objects that the receiving node's next step takes as
-arguments: the driver never waits for them, Ray starts the step once they exist (small
-ones travel through the driver's process, which owns them; large ones between the nodes'
-object stores). The driver only submits, at most `UNITS_IN_FLIGHT` units ahead of the
-slowest node, and remembers for every node which of its events are whose (global ts) and
+another go from node to node (`NodeTeam.deliver`), never through the driver, which only
+submits every level's steps at once, at most `UNITS_IN_FLIGHT` units ahead of the slowest
+node, and remembers for every node which of its events are whose (global ts) and
 whose outputs count (the event's home node).
 """
 
@@ -43,6 +41,7 @@ from txstream.monitor.metrics import LatencyHistogram
 from txstream.nodes import rounds
 from txstream.nodes.cost import COST, critical_events
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
+from txstream.nodes.member import CONCURRENCY as TEAM_CONCURRENCY
 from txstream.nodes.member import NodeTeam
 from txstream.nodes.sequencer import Partition, Sequencer, UnitPlan, cut, touched_cells
 from txstream.result import Result
@@ -154,6 +153,8 @@ class NodesSession:
         self._partition()
         self.teams: list[Any] = []
         self.steps = [0] * nodes
+        self.units_submitted = 0
+        """Units submitted since the start, each a fresh name for its values between nodes."""
         self.latency = LatencyHistogram()
         self.figures = {
             "units": 0,
@@ -617,8 +618,10 @@ class NodesSession:
                 output,
                 label=f"node {node}",
                 node_id=node_id,
+                concurrency_groups=TEAM_CONCURRENCY,
             )
             self.teams.append(team)
+        self._get([team.connect.remote(self.teams) for team in self.teams])
         resumed = self._get([team.resumed_from.remote() for team in self.teams])
         if resumed != self.saved.local:
             raise RuntimeFailure(
@@ -750,41 +753,31 @@ class NodesSession:
         f["exchanged_values"] += unit.exchanged
         f["gathered_units"] += unit.gathered
         f["critical_events"] += critical_events(unit)
-        sent: dict[tuple[int, int], Any] = {}  # (from, to) -> values for the next level
         refs = []
-        for level in unit.steps:
-            received, sent = sent, {}
+        for at, level in enumerate(unit.steps):
             for node, step in enumerate(level):
                 if step is None:
                     continue
-                cells = [c for _, c in step.receive]
-                values = [received.pop((source, node)) for source, _ in step.receive]
                 rows, take = (
                     whole.rows(node, step.events, unit.gathered)
                     if len(step.events)
                     else (None, None)
                 )
-                out = (
-                    self.teams[node]
-                    .step.options(num_returns=max(1, len(step.send)))
-                    .remote(
-                        self.steps[node],
-                        rows,
-                        take,
-                        ts0 + step.events,
-                        unit.home[step.events] == node,
-                        np.concatenate(cells) if cells else np.zeros(0, np.int64),
-                        [c for _, c in step.send],
-                        self._placed_since(node),
-                        *values,
-                    )
+                ref = self.teams[node].step.remote(
+                    self.steps[node],
+                    (self.units_submitted, at),
+                    rows,
+                    take,
+                    ts0 + step.events,
+                    unit.home[step.events] == node,
+                    step.receive,
+                    step.send,
+                    self._placed_since(node),
                 )
                 self.steps[node] += 1
                 f["steps"] += 1
-                outs = out if isinstance(out, list) else [out]
-                for (to, _), ref in zip(step.send, outs, strict=False):
-                    sent[(node, to)] = ref
-                refs.append(outs[0])
+                refs.append(ref)
+        self.units_submitted += 1
         return refs
 
     def _placed_since(self, node: int) -> dict[str, np.ndarray]:

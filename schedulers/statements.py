@@ -124,11 +124,8 @@ class Statements(Transactions):
             f"{self._targets[target][0]!r}; pre_process must reject such events"
         )
 
-    def touched(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(txn, cell)``: every cell each transaction writes or reads (its operations'
-        targets and parametric reads, and the existence of the keys it creates), grouped
-        by transaction in ascending order; what a sequencer needs to know where a
-        transaction's state lives (`txstream.nodes`)."""
+    def operations(self) -> Ops:
+        """Every statement's operations, built into arrays of their own (no chunk's)."""
         ops, reads, width = self.sizes()[:3]
         built = Ops(
             *(np.empty(ops, dtype) for dtype in (np.int64, np.int64, np.int8)),
@@ -139,6 +136,14 @@ class Statements(Transactions):
             txn_ptr=np.empty(self.events.n + 1, np.int64),
         )
         self.build_into(built, 0, 0, 0)
+        return built
+
+    def touched(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(txn, cell)``: every cell each transaction writes or reads (its operations'
+        targets and parametric reads, and the existence of the keys it creates), grouped
+        by transaction in ascending order; what a sequencer needs to know where a
+        transaction's state lives (`txstream.nodes`)."""
+        built = self.operations()
         txn = [built.txn, np.repeat(built.txn, np.diff(built.dep_ptr))]
         cell = [built.cell, built.dep_cell]
         for table, key, where in self._creates:  # the existence a commit marks (`create`)
