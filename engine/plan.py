@@ -122,12 +122,14 @@ def plan(
     pa.set_memory_pool(pa.system_memory_pool())
     init = read_init_state(topology, init_state, share)
     sizes = share.sizes if share else topology.sizes_from({k: t.num_rows for k, t in init.items()})
-    natural = [t for t in topology.tables if t.natural]
-    if natural and (share is not None or config.nodes > 1):
-        raise UsageError("--nodes N > 1 runs on dense keys only; natural keys run on one node")
-    limits = {t.name: config.max_keys or 2 * sizes[t.name] + EXTRA_KEYS for t in natural}
-    sizes |= limits
-    keys = key_indexes(topology, init, limits)
+    keys: dict[str, KeyIndex] = {}
+    if share is None:
+        natural = [t for t in topology.tables if t.natural]
+        limits = {t.name: config.max_keys or 2 * sizes[t.name] + EXTRA_KEYS for t in natural}
+        sizes |= limits
+        keys = key_indexes(topology, init, limits)
+    else:  # the driver turns natural keys into rows: the node's events carry rows
+        topology = topology.on_rows()
     layout = Layout.of(topology.tables, sizes, share)
     if name is not None and not name:
         raise UsageError("a session name must not be empty")

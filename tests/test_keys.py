@@ -22,8 +22,6 @@ from local_engine import run_local
 from naive import KV_KINDS, MAX, run_natural_model
 from txstream import Job, ThreadTransport
 from txstream.cli.main import main
-from txstream.config import RunConfig
-from txstream.engine.plan import plan
 from txstream.errors import RuntimeFailure, SchemaError, TopologyError, UsageError
 from txstream.state.keys import FULL, MISSING, KeyIndex, key_hash, node_of
 from txstream.state.layout import Layout
@@ -447,13 +445,6 @@ def test_deletes_and_existence_need_a_table_that_declares_them():
             pre_process=lambda e: None,
             state_access=lambda e, t: None,
         )
-
-
-def test_several_nodes_refuse_natural_keys(tmp_path):
-    _, init = generate("sl", WorkloadSpec(events=10, keys=10, key_type="string"))
-    config = RunConfig(topology="sl", nodes=2, transport="threads")
-    with pytest.raises(UsageError, match="natural keys run on one node"):
-        plan(config, init, tmp_path / "out")
 
 
 def test_the_command_line_generates_and_runs_sl_on_string_ids(tmp_path, capsys):
