@@ -231,6 +231,7 @@ class Engine:
             buffer,
             ts,
             StreamKeys(plan.keys, topology.key_columns) if plan.keys else None,
+            plan.value_types,
             feeder=True,
             name=plan.name if named else None,
             namespace=NAMESPACE if named else None,

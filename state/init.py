@@ -1,5 +1,5 @@
-"""Reading and validating init state: dense or natural keys, int64 values, nothing else
-(contract §2)."""
+"""Reading and validating init state: dense or natural keys, int64 or decimal values,
+nothing else (contract §2)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from txstream.errors import SchemaError
 from txstream.state.keys import DENSE, INT64, STRING, KeyIndex
+from txstream.state.values import exact_decimals, is_decimal_input, units
 
 if TYPE_CHECKING:
     from txstream.state.layout import NodeShare, TableSpec, TablesSpec
@@ -22,7 +23,8 @@ InitState = str | Path | dict[str, pa.Table]
 def read_init_state(
     topology: TablesSpec, init: InitState, share: NodeShare | None = None
 ) -> dict[str, pa.Table]:
-    """Init tables by name, validated and cast to int64; raises SchemaError otherwise.
+    """Init tables by name, validated and cast to int64 (a decimal column: integers of its
+    scale); raises SchemaError otherwise.
     With a node's ``share``, the tables hold the node's own keys only."""
     tables = {}
     for table in topology.init_tables:
@@ -58,9 +60,7 @@ def _read(table: TableSpec, init: InitState) -> tuple[pa.Table | None, str]:
 
 def _empty(table: TableSpec) -> pa.Table:
     key = pa.string() if table.key == STRING else pa.int64()
-    return pa.table(
-        {"key": pa.array([], key), **{c: pa.array([], pa.int64()) for c in table.columns}}
-    )
+    return pa.table({"key": pa.array([], key), **{c: pa.array([], pa.int64()) for c in table.columns}})
 
 
 def key_type_of(init: InitState, table: str) -> str | None:
@@ -116,13 +116,25 @@ def validate_init_table(
     columns = {}
     if table.key != DENSE:
         columns["key"] = data.column("key")  # checked as its index is built (`key_indexes`)
+    types = table.value_types
     for name in ("key", *table.columns) if table.key == DENSE else table.columns:
         col = data.column(name)
-        if not pa.types.is_integer(col.type):
+        of = types.get(name)
+        if of is not None and of.decimal:
+            if not is_decimal_input(col.type):
+                raise SchemaError(f"{label}: column {name!r} has type {col.type}, expected {of}")
+            values, fits = units(exact_decimals(col, of).combine_chunks(), of)
+            if not fits.all():
+                raise SchemaError(f"{label}: column {name!r} has values that are not {of}")
+        elif not pa.types.is_integer(col.type):
             raise SchemaError(f"{label}: column {name!r} has type {col.type}, expected int64")
+        else:
+            values = None
         if col.null_count:
             raise SchemaError(f"{label}: column {name!r} has nulls")
-        columns[name] = pc.cast(col, pa.int64()).combine_chunks()
+        columns[name] = (
+            pc.cast(col, pa.int64()).combine_chunks() if values is None else pa.array(values)
+        )
     if table.key == DENSE:
         got = columns["key"].to_numpy()
         if not np.array_equal(got, np.arange(len(got)) if keys is None else keys):

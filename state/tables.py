@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from txstream.state.keys import LIVE, KeyIndex
 from txstream.state.layout import Layout, TablesSpec
 from txstream.state.shared import ArrayHandle, SharedArray
+from txstream.state.values import typed_table
 
 EMPTY = -1
 """Marks a free slot of a distinct set; a removed member becomes TOMBSTONE."""
@@ -109,7 +110,7 @@ class SharedState:
     def tables(
         self, topology: TablesSpec, indexes: dict[str, KeyIndex] | None = None
     ) -> dict[str, pa.Table]:
-        """Every table as ``key`` + value columns, of the keys the layout holds for good (a
+        """Every table as ``key`` + value columns (of their types), of the keys the layout holds for good (a
         copy, safe after close); a table of natural keys (its index in ``indexes``) holds
         the keys that exist, sorted by key."""
         out = {}
@@ -128,5 +129,5 @@ class SharedState:
                 columns[column] = pa.array(
                     self.values[self.layout.cells_of(table.name, column, rows)]
                 )
-            out[table.name] = pa.table(columns)
+            out[table.name] = typed_table(pa.table(columns), table.value_types)
         return out

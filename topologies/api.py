@@ -30,6 +30,15 @@ from txstream.state.keys import DENSE, KEY_TYPES, LIVE, NATURAL
 from txstream.state.keys import STRING as STRING_KEY
 from txstream.state.layout import Layout
 from txstream.state.operations import COMMITTED, READ, READ_MODIFY, SET_ADD, WRITE
+from txstream.state.values import (
+    DECIMAL_OVERFLOW,
+    INT64,
+    ValueType,
+    exact_decimals,
+    is_decimal_input,
+    units,
+    value_type,
+)
 from txstream.topologies._kernels import (
     CONSTANT,
     INT_COLUMN,
@@ -57,14 +66,15 @@ _EVERY.flags.writeable = _NO_ROWS.flags.writeable = False  # as the kernels take
 # ---------------------------------------------------------------- tables
 @dataclass(frozen=True)
 class Table:
-    """A state table of int64 value columns, whose keys are ``key``: dense rows
+    """A state table of value columns, whose keys are ``key``: dense rows
     ``0..K-1`` (K: the rows of its init state), or natural ``int64`` or ``string`` keys,
     which may be created, deleted and created again (contract §2).
 
     ``distinct=True`` makes every key hold a *set* of members; its single value column
     is the set's size (maintained by SET_ADD). ``size_of`` names a table whose K this
     one takes; such a table starts empty and reads no init file. ``init_min`` is the
-    smallest value its init state may hold.
+    smallest value its init state may hold. ``types`` gives a column a type other than
+    int64: ``decimal(p, s)`` (contract §2).
     """
 
     name: str
@@ -77,6 +87,7 @@ class Table:
     """Natural keys that are deleted, or whose existence is a condition (`Transactions.delete`,
     `Transactions.exists`): existence is then kept by operations. Else a committed create
     marks it after its chunk, at no operation's cost (`Transactions.mark_created`)."""
+    types: dict[str, str] = field(default_factory=dict, hash=False)
 
     def __getitem__(self, column: str) -> Column:
         if column not in self.columns:
@@ -95,6 +106,14 @@ class Table:
         return (*self.columns, LIVE) if self.natural else self.columns
 
     @property
+    def value_types(self) -> dict[str, ValueType]:
+        """Every value column's type (TopologyError for a type that is not one)."""
+        try:
+            return {c: value_type(self.types.get(c, INT64)) for c in self.columns}
+        except ValueError as exc:
+            raise TopologyError(f"table {self.name!r}: {exc}") from None
+
+    @property
     def live(self) -> Column:
         """The `LIVE` column of a table of natural keys."""
         if not self.natural:
@@ -108,6 +127,11 @@ class Column:
 
     table: Table
     name: str
+
+    @property
+    def type(self) -> ValueType:
+        """Its value type (`LIVE`: int64)."""
+        return self.table.value_types.get(self.name, ValueType())
 
 
 # ---------------------------------------------------------------- user functions
@@ -180,6 +204,13 @@ def covers(value, args, reads, n_reads):
     return value >= args[0]
 
 
+@condition
+def within(value, args, reads, n_reads):
+    """``-args[0] < value < args[0]``: a decimal inside its precision (``args[0]`` =
+    `ValueType.limit`), checked after every computed write to a decimal column."""
+    return -args[0] < value and value < args[0]
+
+
 # ---------------------------------------------------------------- events
 @dataclass(frozen=True)
 class ListColumn:
@@ -211,11 +242,14 @@ class EventShare:
 
     # -- columns
     def int(self, name: str) -> np.ndarray:
-        """An int64 column with nulls read as 0."""
+        """An int64 column with nulls read as 0; a decimal column as integers of its scale,
+        a value that does not fit it read as 0 (`require_decimal`)."""
         key = "int:" + name
         if key not in self._cache:
             col = self.arrow.column(name)
-            if pa.types.is_null(col.type):
+            if pa.types.is_decimal(col.type):
+                values, self._cache["fits:" + name] = units(col, _decimal_of(col.type))
+            elif pa.types.is_null(col.type):
                 values = np.zeros(self.n, np.int64)
             elif col.null_count and col.type == pa.int64():
                 # the valid values times their validity bits: cheaper than pyarrow's
@@ -327,6 +361,13 @@ class EventShare:
         high = INT64_MAX if high is None else high
         self._reject_outside(name, low, high, where, f"{name} out of range")
 
+    def require_decimal(self, name: str, where: np.ndarray | None = None) -> None:
+        """Reject events in ``where`` whose decimal field does not fit its column's type
+        exactly (contract §2: more fractional digits than its scale, or more digits than
+        its precision)."""
+        self.int(name)
+        self.reject(self._where(where) & ~self._cache["fits:" + name], f"inexact decimal: {name}")
+
     def require_key(self, name: str, table: Table, where: np.ndarray | None = None) -> None:
         """Reject events in ``where`` whose field is not a key of ``table``: outside
         ``0..K-1`` for dense keys, malformed (an empty string) for natural ones, whose
@@ -361,6 +402,10 @@ class EventShare:
     def _mask(self, where: np.ndarray | None) -> np.ndarray:
         """``where`` as the validation kernels take it (empty: every event)."""
         return _EVERY if where is None else _readonly(np.ascontiguousarray(where, bool))
+
+
+def _decimal_of(arrow_type: pa.Decimal128Type) -> ValueType:
+    return ValueType(arrow_type.precision, arrow_type.scale)
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:
@@ -513,6 +558,12 @@ class Transactions:
             ]
         )
         self._width = max(self._width, len(args))
+        of = column.type
+        if of.decimal and kind in (WRITE, READ_MODIFY) and fun is not assign:
+            self._emit(
+                READ, column, key, identity, args=(of.limit,), cond=within,
+                reason=DECIMAL_OVERFLOW, where=where,
+            )
 
     def _target(self, column: Column) -> tuple[int, int, int]:
         """(first cell, keys, index) of a column operations target or read; in a node's
@@ -642,6 +693,8 @@ class Topology:
         if any(t.natural for t in self.tables):
             self.functions += tuple(f for f in (assign,) if f not in self.functions)
             self.conditions += tuple(c for c in (covers,) if c not in self.conditions)
+        if self.decimals and within not in self.conditions:
+            self.conditions += (within,)
         if self.output_columns is None:
             self.output_columns = self.outputs
         problems = []
@@ -665,6 +718,12 @@ class Topology:
                     f"table {table.name!r}: natural keys on a distinct table or "
                     "one sized after another"
                 )
+            if set(table.types) - set(table.columns):
+                problems.append(f"table {table.name!r}: types of columns it does not have")
+            try:
+                table.value_types
+            except TopologyError as exc:
+                problems.append(str(exc))
         by_name = {t.name: t for t in self.tables}
         for col, name in self.key_columns.items():
             table = by_name.get(name)
@@ -676,7 +735,7 @@ class Topology:
                     f"key column {col!r} of {name!r} must be an event column of type {wanted}"
                 )
         for col, typ in self.event_columns.items():
-            if typ not in (INT, STRING, INT_LIST):
+            if typ not in (INT, STRING, INT_LIST) and not _decimal_column(typ):
                 problems.append(f"event column {col!r}: unknown type {typ!r}")
         if self.kinds and self.event_columns.get("kind") != STRING:
             problems.append("a topology with kinds needs a string `kind` event column")
@@ -756,10 +815,21 @@ class Topology:
         return sizes
 
     @property
+    def decimals(self) -> bool:
+        """Whether a table has a decimal column."""
+        return any(t.decimal for table in self.tables for t in table.value_types.values())
+
+    @property
     def event_schema(self) -> pa.Schema:
-        """The event columns with their canonical Arrow types (what the engine reads)."""
+        """The event columns with their canonical Arrow types (what the engine reads); a
+        decimal column as ``decimal128(p, s)``."""
         types = {INT: pa.int64(), STRING: DICTIONARY_STRING, INT_LIST: LIST_INT64}
-        return pa.schema([(name, types[typ]) for name, typ in self.event_columns.items()])
+        return pa.schema(
+            [
+                (name, types[typ] if typ in types else value_type(typ).arrow)
+                for name, typ in self.event_columns.items()
+            ]
+        )
 
     @property
     def marks_created(self) -> bool:
@@ -789,9 +859,17 @@ class Topology:
                 or (pa.types.is_dictionary(actual) and _is_string(actual.value_type)),
                 INT_LIST: (pa.types.is_list(actual) or pa.types.is_large_list(actual))
                 and (pa.types.is_integer(actual.value_type) or pa.types.is_null(actual.value_type)),
-            }[typ]
+            }.get(typ, is_decimal_input(actual))
             if not ok:
                 raise SchemaError(f"events: column {name!r} has type {actual}, expected {typ}")
+
+
+def _decimal_column(typ: str) -> bool:
+    """Whether an event column's declared type is a decimal one."""
+    try:
+        return value_type(typ).decimal
+    except ValueError:
+        return False
 
 
 def _is_string(arrow_type: pa.DataType) -> bool:
@@ -809,7 +887,13 @@ def one_batch(events: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
 def conform_events(events: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
     """``events`` with exactly the columns of ``schema``, in its order and types (integers
     of any width widened, all-null columns typed); other columns are dropped. Batches of
-    every push then concatenate into one chunk."""
+    every push then concatenate into one chunk. A decimal column is converted exactly,
+    event by event (`txstream.state.values.exact_decimals`)."""
     table = events if isinstance(events, pa.Table) else pa.Table.from_batches([events])
     table = table.select(schema.names)
+    for i, target in enumerate(schema):
+        actual = table.schema.field(i).type
+        if pa.types.is_decimal(target.type) and actual != target.type and is_decimal_input(actual):
+            column = exact_decimals(table.column(i), _decimal_of(target.type))
+            table = table.set_column(i, target.name, column)
     return table if table.schema.equals(schema) else table.cast(schema)
