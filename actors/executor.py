@@ -40,6 +40,7 @@ from txstream.state.segments import SegmentLayout
 from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.state.tables import SharedState, StateHandle
+from txstream.state.values import decimal_array
 from txstream.topologies.api import (
     EventShare,
     Outputs,
@@ -65,7 +66,7 @@ def output_schema(topology: Topology) -> pa.Schema:
         ("status", pa.string()),
         ("reason", pa.string()),
     ]
-    fields += [(name, pa.int64()) for name in topology.output_columns]
+    fields += [(name, topology.output_type(name).arrow) for name in topology.output_columns]
     return pa.schema(fields)
 
 
@@ -102,8 +103,12 @@ def _output_rows(
     ]
     for name in topology.output_columns:
         values, valid = extra[name]
-        mask = None if valid.all() else ~valid
-        columns.append(pa.array(np.asarray(values, np.int64), pa.int64(), mask=mask))
+        of, values = topology.output_type(name), np.asarray(values, np.int64)
+        if of.decimal:
+            columns.append(decimal_array(values, of, np.asarray(valid, bool)))
+        else:
+            mask = None if valid.all() else ~valid
+            columns.append(pa.array(values, pa.int64(), mask=mask))
     return pa.RecordBatch.from_arrays(columns, schema=rows_schema(topology))
 
 

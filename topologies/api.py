@@ -683,6 +683,9 @@ class Topology:
         _pass_outputs
     )
     output_columns: tuple[str, ...] | None = None
+    output_types: dict[str, str] = field(default_factory=dict)
+    """The output columns that are not int64, and their type (``decimal(p, s)``: the
+    integers of its scale the operations give, as Arrow decimals)."""
     key_columns: dict[str, str] = field(default_factory=dict)
     """The event columns that carry keys of a table of natural keys, and the table's name:
     the engine turns them into rows before ``pre_process`` (contract §2)."""
@@ -734,6 +737,9 @@ class Topology:
                 problems.append(
                     f"key column {col!r} of {name!r} must be an event column of type {wanted}"
                 )
+        for col, typ in self.output_types.items():
+            if col not in self.output_columns or not _decimal_column(typ):
+                problems.append(f"output type {col!r}: {typ!r} is not a decimal of an output")
         for col, typ in self.event_columns.items():
             if typ not in (INT, STRING, INT_LIST) and not _decimal_column(typ):
                 problems.append(f"event column {col!r}: unknown type {typ!r}")
@@ -813,6 +819,10 @@ class Topology:
             if t.size_of is not None:
                 sizes[t.name] = init_sizes[t.size_of]
         return sizes
+
+    def output_type(self, name: str) -> ValueType:
+        """The type of output column ``name``."""
+        return value_type(self.output_types.get(name, INT64))
 
     @property
     def decimals(self) -> bool:
