@@ -60,7 +60,9 @@ def _read(table: TableSpec, init: InitState) -> tuple[pa.Table | None, str]:
 
 def _empty(table: TableSpec) -> pa.Table:
     key = pa.string() if table.key == STRING else pa.int64()
-    return pa.table({"key": pa.array([], key), **{c: pa.array([], pa.int64()) for c in table.columns}})
+    return pa.table(
+        {"key": pa.array([], key), **{c: pa.array([], pa.int64()) for c in table.columns}}
+    )
 
 
 def key_type_of(init: InitState, table: str) -> str | None:

@@ -110,9 +110,9 @@ class SharedState:
     def tables(
         self, topology: TablesSpec, indexes: dict[str, KeyIndex] | None = None
     ) -> dict[str, pa.Table]:
-        """Every table as ``key`` + value columns (of their types), of the keys the layout holds for good (a
-        copy, safe after close); a table of natural keys (its index in ``indexes``) holds
-        the keys that exist, sorted by key."""
+        """Every table as ``key`` + value columns (of their types), of the keys the layout
+        holds for good (a copy, safe after close); a table of natural keys (its index in
+        ``indexes``) holds the keys that exist, sorted by key."""
         out = {}
         for table in topology.tables:
             rows = self.layout.keys(table.name)

@@ -34,6 +34,7 @@ class ValueType:
 
     @property
     def decimal(self) -> bool:
+        """Whether it is a decimal."""
         return self.precision > 0
 
     @property
@@ -78,9 +79,7 @@ def exact_decimals(column: pa.Array | pa.ChunkedArray, to: ValueType) -> pa.Chun
     chunked = column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column])
     if chunked.type == to.arrow:
         return chunked
-    return pa.chunked_array(
-        [_exact_chunk(chunk, to) for chunk in chunked.chunks], to.arrow
-    )
+    return pa.chunked_array([_exact_chunk(chunk, to) for chunk in chunked.chunks], to.arrow)
 
 
 def _exact_chunk(chunk: pa.Array, to: ValueType) -> pa.Array:
@@ -98,7 +97,9 @@ def _exact_chunk(chunk: pa.Array, to: ValueType) -> pa.Array:
     wide = pc.cast(chunk, pa.decimal128(max(digits, 1), to.scale))
     words = _words(wide)
     low, high = words[:, 0], words[:, 1]
-    fits = exact & (high == (low >> 63)) & (np.abs(low) < to.limit) & (low != np.iinfo(np.int64).min)
+    fits = (
+        exact & (high == (low >> 63)) & (np.abs(low) < to.limit) & (low != np.iinfo(np.int64).min)
+    )
     low = np.where(fits, low, to.limit)
     return decimal_array(low, to, wide.is_valid().to_numpy(zero_copy_only=False))
 
@@ -140,5 +141,9 @@ def decimal_array(values: np.ndarray, of: ValueType, valid: np.ndarray | None = 
     words = np.empty((len(values), 2), np.int64)
     words[:, 0] = values
     words[:, 1] = values >> 63
-    mask = None if valid is None or valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    mask = (
+        None
+        if valid is None or valid.all()
+        else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    )
     return pa.Array.from_buffers(of.arrow, len(values), [mask, pa.py_buffer(words)])

@@ -160,7 +160,13 @@ def test_a_balance_past_18_digits_aborts_with_decimal_overflow():
         {"event_id": 0, "kind": "deposit", "account": "a", "amount": TOP},
         {"event_id": 1, "kind": "deposit", "account": "a", "amount": Decimal("0.01")},
         {"event_id": 2, "kind": "deposit", "account": "b", "amount": Decimal("0.01")},
-        {"event_id": 3, "kind": "transfer", "account": "b", "dst_account": "a", "amount": Decimal("0.01")},
+        {
+            "event_id": 3,
+            "kind": "transfer",
+            "account": "b",
+            "dst_account": "a",
+            "amount": Decimal("0.01"),
+        },
     ]
     got = run_local("payments", _events(rows), {})
     assert got.events["reason"].to_pylist() == [None, "decimal overflow", None, "decimal overflow"]

@@ -54,8 +54,9 @@ NATURAL_KEYS = ("sl",)
 
 
 def get(name: str, key_type: str | None = None) -> Topology:
-    """The topology ``name`` - bundled (``sl``, ``payments``) or a factory (``mypkg.flows:ledger``) -
-    built, and its functions compiled, once per process (every actor builds its own).
+    """The topology ``name`` - bundled (``sl``, ``payments``) or a factory
+    (``mypkg.flows:ledger``) - built, and its functions compiled, once per process (every
+    actor builds its own).
     ``key_type`` (`--key-type`): the key type of a bundled topology's tables (None or
     ``dense``: dense); a factory's tables declare their own."""
     return _built(name, None if key_type == "dense" else key_type)

@@ -561,8 +561,14 @@ class Transactions:
         of = column.type
         if of.decimal and kind in (WRITE, READ_MODIFY) and fun is not assign:
             self._emit(
-                READ, column, key, identity, args=(of.limit,), cond=within,
-                reason=DECIMAL_OVERFLOW, where=where,
+                READ,
+                column,
+                key,
+                identity,
+                args=(of.limit,),
+                cond=within,
+                reason=DECIMAL_OVERFLOW,
+                where=where,
             )
 
     def _target(self, column: Column) -> tuple[int, int, int]:
@@ -724,7 +730,7 @@ class Topology:
             if set(table.types) - set(table.columns):
                 problems.append(f"table {table.name!r}: types of columns it does not have")
             try:
-                table.value_types
+                _ = table.value_types
             except TopologyError as exc:
                 problems.append(str(exc))
         by_name = {t.name: t for t in self.tables}
