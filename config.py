@@ -54,6 +54,9 @@ MAX_NODES = 62
 """Nodes a run can spread over (a transaction's participants are a bit each of an int64)."""
 PUNCTUATION_MS = 50.0
 """Default time after which a punctuation batch is cut however few events it has."""
+METRICS_HOST = "127.0.0.1"
+"""Where `--metrics-port` listens unless told: metrics are for this host until a person
+opens them wider."""
 CHUNK_EVENTS = 131072
 """Default largest chunk (`--max-chunk-events`): large enough to amortise a Ray call per
 executor and the chunk's barriers, small enough to bound the latency."""
@@ -172,6 +175,17 @@ class RunConfig:
         False, "also show the log on stderr (Ray's, Spark's and the JVMs' output included)"
     )
     progress: bool = option(True, "no phases or progress bar on stderr", flag="--no-progress")
+    metrics_port: int | None = option(
+        None,
+        "serve the run's live metrics (Prometheus' format) at http://HOST:PORT/metrics, "
+        "with /healthz and /readyz for a supervisor (default: none)",
+        metavar="PORT",
+    )
+    metrics_host: str = option(
+        METRICS_HOST,
+        "the address --metrics-port listens on (0.0.0.0: every interface)",
+        metavar="HOST",
+    )
     overwrite: bool = option(False, "replace a non-empty output (when the run commits)")
     punctuation_ms: float | None = option(
         PUNCTUATION_MS,
@@ -270,6 +284,15 @@ class RunConfig:
                 "--checkpoint-every needs --checkpoint-dir",
             ),
             (self.log_level in LEVELS, f"--log-level must be one of {', '.join(LEVELS)}"),
+            (
+                self.metrics_port is None or 1 <= self.metrics_port <= 65535,
+                "--metrics-port must be between 1 and 65535",
+            ),
+            (bool(self.metrics_host.strip()), "--metrics-host must not be empty"),
+            (
+                self.nodes == 1 or self.metrics_port is None,
+                "--metrics-port serves one host's session: --nodes N > 1 takes none",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -298,6 +321,18 @@ class RunConfig:
     def as_dict(self) -> dict:
         """The configuration as JSON-ready values."""
         return asdict(self)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the run serves its live metrics (None: it does not)."""
+        if self.metrics_port is None:
+            return None
+        return metrics_url(self.metrics_host, self.metrics_port)
+
+
+def metrics_url(host: str, port: int) -> str:
+    """The URL of the live metrics served on ``host:port``."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
 
 def _among(value: str | None, choices: tuple[str, ...]) -> bool:

@@ -41,12 +41,16 @@ from txstream.connectors.inputs import Events, event_source
 from txstream.connectors.outputs import file_stamps, part_first_ts, read_events
 from txstream.connectors.sources import ArrowSource, Source
 from txstream.engine.engine import NAMESPACE, Engine
+from txstream.engine.live import LiveTeam
 from txstream.engine.outbox import Outbox
 from txstream.engine.plan import Plan
 from txstream.engine.recovery import Checkpointing, InputLog, Pushed
 from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
 from txstream.monitor.console import Console, ProgressBar
+from txstream.monitor.live_metrics import Figures, RunCollector
 from txstream.monitor.metrics import session_metrics
+from txstream.monitor.metrics_server import MetricsServer
+from txstream.monitor.ray_metrics import RayMetricsExport, metrics_agent_running
 from txstream.result import Result
 from txstream.state.keys import dense_keys
 from txstream.state.operations import STATUS_NAMES
@@ -170,11 +174,20 @@ class Session:
         """Single files pushed before the resumed checkpoint (`txstream.connectors.follow`)."""
         self.extra_metrics: dict[str, Any] = {}
         """Metrics the caller adds (e.g. Spark's start-up), written with the session's."""
+        self._live: LiveTeam | None = None
+        self._collector = RunCollector(plan.label, self.config.topology, self._figures)
+        """The run's live metrics."""
+        self._metrics: MetricsServer | None = None
+        self._ray_metrics: RayMetricsExport | None = None
         if plan.resume:  # said at once, not only in the summary at the end
             self.console.note(f"resuming from {plan.resume.path} at event {self.resumed_from:,}")
         try:
+            self._metrics = self._serve_metrics()  # first: a port in use fails at once
             begin = time.perf_counter()
             self._engine = Engine(plan, self.console, transport, job_config)
+            self._live = LiveTeam(self._engine)
+            if self._engine.transport.separate_processes and metrics_agent_running():
+                self._ray_metrics = RayMetricsExport(self._collector)
             if plan.store is not None:
                 self._checkpoints = Checkpointing(plan, self._engine, self._inputs)
             # the launch empties the checkpoint buffer in two steps: a writer between them
@@ -348,7 +361,7 @@ class Session:
         next push,
         when the team is idle. How a node of a run over several takes in the values of
         other nodes' cells that its next transactions read (`txstream.nodes`)."""
-        self._engine.state.values[cells] = values
+        self._engine.state.write(cells, values)
 
     def read_cells(self, cells: np.ndarray) -> np.ndarray:
         """The values of ``cells`` of the flat state; only between `drain` (or `flush`) and
@@ -401,7 +414,7 @@ class Session:
         indexes = engine.get(engine.controller.key_indexes.remote()) if self.plan.keys else None
         run_info, coordinator, summary = engine.finish()
         seconds = time.perf_counter() - self._started
-        tables = engine.state.tables(self.topology, indexes)
+        tables = engine.take_tables(indexes)
         output = self.plan.output
         schema = output_schema(self.topology)
         if self.recoveries or self.resumed_from:  # the last Sink saw only the last events
@@ -449,6 +462,10 @@ class Session:
     def _teardown(self, failed: bool) -> None:
         """Stop everything this session started (idempotent). What the outbox held is
         dropped: it is in the input log, which a recovery replays."""
+        for exporter in (self._metrics, self._ray_metrics):  # first: they read shared memory
+            if exporter is not None:
+                exporter.close()
+        self._metrics = self._ray_metrics = None
         for source in self._sources:
             try:
                 source.close()
@@ -466,6 +483,57 @@ class Session:
             self.plan.discard_unused()
 
     # ---------------------------------------------------------------- health
+    def _serve_metrics(self) -> MetricsServer | None:
+        """The live metrics and health at ``--metrics-port``, if asked for."""
+        cfg = self.config
+        if cfg.metrics_port is None:
+            return None
+        server = MetricsServer(
+            cfg.metrics_host, cfg.metrics_port, self._collector, self._alive, self._ready
+        )
+        self.console.note(f"metrics at {server.url}")
+        return server
+
+    def _alive(self) -> bool:
+        """Whether the session goes on (it has not failed)."""
+        return self._failure is None
+
+    def _ready(self) -> bool:
+        """Whether the team runs: not while it starts, recovers, ends or has failed."""
+        engine = self._engine
+        running = engine is not None and engine.running is not None
+        if not running or self._recovering or not self._alive():
+            return False
+        return engine.team_alive() and not engine.stopped()
+
+    def _figures(self) -> Figures | None:
+        """What a scrape of the live metrics reads (None before the team exists)."""
+        engine, live, ready = self._engine, self._live, self._ready()
+        team = live.read(ask=ready) if live is not None else None  # a dead team never answers
+        if team is None:
+            return None
+        written, committed = engine.watermark.written, engine.watermark.committed
+        writer = self._checkpoints.writer if self._checkpoints else None
+        newest = writer.newest_at if writer else None
+        return Figures(
+            pushed=self._pushed,
+            watermark=written,
+            committed=committed,
+            backlog_bytes=sum(size for end, size in self._table_pushes if end > written),
+            statuses=team["statuses"],
+            reasons=team["reasons"],
+            latency=team["latency"],
+            chunks=team["chunks"],
+            executors=team["executors"],
+            checkpoints=writer.count if writer else 0,
+            checkpoint_seconds=writer.seconds if writer else 0.0,
+            checkpoint_age_s=None if newest is None else max(0.0, time.time() - newest),
+            recoveries=len(self.recoveries),
+            rows=dict(self.plan.layout.sizes),
+            decisions=team["decisions"],
+            ready=ready,
+        )
+
     def _poll(self) -> None:
         """Raise the session's failure, if it failed; recover from the death of an actor
         first when checkpoints allow it."""

@@ -106,6 +106,9 @@ class ProgressController:
         self._remote = not all(isinstance(e, LocalActor) for e in executors)
         self._whole = not self._remote and schedulers.get(config.scheduler).whole_chunks(config)
         """Executor 0 gets every chunk whole (`Scheduler.whole_chunks`)."""
+        self._alone = False
+        """Executor 0 runs the next chunks alone, its peers idle (`Scheduler.alone_next`,
+        as it answered for the last chunk reaped; only where chunks go whole to it)."""
         self.sink = sink
         self._handles = (watermark, snapshots)
         self.layout = layout
@@ -298,8 +301,10 @@ class ProgressController:
         checkpoint = self._checkpoint_after(chunk)
         events = chunk.events if self.keys is None else self.keys.rows(chunk.events)
         calls = []
+        alone = self._whole and self._alone
+        executors = self.executors[:1] if alone else self.executors
         for executor, (first, end) in zip(
-            self.executors, share_bounds(chunk.size, len(self.executors), self._whole), strict=True
+            executors, share_bounds(chunk.size, len(executors), self._whole), strict=True
         ):
             share = events.slice(first, end - first)
             if self._remote:  # pickled whole; a thread makes it one batch on its own core
@@ -307,7 +312,7 @@ class ProgressController:
             arrival = chunk.arrival[first:end]
             calls.append(
                 executor.process.remote(
-                    share, self._seq, first, chunk.ts0, chunk.batch_ends, arrival, checkpoint
+                    share, self._seq, first, chunk.ts0, chunk.batch_ends, arrival, checkpoint, alone
                 )
             )
         with self._cond:
@@ -335,7 +340,7 @@ class ProgressController:
                     return
                 oldest = self._in_flight[0]
             try:
-                wait_all(oldest.calls, self.config.timeout_s)
+                alone_next = wait_all(oldest.calls, self.config.timeout_s)[0]
             except BaseException as exc:
                 with self._cond:
                     self._failure = exc
@@ -347,15 +352,19 @@ class ProgressController:
             previous_end = done
             with self._cond:
                 self._in_flight.popleft()
+                self._alone = bool(alone_next)
                 self._cond.notify_all()
 
     # ---------------------------------------------------------------- outside readers
     def status(self) -> dict:
-        """Watermark, events received, throughput and latency so far."""
+        """Watermark, events received, throughput and latency so far; where the run's
+        live metrics are served, if they are (`txstream top` reads them there)."""
         watermark, _ = self._attach()
         sink = get(self.sink.stats.remote(), self.config.timeout_s)
         up = time.time() - self._started
         w = watermark.written
+        url = self.config.metrics_url
+        served = {"metrics_url": url} if url else {}
         return {
             "watermark": w,
             "received": self._received,
@@ -366,7 +375,15 @@ class ProgressController:
             "committed": sink["committed"],
             "aborted": sink["aborted"],
             "rejected": sink["rejected"],
+            **served,
         }
+
+    def live(self, bounds: tuple[int, ...]) -> dict:
+        """The chunks handed to the team so far, as histogram buckets at ``bounds``
+        (events), with their sum and count: what the run's live metrics read."""
+        sizes = np.sort(np.asarray(self._chunk_sizes, np.int64))
+        buckets = np.searchsorted(sizes, np.asarray(bounds), side="right")
+        return {"buckets": buckets.tolist(), "sum": int(sizes.sum()), "count": len(sizes)}
 
     def query(self, table: str, keys: list | None) -> tuple[int, pa.Table]:
         """A table's rows as of the watermark (see `SnapshotRing.query`); of a table of

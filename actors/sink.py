@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from txstream.connectors.outputs import OutputDir, events_writer
 from txstream.monitor.metrics import LatencyHistogram, Timeline, equal_runs
-from txstream.state.operations import STATUS_NAMES
+from txstream.state.operations import REJECTED, STATUS_NAMES
 from txstream.state.shared import ArrayHandle
 from txstream.state.watermark import Watermark
 
@@ -48,6 +48,8 @@ class Sink:
         self.latency = LatencyHistogram()
         self.timeline = Timeline(time.time())
         self.counts = dict.fromkeys(STATUS_NAMES, 0)
+        self.reasons: dict[str, int] = {}
+        """Rejected events by reason."""
         self._cpu_s = 0.0
         self._publish()
 
@@ -86,8 +88,12 @@ class Sink:
             latencies = now - arrivals
             self.latency.add(latencies, counts)
             self.timeline.add(now, latencies, counts)
-            for name, count in zip(STATUS_NAMES, _status_counts(piece), strict=True):
+            status = _status_counts(piece)
+            for name, count in zip(STATUS_NAMES, status, strict=True):
                 self.counts[name] += count
+            if status[REJECTED]:
+                for reason, count in _rejection_reasons(piece).items():
+                    self.reasons[reason] = self.reasons.get(reason, 0) + count
             self._next_ts += piece.num_rows
             self._commit_due()
         if self.output.progressive and time.monotonic() - self._part_opened >= PART_SECONDS:
@@ -135,6 +141,18 @@ class Sink:
             },
         }
 
+    def live(self, latency_bounds: tuple[float, ...]) -> dict:
+        """What the run's live metrics read on every scrape: events by status, rejections
+        by reason, and the latency histogram as buckets at ``latency_bounds`` (seconds),
+        with its sum and count."""
+        return {
+            **self.counts,
+            "reasons": dict(self.reasons),
+            "latency_buckets": self.latency.cumulative(latency_bounds),
+            "latency_sum": self.latency.sum,
+            "latency_count": int(self.latency.counts.sum()),
+        }
+
     def finish(self) -> dict:
         """Commit the last part (an empty one if the run had no event, so that a one-shot
         output always has its events file); the sink's `stats` and its `Timeline`."""
@@ -147,11 +165,26 @@ class Sink:
         return {**self.stats(), "timeline": self.timeline.as_dict()}
 
 
+def _rejection_reasons(rows: pa.RecordBatch) -> dict[str, int]:
+    """Rejected rows by reason (the dictionary's strings)."""
+    status = _codes(rows.column("status").indices, np.int8)
+    reasons = rows.column("reason")
+    codes = _codes(reasons.indices, np.int32)[status == REJECTED]
+    counts = np.bincount(codes, minlength=len(reasons.dictionary))
+    names = reasons.dictionary.to_pylist()
+    return {names[code]: int(counts[code]) for code in np.flatnonzero(counts)}
+
+
+def _codes(indices: pa.Array, dtype: type) -> np.ndarray:
+    """A dictionary's codes as a view of their buffer (see `_status_counts`); a masked
+    code (no reason) reads as whatever its slot holds: rejected rows always have one."""
+    values = np.frombuffer(indices.buffers()[1], dtype, indices.offset + len(indices))
+    return values[indices.offset :]
+
+
 def _status_counts(rows: pa.RecordBatch) -> list[int]:
     """Rows per status code, from the codes' buffer: ``to_numpy(zero_copy_only=False)``
     imports pandas on its first call, which stalled a run's first write (py-spy). A
     comparison per code: ``np.bincount`` widened the int8 codes to 64 bits first."""
-    codes = rows.column("status").indices
-    values = np.frombuffer(codes.buffers()[1], np.int8, codes.offset + len(codes))
-    values = values[codes.offset :]
+    values = _codes(rows.column("status").indices, np.int8)
     return [int(np.count_nonzero(values == code)) for code in range(len(STATUS_NAMES))]

@@ -24,6 +24,7 @@ from typing import NoReturn
 from txstream.cli.watchdog import watchdog
 from txstream.cluster.ray_runtime import ray_address
 from txstream.config import KEY_TYPES, NAMED, RunConfig
+from txstream.connectors.extras import require_spark
 from txstream.errors import RuntimeFailure, SchemaError, TxstreamError, UsageError
 from txstream.monitor.logs import log_of, version
 
@@ -213,6 +214,32 @@ def _parser() -> argparse.ArgumentParser:
         help="the Ray cluster the session runs on (required)",
     )
     status.add_argument("--name", required=True, help="the session's --name (required)")
+
+    top = verbs.add_parser(
+        "top",
+        help="watch a running run's figures live",
+        description="Show a running run's rate, latency, backlog, watermark, executors, "
+        "checkpoints and recoveries, read every second from its metrics (a run started with "
+        "--metrics-port); Ctrl-C ends it.",
+        formatter_class=_HelpFormatter,
+    )
+    top.add_argument(
+        "url",
+        nargs="?",
+        default=None,
+        metavar="URL",
+        help="the run's metrics, e.g. http://127.0.0.1:9464/metrics (or --address and --name; "
+        "default: none)",
+    )
+    top.add_argument(
+        "--address",
+        default=None,
+        metavar="RAY_ADDRESS",
+        help="the Ray cluster a named session runs on (with --name, instead of URL; default: none)",
+    )
+    top.add_argument(
+        "--name", default=None, help="the session's --name (with --address; default: none)"
+    )
     return parser
 
 
@@ -273,6 +300,8 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    if args.source == "spark":
+        require_spark("--source spark (the default)", instead="--source arrow")
     early = args.source == "spark" and ray_address(args.address) is None
     if early:
         from txstream.connectors import spark_driver
@@ -396,6 +425,35 @@ def _status(args: argparse.Namespace) -> None:
         print(f"{key}: {value}")
 
 
+def _top(args: argparse.Namespace) -> None:
+    from txstream.monitor.top import Gone, watch
+
+    if (args.url is None) == (args.address is None or args.name is None):
+        raise UsageError("top: give the run's metrics URL, or --address and --name of a session")
+    url = args.url or _metrics_url(args)
+    try:
+        watch(url)  # until Ctrl-C, which ends it cleanly (exit 0)
+    except Gone as gone:
+        last = gone.last
+        print(f"run {last.run} is gone ({gone}) at watermark {last.watermark or 0:,.0f}")
+        return
+    if _terminated.is_set():
+        raise KeyboardInterrupt  # SIGTERM: a supervisor's stop (exit 143)
+
+
+def _metrics_url(args: argparse.Namespace) -> str:
+    """The metrics address the named session reports in its status."""
+    import ray
+
+    url = _ask_session(args, "status").get("metrics_url")
+    ray.shutdown()
+    if not url:
+        raise UsageError(
+            f"top: session {args.name!r} serves no metrics (start it with --metrics-port)"
+        )
+    return url
+
+
 def _flat(mapping: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
     """``key: value`` pairs of a nested dictionary, nested keys joined by dots
     (``latency_ms.p50``), so that every line of `status` holds one figure."""
@@ -429,6 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "report": _report_page,
             "query": _query,
             "status": _status,
+            "top": _top,
         }
         verbs[args.verb](args)
     except (SchemaError, UsageError) as exc:

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 from txstream import schedulers
 from txstream.actors.coordinator import Coordinator
-from txstream.actors.executor import Executor, rows_schema
+from txstream.actors.executor import LIVE_COLUMNS, Executor, rows_schema
 from txstream.actors.progress import CONCURRENCY, ProgressController
 from txstream.actors.sink import Sink
 from txstream.cluster.ray_runtime import actor_failure
@@ -47,11 +47,11 @@ from txstream.monitor.logs import captured, level_number
 from txstream.schedulers.team.placement import seats
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer
 from txstream.state.chunk import sweep_segments
-from txstream.state.keys import StreamKeys, restored_indexes
+from txstream.state.keys import KeyIndex, StreamKeys, restored_indexes
 from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
 from txstream.state.snapshots import SnapshotRing
 from txstream.state.sync import ask_to_stop, sync_words
-from txstream.state.tables import SharedState
+from txstream.state.tables import SharedState, with_keys
 from txstream.state.watermark import Watermark
 
 NAMESPACE = "txstream"
@@ -127,15 +127,22 @@ class Engine:
         run_id = new_run_id()
         self.prefix = run_prefix(run_id)
         self.state = stack.enter_context(SharedState.create(run_id, plan.layout, plan.set_capacity))
+        init = plan.take_init()
         if plan.resume is not None:
             self.restore(plan.resume)
         else:
-            self.state.load(plan.topology, plan.init)
+            self.state.load(plan.topology, init)
+        del init
         self.watermark = Watermark.create(run_id)
         stack.callback(self.watermark.close)
         self.seats = seats(cfg.placement, [socket for socket, _ in plan.cores])
         self._sync = SharedArray.create(run_id, "sync", (sync_words(len(self.seats)),), "int64")
         stack.callback(self._sync.close)
+        self.live = SharedArray.create(run_id, "live", (len(self.seats), LIVE_COLUMNS), "float64")
+        """Each executor's row of live figures (`LIVE_COLUMNS`), written after every chunk."""
+        stack.callback(self.live.close)
+        self.live_before = np.zeros(self.live.handle.shape)
+        """What the executors of the teams before this one had published."""
         self.snapshots = SnapshotRing.create(run_id, plan.layout.cells)
         stack.callback(self.snapshots.close)
         stack.callback(sweep_segments, self.prefix)  # if an executor died
@@ -155,8 +162,8 @@ class Engine:
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """The state as ``checkpoint`` has it (no team running)."""
-        for name in ("values", "set_cells", "set_members"):
-            want, got = getattr(self.state, name).shape, checkpoint.load(name).shape
+        for name, got in checkpoint.shapes().items():
+            want = getattr(self.state, name).shape
             if want != got:
                 raise UsageError(
                     f"checkpoint {checkpoint.path} is of another state size ({name} {got}, "
@@ -181,7 +188,11 @@ class Engine:
         cfg, plan, topology, transport = self.config, self.plan, self.plan.topology, self.transport
         if not transport.separate_processes:
             arrow_from_malloc()
+        self.first_ts = ts
+        """The first event of the team launched last."""
         self._sync.array[:] = 0
+        self.live_before += self.live.array
+        self.live.array[:] = 0
         self.snapshots.reset(self.state.values, ts)
         self.watermark.reset(ts)
         if self.buffer is not None:
@@ -189,7 +200,13 @@ class Engine:
         plan.output.drop_parts_from(ts)
         sweep_segments(self.prefix)
         sink = transport.start(
-            Sink, plan.output, rows_schema(topology), self.watermark.handle, ts, feeder=True
+            Sink,
+            plan.output,
+            rows_schema(topology),
+            self.watermark.handle,
+            ts,
+            feeder=True,
+            **self._known_as("Sink"),
         )
         self._actors.append(sink)
         buffer = self.buffer.handle if self.buffer is not None else None
@@ -207,17 +224,22 @@ class Engine:
                 sink,
                 cpu if pin else None,
                 buffer,
+                self.live.handle,
                 label=f"Executor {seat.rank}",
+                **self._known_as(f"Executor {seat.rank}"),
             )
             for seat, (_, cpu) in zip(self.seats, plan.cores, strict=True)
         ]
         self._actors += executors
         self.serving = None
         if schedulers.get(cfg.scheduler).coordinator_policies(cfg):
-            coordinator = transport.start(Coordinator, cfg, self._sync.handle, self.prefix)
+            coordinator = transport.start(
+                Coordinator, cfg, self._sync.handle, self.prefix, **self._known_as("Coordinator")
+            )
             self._actors.append(coordinator)
             self.serving = coordinator.serve.remote()
         named = plan.name and transport.separate_processes
+        known_as = {"name": plan.name, "namespace": NAMESPACE} if named else None
         self.controller = transport.start(
             ProgressController,
             cfg,
@@ -233,9 +255,8 @@ class Engine:
             StreamKeys(plan.keys, topology.key_columns) if plan.keys else None,
             plan.value_types,
             feeder=True,
-            name=plan.name if named else None,
-            namespace=NAMESPACE if named else None,
             concurrency_groups=CONCURRENCY,
+            **(known_as or self._known_as("ProgressController")),
         )
         self._actors.append(self.controller)
         self.sink, self.executors = sink, executors
@@ -254,6 +275,13 @@ class Engine:
         gc.freeze()
         self.running = self.controller.run.remote(feeders)
         self.launches += 1
+
+    def _known_as(self, role: str) -> dict[str, str]:
+        """The Ray name of the team's actor ``role``, which Ray's dashboard shows: the
+        run's label and the role (a recovery's team numbered: a dead actor's name may
+        not be free yet)."""
+        team = f" (team {self.launches + 1})" if self.launches else ""
+        return {"name": f"{self.plan.label}: {role}{team}", "namespace": NAMESPACE}
 
     # ---------------------------------------------------------------- health
     def get(self, refs: Any) -> Any:
@@ -277,6 +305,11 @@ class Engine:
     def ended(self, refs: list, timeout_s: float = 0.0) -> list:
         """Those of ``refs`` that have ended (at least one within ``timeout_s``, if any)."""
         return ended([r for r in refs if r is not None], timeout_s)
+
+    def team_alive(self) -> bool:
+        """Whether every executor's process of this host is still there (an idle team
+        notices a dead member only at its next chunk)."""
+        return all(os.path.exists(f"/proc/{pid}") for pid in self._pids)
 
     def stopped(self) -> bool:
         """Whether the ProgressController's or the Coordinator's loop has ended."""
@@ -332,7 +365,16 @@ class Engine:
         coordinator = self.get(self.serving) if self.serving is not None else None
         summary = self.get(self.sink.finish.remote())
         self.get([e.close.remote() for e in self.executors])
+        self.snapshots.close()  # no query after the end: its memory goes before the results'
         return run_info, coordinator, summary
+
+    def take_tables(self, indexes: dict[str, KeyIndex] | None = None) -> dict[str, pa.Table]:
+        """Once finished: every table of the state (copies; of natural keys, by ``indexes``),
+        whose shared memory is freed before the key columns are made, so that a run's end
+        holds the state about once."""
+        columns = self.state.columns(self.plan.topology)
+        self.state.close()
+        return with_keys(self.plan.layout, columns, indexes, self.plan.value_types)
 
     def stop(self) -> None:
         """Stop every actor of the team and wait until its executors' processes are gone

@@ -140,6 +140,8 @@ class CheckpointWriter:
         self.failure: BaseException | None = None
         self.count = 0
         self.seconds = 0.0
+        self.newest_at: float | None = None
+        """When the newest checkpoint was written (`time.time`)."""
         self._thread = threading.Thread(target=self._run, name="checkpoints", daemon=True)
         self._thread.start()
 
@@ -163,16 +165,18 @@ class CheckpointWriter:
             keys = self._keys()
         except ActorDied:
             return  # the team is lost: its recovery empties the buffer
-        self.store.write(ts, {**self.buffer.arrays(), **keys}, self._meta(ts))
+        self.store.write_delta(ts, self.buffer.arrays(), self._meta(ts), keys)
         self.buffer.mark_written(ts)
         self.count += 1
         self.seconds += time.perf_counter() - begin
+        self.newest_at = time.time()
         self._written(ts)
 
     def write_now(self, ts: int, arrays: dict, meta: dict) -> Checkpoint:
         """Write a checkpoint of the given arrays at once (the team is idle)."""
         with self._lock:
             checkpoint = self.store.write(ts, arrays, meta)
+            self.newest_at = time.time()
             self._written(ts)
             return checkpoint
 

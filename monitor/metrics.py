@@ -46,6 +46,17 @@ class Breakdown:
         """Rounded seconds by activity."""
         return {k: round(v, 6) for k, v in asdict(self).items()}
 
+    def seconds(self) -> tuple[float, ...]:
+        """Seconds by activity, in the order of `ACTIVITIES`."""
+        return tuple(getattr(self, name) for name in ACTIVITIES)
+
+
+ACTIVITIES = tuple(f.name for f in fields(Breakdown))
+"""The activities of a `Breakdown`, in order."""
+LIVE_EXECUTOR = (*ACTIVITIES, "operations")
+"""What each executor publishes in shared memory after every chunk (the columns of its
+row), for the run's live metrics to read without a call."""
+
 
 def equal_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``values`` as (value, how many times) per run of equal neighbours: events that
@@ -65,6 +76,8 @@ class LatencyHistogram:
 
     def __init__(self) -> None:
         self.counts = np.zeros(len(self.EDGES) + 1, np.int64)
+        self.sum = 0.0
+        """Seconds of every latency counted: a Prometheus histogram's ``_sum``."""
 
     def add(self, seconds: np.ndarray, counts: np.ndarray | None = None) -> None:
         """Count latencies ``seconds``, each ``counts`` times (default: once; see
@@ -73,59 +86,108 @@ class LatencyHistogram:
             seconds, counts = equal_runs(seconds)
         if not len(seconds):
             return
+        self.sum += float(np.dot(seconds, counts))
         bins = np.searchsorted(self.EDGES, seconds)
         self.counts += np.bincount(bins, weights=counts, minlength=len(self.counts)).astype(
             np.int64
         )
 
+    def cumulative(self, bounds: tuple[float, ...]) -> list[int]:
+        """Latencies at most each of ``bounds`` (seconds, ascending), to the precision of
+        the bins: a Prometheus histogram's buckets."""
+        below = np.cumsum(self.counts)
+        ends = np.searchsorted(self.EDGES, np.asarray(bounds) * (1 + 1e-9), side="right")
+        return [int(below[i - 1]) if i else 0 for i in ends]
+
     def percentile_ms(self, q: float) -> float | None:
         """The q-th percentile in milliseconds (bin upper edge), None without events."""
-        total = self.counts.sum()
-        if total == 0:
-            return None
-        rank = int(np.ceil(q / 100 * total))
-        i = int(np.searchsorted(np.cumsum(self.counts), max(rank, 1)))
-        return round(float(self.EDGES[min(i, len(self.EDGES) - 1)]) * 1e3, 4)
+        bins = np.flatnonzero(self.counts)
+        return sparse_percentile_ms(bins, self.counts[bins], q)
 
 
 class Timeline:
-    """Events out and their latency, per second of the run: what the report plots over
-    time. Each second keeps three figures (its latency histogram only while it lasts), so
-    memory grows by a few bytes per second of run, whatever the rate."""
+    """Events out and their latency over the run, in bins whose width follows the run's
+    length: they start at `FIRST_BIN_S` and double (neighbours merged) whenever the run
+    outgrows `MAX_BINS` of them, so a run of a fraction of a second and one of hours are
+    both drawn in between half of `MAX_BINS` and `MAX_BINS` bins. A bin keeps its latencies
+    as the histogram bins they fell in and how many (few: latencies of one moment are
+    alike), so merged bins have exact percentiles and memory stays bounded."""
+
+    FIRST_BIN_S = 0.01
+    MAX_BINS = 100
 
     def __init__(self, start: float) -> None:
         self.start = start
-        self._second = 0
+        self.bin_s = self.FIRST_BIN_S
+        self._index = 0
         self._now = LatencyHistogram()
-        self.series: dict[str, list] = {
+        self._bins: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        """Closed bins: index -> (latency histogram bins, counts)."""
+
+    def add(self, now: float, latencies: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Count events that came out at ``now`` (`time.time`) with ``latencies`` (s),
+        each ``counts`` times (default: once)."""
+        index = self._bin(now)
+        if index != self._index:
+            self._close()
+            while index >= self.MAX_BINS:
+                self._coarsen()
+                index = self._bin(now)
+            self._index = index
+        self._now.add(latencies, counts)
+
+    def _bin(self, now: float) -> int:
+        return max(0, int((now - self.start) / self.bin_s))
+
+    def _close(self) -> None:
+        bins = np.flatnonzero(self._now.counts)
+        if len(bins):
+            self._merge(self._bins, self._index, bins, self._now.counts[bins])
+            self._now.counts[bins] = 0
+
+    def _coarsen(self) -> None:
+        self.bin_s *= 2
+        merged: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for index, (bins, counts) in sorted(self._bins.items()):
+            self._merge(merged, index // 2, bins, counts)
+        self._bins = merged
+
+    @staticmethod
+    def _merge(into: dict, index: int, bins: np.ndarray, counts: np.ndarray) -> None:
+        if index in into:
+            both = np.concatenate((into[index][0], bins))
+            bins, inverse = np.unique(both, return_inverse=True)
+            counts = np.bincount(inverse, np.concatenate((into[index][1], counts))).astype(np.int64)
+        into[index] = (bins, counts)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The series so far: the start of each bin in which events came out (seconds since
+        ``start``), its events and latency percentiles, and the bins' width ``bin_s``."""
+        self._close()
+        series: dict[str, Any] = {
             "second": [],
             "events": [],
             "latency_p50_ms": [],
             "latency_p99_ms": [],
         }
+        for index, (bins, counts) in sorted(self._bins.items()):
+            series["second"].append(round(index * self.bin_s, 6))
+            series["events"].append(int(counts.sum()))
+            series["latency_p50_ms"].append(sparse_percentile_ms(bins, counts, 50))
+            series["latency_p99_ms"].append(sparse_percentile_ms(bins, counts, 99))
+        return {**series, "bin_s": self.bin_s}
 
-    def add(self, now: float, latencies: np.ndarray, counts: np.ndarray | None = None) -> None:
-        """Count events that came out at ``now`` (`time.time`) with ``latencies`` (s),
-        each ``counts`` times (default: once)."""
-        second = max(0, int(now - self.start))
-        if second != self._second:
-            self._close()
-            self._second = second
-        self._now.add(latencies, counts)
 
-    def _close(self) -> None:
-        events = int(self._now.counts.sum())
-        if events:
-            self.series["second"].append(self._second)
-            self.series["events"].append(events)
-            self.series["latency_p50_ms"].append(self._now.percentile_ms(50))
-            self.series["latency_p99_ms"].append(self._now.percentile_ms(99))
-            self._now = LatencyHistogram()
-
-    def as_dict(self) -> dict[str, list]:
-        """The series so far (seconds since ``start`` in which events came out)."""
-        self._close()
-        return {key: list(values) for key, values in self.series.items()}
+def sparse_percentile_ms(bins: np.ndarray, counts: np.ndarray, q: float) -> float | None:
+    """The q-th percentile in milliseconds of latencies counted ``counts`` times in the
+    `LatencyHistogram` bins ``bins`` (ascending); None without any."""
+    cumulative = np.cumsum(counts)
+    if not len(cumulative) or cumulative[-1] == 0:
+        return None
+    rank = max(int(np.ceil(q / 100 * cumulative[-1])), 1)
+    i = int(bins[np.searchsorted(cumulative, rank)])
+    edges = LatencyHistogram.EDGES
+    return round(float(edges[min(i, len(edges) - 1)]) * 1e3, 4)
 
 
 def run_metrics(summary: dict, run_info: dict, seconds: float) -> dict[str, Any]:
@@ -159,16 +221,17 @@ def run_metrics(summary: dict, run_info: dict, seconds: float) -> dict[str, Any]
 def batch_metrics(executors: list[dict]) -> dict[str, Any]:
     """Per punctuation batch: how long the team's state access took (percentiles; the
     batches end at a barrier, so every executor saw the same durations), and the time
-    breakdown of every chunk of batches, summed over executors."""
+    breakdown of every chunk of batches, summed over the executors that ran it (executor 0
+    runs every chunk; its peers may step aside from some: `Member.alone`)."""
     seconds = np.asarray(executors[0]["batch_seconds"])
-    chunks = []
-    for parts in zip(*(e["chunks"] for e in executors), strict=True):
-        total = Breakdown()
-        for part in parts:
-            total.add(Breakdown(**part["breakdown_s"]))
-        chunks.append(
-            {"ts": parts[0]["ts"], "events": parts[0]["events"], "breakdown_s": total.as_dict()}
-        )
+    totals: dict[int, Breakdown] = {}
+    for executor in executors:
+        for part in executor["chunks"]:
+            totals.setdefault(part["ts"], Breakdown()).add(Breakdown(**part["breakdown_s"]))
+    chunks = [
+        {"ts": part["ts"], "events": part["events"], "breakdown_s": totals[part["ts"]].as_dict()}
+        for part in executors[0]["chunks"]
+    ]
     state_access = dict.fromkeys(("p50", "p99", "max"))
     if len(seconds):
         p50, p99, top = np.percentile(seconds, [50, 99, 100]) * 1e3

@@ -1,8 +1,9 @@
 """A run's report: one self-contained HTML page with plots of its metrics.json.
 
-What a user of a stream processor looks at: events/s and latency over time (the per-second
-``timeline``), where each executor's time went (the papers' breakdown), the decisions
-morphstream took per batch, and the checkpoints and recoveries. The plots are inline SVG
+What a user of a stream processor looks at: events/s and latency over time (the
+``timeline``, in bins as fine as the run's length allows), where each executor's time went
+(the papers' breakdown), the decisions morphstream took per batch, and the checkpoints and
+recoveries. The plots are inline SVG
 drawn by matplotlib (no script, no file beside the page), so the page opens anywhere and
 can be mailed as it is.
 """
@@ -114,35 +115,45 @@ def _svg(draw, metrics: dict[str, Any]) -> str:
     return text[text.index("<svg") :]
 
 
-def _timeline(m: dict[str, Any]) -> dict[str, list]:
-    return m.get("timeline") or {
+def _timeline(m: dict[str, Any]) -> dict[str, Any]:
+    """The run's timeline; a metrics.json written before its bins followed the run's
+    length has bins of one second."""
+    series = m.get("timeline") or {
         "second": [],
         "events": [],
         "latency_p50_ms": [],
         "latency_p99_ms": [],
     }
+    return {"bin_s": 1.0, **series}
 
 
 def _throughput(figure, m: dict[str, Any]) -> None:
     axes = figure.add_subplot()
     series = _timeline(m)
-    axes.bar(series["second"], series["events"], width=1.0, align="edge", color="#4477aa")
+    width = series["bin_s"]
+    rates = [events / width for events in series["events"]]
+    axes.bar(series["second"], rates, width=width, align="edge", color="#4477aa")
     axes.axhline(
         m.get("throughput_eps") or 0, color="#cc6677", linestyle="--", label="the run's mean"
     )
     axes.set_xlabel("seconds since the run started")
-    axes.set_ylabel("events out per second")
+    axes.set_ylabel(f"events out per second (bins of {_duration(width)})")
     axes.legend(loc="lower right")
 
 
 def _latency(figure, m: dict[str, Any]) -> None:
     axes = figure.add_subplot()
     series = _timeline(m)
-    axes.plot(series["second"], series["latency_p50_ms"], marker=".", label="p50")
-    axes.plot(series["second"], series["latency_p99_ms"], marker=".", label="p99")
+    middles = [second + series["bin_s"] / 2 for second in series["second"]]
+    axes.plot(middles, series["latency_p50_ms"], marker=".", label="p50")
+    axes.plot(middles, series["latency_p99_ms"], marker=".", label="p99")
     axes.set_xlabel("seconds since the run started")
     axes.set_ylabel("latency (ms)")
     axes.legend(loc="upper right")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:g} s"
 
 
 def _breakdown(figure, m: dict[str, Any]) -> None:

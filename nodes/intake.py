@@ -46,7 +46,8 @@ def prepare_partition(
 ) -> tuple:
     """A Spark source's chunk (its Arrow IPC stream, or its file's path on this node:
     `SparkSource.partitions`) as `Prepared`, followed by one table per node: the events it
-    takes part in, in input order (a Ray task, see the module docstring)."""
+    takes part in, in input order, and the table of all (for a unit gathered on one node;
+    a Ray task, see the module docstring)."""
     spec = topologies.get(topology)
     layout = Layout.of(spec.tables, sizes)
     table, first, last = partition_table(chunk, schema)
@@ -54,4 +55,4 @@ def prepare_partition(
     txn, cells = touched_cells(spec, layout, events)
     mask = participants(layout, nodes, events.num_rows, txn, cells)
     parts = [events.take(np.flatnonzero((mask >> node) & 1)) for node in range(nodes)]
-    return (Prepared(events.num_rows, first, last, txn, cells, mask), *parts)
+    return (Prepared(events.num_rows, first, last, txn, cells, mask), *parts, events)

@@ -31,6 +31,7 @@ from txstream.config import RunConfig
 from txstream.engine.plan import plan
 from txstream.errors import RuntimeFailure
 from txstream.monitor.console import Console
+from txstream.nodes import rounds
 from txstream.session import Session
 from txstream.state.layout import Layout, NodeShare
 
@@ -129,7 +130,7 @@ class NodeTeam:
 
     def _install(self, cells: np.ndarray) -> np.ndarray:
         """Rows for the other nodes' keys among ``cells`` (of `whole`), for this step; the
-        cells of this node's state that hold them."""
+        cells of this node's state that hold them, or hold its own keys among them."""
         columns, where, keys = self.whole.locate(cells)
         names = list(self.whole.stored)
         span = max(self.whole.sizes.values()) + 1
@@ -137,8 +138,10 @@ class NodeTeam:
         held = np.sort(table * span + keys)  # (table, key) as one number
         held = held[np.diff(held, prepend=-1) != 0]
         bounds = np.searchsorted(held, np.arange(len(names) + 1) * span)
+        share = self.layout.share
         for number, name in enumerate(names):
-            self.layout.share.hold(name, held[bounds[number] : bounds[number + 1]] - number * span)
+            keys_held = held[bounds[number] : bounds[number + 1]] - number * span
+            share.hold(name, keys_held[share.others(keys_held)])
         return self._local(columns, where, keys)
 
     def _local(self, columns: list[tuple[str, str]], where: np.ndarray, keys: np.ndarray):
@@ -151,9 +154,10 @@ class NodeTeam:
                 local[at] = self.layout.cells_of(table, column, keys[at])
         return local
 
-    def checkpoint(self) -> int:
-        """A checkpoint of this node's state as of every step so far, the global ts of the
-        events since the previous one written first; its ts on this node."""
+    def checkpoint(self, number: int) -> int:
+        """A checkpoint of this node's state as of every step so far, of round ``number``
+        (`txstream.nodes.rounds`), the global ts of the events since the previous one
+        written first; its ts on this node."""
         session = self.session
         session.drain()
         if session.pushed > self.written:
@@ -164,12 +168,16 @@ class NodeTeam:
                 np.savez(f, ts=ts[self.written :], home=home[self.written :])
             path.with_suffix(".tmp").replace(path)
             self.written = session.pushed
-        return session.checkpoint()
+        rounds.keep_aside(self.folder, session.pushed)
+        ts = session.checkpoint()
+        rounds.mark(self.folder, ts, number)
+        return ts
 
-    def query(self, table: str, keys: list[int]) -> pa.Table:
+    def query(self, table: str, keys: list[int] | np.ndarray) -> pa.Table:
         """Rows of ``table`` as of every step so far (the caller asks only for its keys):
         read from the state itself once the team is idle, with no snapshot to wait for
-        (before the first step there is none)."""
+        (before the first step there is none; and the values of its cells sent back after
+        a gathered unit are in none)."""
         session, wanted = self.session, np.asarray(keys, np.int64)
         session.drain()
         rows = {"key": pa.array(wanted)}
@@ -185,7 +193,7 @@ class NodeTeam:
         every node's results, all go back to their checkpoints."""
         session = self.session
         mine = self.outputs()
-        state = {table: session.query(table)[1] for table in session.plan.tables}
+        state = {table: self.query(table, self.layout.keys(table)) for table in session.plan.tables}
         figures = {
             "events": session.pushed,
             "steps": self.next_step,

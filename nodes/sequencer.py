@@ -16,6 +16,12 @@ step, which their owners send right after it (one exchange per level, not per tr
 Transactions without a cell (rejected events) run on node 0, where their outputs come
 from. Everything here is per unit and vectorised; the level assignment is one pass of a
 kernel over the unit's (transaction, cell) pairs.
+
+Chains of cross transactions on hot keys make one level each. A unit can instead be
+*gathered* (`Sequencer.gather`): the cells it touches on other nodes are sent to one node,
+which runs the whole unit as one host would, and sent back to their owners: three levels
+whatever its chains. Which of the two a unit runs as is the cost model's choice
+(`txstream.nodes.cost`). Gathering moves cells for one unit; their owners stay the same.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ class UnitPlan:
     """Transactions of the unit that span nodes."""
     exchanged: int
     """Cell values sent between nodes for the unit."""
+    gathered: bool = False
+    """Whether the unit runs whole on one node (`Sequencer.gather`)."""
 
 
 class Partition:
@@ -155,6 +163,36 @@ class Sequencer:
         if exchanged is None:
             return None
         return UnitPlan(steps, home, int(cross.sum()), exchanged)
+
+    def gather(self, n: int, txn: np.ndarray, cells: np.ndarray) -> UnitPlan | None:
+        """The unit of `plan` run whole on the node that owns most of its cells: in the
+        first level the other nodes send it their cells the unit touches, in the second it
+        runs every event (each one's home), in the third the owners take their cells back.
+        None if a cell to move holds a distinct set or the node lacks room for them."""
+        p, nodes = self.partition, self.partition.nodes
+        used = _distinct(cells)
+        owners = p.owner[used]
+        to = int(np.argmax(np.bincount(owners, minlength=nodes)))
+        moved, senders = used[owners != to], owners[owners != to]
+        if p.is_set[moved].any() or self._too_wide((nodes + senders) * nodes + to, moved):
+            return None
+        run = Step(np.arange(n, dtype=np.int64))
+        steps: list[list[Step | None]] = [[None] * nodes for _ in range(3)]
+        steps[1][to] = run
+        for source in np.unique(senders).tolist():
+            mine = moved[senders == source]
+            steps[0][source] = Step(np.zeros(0, np.int64), send=[(to, mine)])
+            run.receive.append((source, mine))
+            run.send.append((source, mine))
+            steps[2][source] = Step(np.zeros(0, np.int64), receive=[(to, mine)])
+        if not len(moved):
+            steps = [steps[1]]
+        cross = 0
+        if len(txn):
+            first = np.flatnonzero(np.diff(txn, prepend=-1))
+            bits = np.bitwise_or.reduceat(np.left_shift(1, p.owner[cells]), first)
+            cross = int(((bits & (bits - 1)) != 0).sum())
+        return UnitPlan(steps, np.full(n, to, np.int64), cross, 2 * len(moved), gathered=True)
 
     def _exchanges(self, steps, txn, cells, level, mask) -> int | None:
         """Add to ``steps`` what every node sends and receives: for each cell of a cross

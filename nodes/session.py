@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,24 +32,27 @@ import pyarrow.parquet as pq
 from txstream.actors.executor import output_schema
 from txstream.cluster.nodes import pick_nodes
 from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor, stop_actors
-from txstream.connectors.inputs import Events, event_source
+from txstream.connectors.inputs import Events, event_source, staged_by_spark
 from txstream.connectors.outputs import part_name
-from txstream.connectors.spark import SparkSource, follow
 from txstream.engine.engine import NAMESPACE
 from txstream.engine.plan import Plan
 from txstream.engine.recovery import MAX_RECOVERIES, InputLog, Pushed
 from txstream.errors import ActorDied, RuntimeFailure, TopologyError, TxstreamError, UsageError
 from txstream.monitor.console import Console
 from txstream.monitor.metrics import LatencyHistogram
+from txstream.nodes import rounds
+from txstream.nodes.cost import COST, critical_events
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
-from txstream.nodes.intake import Prepared, prepare_partition
 from txstream.nodes.member import NodeTeam
 from txstream.nodes.sequencer import Partition, Sequencer, UnitPlan, cut, touched_cells
 from txstream.result import Result
-from txstream.state.checkpoints import CheckpointStore
 from txstream.state.keys import node_of
 from txstream.state.operations import STATUS_NAMES
 from txstream.topologies.api import conform_events
+
+if TYPE_CHECKING:  # Spark's connector is imported only when Spark stages the input
+    from txstream.connectors.spark import SparkSource
+    from txstream.nodes.intake import Prepared
 
 UNIT_EVENTS = 65536
 """Events per unit of input: the sequencer's grain (levels restart with every unit)."""
@@ -78,7 +81,8 @@ class _Unit:
     """A unit of input: ``n`` events, their cells (`touched_cells`), and where each node
     takes its events from: ``events`` (read by the driver), or a prepared Spark partition
     (`txstream.nodes.intake`): per node, a reference to the table of the events it takes
-    part in (``parts``) and each event's row in it (``rank``)."""
+    part in (``parts``) and each event's row in it (``rank``), then the same for the
+    table of all its events (for a unit gathered on one node)."""
 
     n: int
     txn: np.ndarray
@@ -89,12 +93,15 @@ class _Unit:
     planned: UnitPlan | None = None
     """Its steps, once sequenced (`NodesSession._pieces`)."""
 
-    def rows(self, node: int, positions: np.ndarray) -> tuple[Any, np.ndarray | None]:
+    def rows(
+        self, node: int, positions: np.ndarray, gathered: bool
+    ) -> tuple[Any, np.ndarray | None]:
         """What a step of ``node`` gets for the events at ``positions``: their rows, or a
-        table of the node's and which of its rows."""
+        table of the node's (of all, if the unit is ``gathered``) and which of its rows."""
         if self.events is not None:
             return self.events.take(positions), None
-        return self.parts[node], self.rank[node][positions]
+        table = -1 if gathered else node
+        return self.parts[table], self.rank[table][positions]
 
     def halves(self) -> tuple[_Unit, _Unit]:
         """The unit's first and second halves."""
@@ -114,10 +121,11 @@ class _Unit:
 @dataclass(frozen=True)
 class _Saved:
     """The last checkpoint every node took: after ``ts`` events of the input, which were
-    ``local[i]`` events of node i's own."""
+    ``local[i]`` events of node i's own; its round (`txstream.nodes.rounds`)."""
 
     ts: int
     local: list[int]
+    round: int
 
 
 class NodesSession:
@@ -151,6 +159,8 @@ class NodesSession:
             "exchanged_values": 0,
             "partitions_prepared": 0,
             "unit_levels_max": 0,
+            "gathered_units": 0,
+            "critical_events": 0,
         }
         self.in_flight: deque[tuple[float, int, list]] = deque()
         self.ts = 0
@@ -160,7 +170,7 @@ class NodesSession:
         folder = self.config.checkpoint_dir
         self.folder = Path(folder).resolve() if folder else None
         self.every = (self.config.checkpoint_every or 0) * self.config.punctuation_interval
-        self.saved = _Saved(0, [0] * nodes)
+        self.saved = _Saved(0, [0] * nodes, 0)
         self.since: list[_Unit] = []
         """The units after the last checkpoint, run again after the loss of a node."""
         self.recoveries: list[dict[str, Any]] = []
@@ -278,7 +288,7 @@ class NodesSession:
                         f"checkpoint {meta_path} is of another {key} ({meta.get(key)}, here "
                         f"{value}); use another --checkpoint-dir or remove it"
                     )
-            self.saved = _Saved(meta["ts"], meta["local"])
+            self.saved = _Saved(meta["ts"], meta["local"], meta["round"])
             self.ts = self.done = self._resumed_from = self.saved.ts
             last = meta.get("last_batch_id")
             self._inputs = InputLog(keep=False, last_batch_id=last)
@@ -331,7 +341,7 @@ class NodesSession:
         if source is not events and hasattr(source, "close"):  # staged by Spark for it
             self._stack.callback(source.close)
         size = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
-        if isinstance(source, SparkSource):
+        if staged_by_spark(source):
             units = self._spark_units(source, size)
         else:
             units = (self._read_unit(batch) for batch in source.iter_batches(size))
@@ -348,9 +358,15 @@ class NodesSession:
     def _pieces(self, unit: _Unit) -> Iterator[_Unit]:
         """``unit`` sequenced, or its halves, theirs and so on, until each piece fits: no
         step needs more rows for other nodes' keys than a node has (`Sequencer.plan`), and
-        at most `UNIT_LEVELS` levels."""
-        unit.planned = self.sequencer.plan(unit.n, unit.txn, unit.cells)
-        if unit.planned is not None and len(unit.planned.steps) <= UNIT_LEVELS:
+        at most `UNIT_LEVELS` levels; or gathered on one node (`Sequencer.gather`): of the
+        plans that fit, the cheaper per `COST`."""
+        plans = [
+            self.sequencer.plan(unit.n, unit.txn, unit.cells),
+            self.sequencer.gather(unit.n, unit.txn, unit.cells),
+        ]
+        fit = [p for p in plans if p is not None and len(p.steps) <= UNIT_LEVELS]
+        if fit:
+            unit.planned = min(fit, key=COST.seconds)
             yield unit
             return
         if unit.n < 2:  # one event has one level: it needs more room than a node has
@@ -372,11 +388,13 @@ class NodesSession:
         driver's node (`txstream.nodes.intake`), `PREPARED_AHEAD` partitions ahead."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from txstream.connectors.spark import follow
+        from txstream.nodes.intake import prepare_partition
 
         plan, nodes = self.plan, self.config.nodes
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         prepare = ray.remote(prepare_partition).options(
-            num_cpus=0, num_returns=nodes + 1, scheduling_strategy=here
+            num_cpus=0, num_returns=nodes + 2, scheduling_strategy=here
         )
         pending: deque[list] = deque()
         last_position = -1
@@ -396,6 +414,7 @@ class NodesSession:
             got: Prepared = self._get(refs[0])
             last_position = follow(last_position, got.first, got.last)
             rank = [np.cumsum((got.mask >> node) & 1) - 1 for node in range(nodes)]
+            rank.append(np.arange(got.rows))
             self.figures["partitions_prepared"] += 1
             for first in range(0, got.rows, size):
                 end = min(got.rows, first + size)
@@ -528,7 +547,7 @@ class NodesSession:
             node, output = share.node, None
             if self.folder is not None:
                 home = self.folder / f"node-{node}"
-                CheckpointStore(home).drop_after(self.saved.local[node])
+                rounds.take_back(home, self.saved.local[node], self.saved.round)
                 options["checkpoint_dir"] = str(home)
                 options["checkpoint_every"] = NEVER  # only when the driver says
                 output = str(home / "output")
@@ -619,9 +638,10 @@ class NodesSession:
 
     def _checkpoint(self) -> None:
         """Every node checkpoints once all submitted units are done (the same boundary)."""
-        local = self._ask(lambda: [team.checkpoint.remote() for team in self.teams])
-        self.saved = _Saved(self.ts, local)
-        meta = {**self._identity(), "ts": self.ts, "local": local}
+        number = self.saved.round + 1
+        local = self._ask(lambda: [team.checkpoint.remote(number) for team in self.teams])
+        self.saved = _Saved(self.ts, local, number)
+        meta = {**self._identity(), "ts": self.ts, "local": local, "round": number}
         meta["last_batch_id"] = self._inputs.position(self.ts)["last_batch_id"]
         written = self.folder / f"{NODES_META}.tmp"
         written.write_text(json.dumps(meta, indent=1))
@@ -668,6 +688,8 @@ class NodesSession:
         f["unit_levels_max"] = max(f["unit_levels_max"], len(unit.steps))
         f["cross"] += unit.cross
         f["exchanged_values"] += unit.exchanged
+        f["gathered_units"] += unit.gathered
+        f["critical_events"] += critical_events(unit)
         sent: dict[tuple[int, int], Any] = {}  # (from, to) -> values for the next level
         refs = []
         for level in unit.steps:
@@ -677,7 +699,11 @@ class NodesSession:
                     continue
                 cells = [c for _, c in step.receive]
                 values = [received.pop((source, node)) for source, _ in step.receive]
-                rows, take = whole.rows(node, step.events) if len(step.events) else (None, None)
+                rows, take = (
+                    whole.rows(node, step.events, unit.gathered)
+                    if len(step.events)
+                    else (None, None)
+                )
                 out = (
                     self.teams[node]
                     .step.options(num_returns=max(1, len(step.send)))

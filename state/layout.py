@@ -87,6 +87,10 @@ class NodeShare:
             )
         self._foreign[table] = keys
 
+    def others(self, keys: np.ndarray) -> np.ndarray:
+        """Which of ``keys`` other nodes own."""
+        return node_of(keys, self.nodes) != self.node
+
     def rows(self, table: str, keys: np.ndarray) -> np.ndarray:
         """The rows of ``keys`` of ``table``: owned ones, or held for this step."""
         owner, row = owners(self.sizes[table], self.nodes)

@@ -86,6 +86,30 @@ def spark(ray_cluster):
         yield session
 
 
+@pytest.fixture(scope="session")
+def python_with_dashboard(tmp_path_factory) -> str:
+    """An interpreter that sees this one's packages and those of ``ray[default]``: a
+    virtualenv of its own, as in the project's Ray would start its dashboard's processes in
+    full for every run; one for the whole test session (pip installs it in minutes)."""
+    import subprocess
+    import sysconfig
+    import venv
+
+    import ray
+
+    folder = tmp_path_factory.mktemp("dashboard-venv")
+    venv.create(folder, with_pip=True)
+    (site_packages,) = (folder / "lib").glob("python*/site-packages")
+    ours = sysconfig.get_paths()["purelib"]
+    (site_packages / "txstream-packages.pth").write_text(
+        f"import site; site.addsitedir({ours!r})\n"
+    )
+    python = str(folder / "bin" / "python")
+    install = [python, "-m", "pip", "install", "-q", f"ray[default]=={ray.__version__}"]
+    subprocess.run(install, check=True, capture_output=True, timeout=900)
+    return python
+
+
 def txstream_segments(pid: int | None = None) -> list[str]:
     """Shared-memory segments that runs driven by process ``pid`` (default: this
     one) left behind. Other processes' runs may be going on at the same time."""

@@ -9,10 +9,8 @@ import shutil
 import socket
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
-import venv
 from pathlib import Path
 
 import pytest
@@ -161,24 +159,6 @@ with ray_session(log_to_driver=False, dashboard=True):
     assert status in (200, 401), status
 print("served")
 """
-
-
-@pytest.fixture(scope="module")
-def python_with_dashboard(tmp_path_factory) -> str:
-    """An interpreter that sees this one's packages and those of ``ray[default]``: a
-    virtualenv of its own, as in the project's Ray would start its dashboard's processes in
-    full for every run."""
-    folder = tmp_path_factory.mktemp("dashboard-venv")
-    venv.create(folder, with_pip=True)
-    (site_packages,) = (folder / "lib").glob("python*/site-packages")
-    ours = sysconfig.get_paths()["purelib"]
-    (site_packages / "txstream-packages.pth").write_text(
-        f"import site; site.addsitedir({ours!r})\n"
-    )
-    python = str(folder / "bin" / "python")
-    install = [python, "-m", "pip", "install", "-q", f"ray[default]=={ray.__version__}"]
-    subprocess.run(install, check=True, capture_output=True, timeout=900)
-    return python
 
 
 def test_a_local_ray_with_its_dashboard(python_with_dashboard):

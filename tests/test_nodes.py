@@ -34,6 +34,8 @@ from local_engine import run_local
 from pairwise import pairwise
 from txstream import Job, topologies
 from txstream.errors import RuntimeFailure, UsageError
+from txstream.nodes.cost import COST
+from txstream.nodes.sequencer import Partition, Sequencer, touched_cells
 from txstream.nodes.session import UNIT_LEVELS
 from txstream.state.keys import node_of
 from txstream.state.layout import FOREIGN_ROWS, Layout, NodeShare
@@ -63,6 +65,12 @@ ROOM_PRELUDE = (
     "from txstream.cli.main import main; sys.exit(main(sys.argv[1:]))"
 )
 """`txstream run` with less room on each node for other nodes' keys than it needs."""
+LEVELS_PRELUDE = (
+    "import sys; from txstream.nodes.sequencer import Sequencer; "
+    "Sequencer.gather = lambda *_: None; "
+    "from txstream.cli.main import main; sys.exit(main(sys.argv[1:]))"
+)
+"""`txstream run` with every unit run in levels, none gathered on one node."""
 
 
 @pytest.fixture(scope="module")
@@ -157,19 +165,29 @@ def test_equals_serial(cluster, case, data):
 
 @pytest.mark.parametrize("share", [0, 100])
 def test_cross_node_share(cluster, share):
-    """SL transfers between even accounts and odd assets cross two nodes; between even
-    ones, none do: the run says how many crossed, and equals serial. Every cross transfer
-    on so few keys is a level of its own: no unit has more than `UNIT_LEVELS`."""
+    """SL transfers between accounts of node 0 and assets of node 1 cross two nodes;
+    between keys of node 0 alone, none do: the run says how many crossed, and equals
+    serial. Every cross transfer on so few keys would be a level of its own: the unit is
+    gathered on one node instead (three levels); with none crossing, it runs where its keys
+    live."""
     n = 400
     crossing = [i * 100 < share * n for i in range(n)]
+    home = node_of(np.arange(10, dtype=np.int64), 2)
+    ours, theirs = np.flatnonzero(home == 0).tolist(), np.flatnonzero(home == 1).tolist()
+    assert len(ours) >= 2 and theirs
+
+    def key(i: int, cross: bool) -> int:
+        keys = theirs if cross else ours
+        return keys[i % len(keys)]
+
     rows = [
         {
             "event_id": i,
             "kind": "transfer",
-            "account": (2 * i) % 10,
-            "asset": (2 * i + (1 if cross else 0)) % 10,
-            "dst_account": (2 * i + 4) % 10,
-            "dst_asset": (2 * i + 2 + (1 if cross else 0)) % 10,
+            "account": key(i, False),
+            "asset": key(i, cross),
+            "dst_account": key(i + 1, False),
+            "dst_asset": key(i + 1, cross),
             "amount": 1 + i % 7,
             "asset_amount": 1 + i % 5,
         }
@@ -186,8 +204,59 @@ def test_cross_node_share(cluster, share):
     assert_same_run(got, state, want.events, want.state)
     assert metrics["nodes"]["cross"] == sum(crossing)
     assert metrics["nodes"]["unit_levels_max"] <= UNIT_LEVELS
+    assert metrics["nodes"]["gathered_units"] == (1 if share else 0)
     if share:
-        assert metrics["nodes"]["levels"] > UNIT_LEVELS  # so the one unit was cut
+        assert metrics["nodes"]["levels"] == 3
+
+
+def test_hot_keys_are_gathered_on_one_node_and_equal_serial(cluster):
+    """Transfers among a few hot keys of three nodes chain one cross transaction to the
+    next: units run gathered on one node, their keys' cells sent there and back."""
+    events, init = generate("sl", WorkloadSpec(events=3000, keys=200, theta=0.99, seed=6))
+    want = run_local("sl", events, init)
+    proc, got, state, metrics = _run_on_nodes(cluster, "sl", events, init, "--nodes", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert_same_run(got, state, want.events, want.state)
+    assert metrics["nodes"]["gathered_units"] == metrics["nodes"]["units"]
+
+
+def test_a_chain_across_nodes_is_gathered_by_the_cost_model():
+    """A chain of transfers each way between keys of two nodes is a level per transfer
+    when run where its keys live; gathered, three levels: the other node's cells go to
+    one node, which runs every event, and come back. The cost model takes the latter;
+    for transfers that stay on their nodes, the former."""
+    topology = topologies.get("sl")
+    layout = Layout.of(topology.tables, {"accounts": 10, "assets": 10})
+    sequencer = Sequencer(topology, layout, Partition(layout, topology, 2))
+    n = 60
+
+    def transfers(cross: bool) -> pa.Table:
+        """Transfers between keys 0 and 1 (nodes 0 and 1), in turn each way; or from
+        either to itself."""
+        rows = [
+            {
+                "event_id": i,
+                "kind": "transfer",
+                **{"account": i % 2, "asset": i % 2},
+                **dict.fromkeys(("dst_account", "dst_asset"), (i + cross) % 2),
+                **{"amount": 1, "asset_amount": 1},
+            }
+            for i in range(n)
+        ]
+        return pa.Table.from_pylist(rows, schema=_sl_schema())
+
+    txn, cells = touched_cells(topology, layout, transfers(cross=True))
+    levels, gathered = sequencer.plan(n, txn, cells), sequencer.gather(n, txn, cells)
+    assert len(levels.steps) > n and len(gathered.steps) == 3
+    to = int(gathered.home[0])
+    assert (gathered.home == to).all() and gathered.cross == levels.cross == n
+    assert gathered.steps[1][to].events.tolist() == list(range(n))
+    (_, sent), (_, back) = gathered.steps[0][1 - to].send[0], gathered.steps[2][1 - to].receive[0]
+    assert sent.tolist() == back.tolist() and len(sent)
+    assert COST.seconds(gathered) < COST.seconds(levels)
+    txn, cells = touched_cells(topology, layout, transfers(cross=False))
+    levels, gathered = sequencer.plan(n, txn, cells), sequencer.gather(n, txn, cells)
+    assert levels.cross == 0 and COST.seconds(levels) < COST.seconds(gathered)
 
 
 def test_a_node_with_little_room_for_other_nodes_keys_runs_units_in_smaller_steps(cluster):
@@ -202,7 +271,8 @@ def test_a_node_with_little_room_for_other_nodes_keys_runs_units_in_smaller_step
     assert_same_run(got, state, want.events, want.state)
     assert metrics["nodes"]["units"] > 1  # all 600 events were pushed as one unit
     # each node holds its own keys of both tables and 2 rows each for other nodes' keys
-    held = [2 * (len(range(node, 40, NODES)) + 2) for node in range(NODES)]
+    home = node_of(np.arange(40, dtype=np.int64), NODES)
+    held = [2 * (int((home == node).sum()) + 2) for node in range(NODES)]
     assert [n["rows"] for n in metrics["nodes"]["per_node"]] == held
 
 
@@ -297,10 +367,15 @@ def _sl_command(tmp_path: Path, events: pa.Table, init: dict, *options: str) -> 
     )
 
 
-def _checkpointed_run(tmp_path: Path, address: str, nodes: int, seed: int, source: str = "arrow"):
-    """40,000 SL events on disk, the `txstream run` command over ``nodes`` nodes with a
-    checkpoint every 2,000 events, reading with ``source``, and the reference result."""
-    events, init = generate("sl", WorkloadSpec(events=40_000, keys=20_000, seed=seed))
+def _checkpointed_run(
+    tmp_path: Path, address: str, nodes: int, seed: int, source: str = "arrow", keys: int = 20_000
+):
+    """40,000 SL events on ``keys`` keys (theta 0.99 if few) on disk, the `txstream run`
+    command over ``nodes`` nodes with a checkpoint every 2,000 events, reading with
+    ``source``, and the reference result."""
+    theta = 0.99 if keys < 1000 else 0.2
+    spec = WorkloadSpec(events=40_000, keys=keys, theta=theta, seed=seed)
+    events, init = generate("sl", spec)
     command = _sl_command(
         tmp_path,
         events,
@@ -359,10 +434,12 @@ def test_a_lost_node_with_sparks_executor_is_recovered_from_the_checkpoints(tmp_
             cluster.shutdown()
 
 
-def _lose_a_node_mid_run(address: str, lose: Callable[[list[int]], None], source: str, tmp_path):
+def _lose_a_node_mid_run(
+    address: str, lose: Callable[[list[int]], None], source: str, tmp_path, keys: int = 20_000
+) -> dict:
     """`_checkpointed_run` over 3 nodes, ``lose`` called with the nodes' pids once node 2
-    took two checkpoints; the run must end well, recovered, and equal serial."""
-    command, want = _checkpointed_run(tmp_path, address, 3, seed=5, source=source)
+    took two checkpoints; the run must end well, recovered, and equal serial. Its metrics."""
+    command, want = _checkpointed_run(tmp_path, address, 3, seed=5, source=source, keys=keys)
     out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -380,6 +457,19 @@ def _lose_a_node_mid_run(address: str, lose: Callable[[list[int]], None], source
     assert len(metrics["recoveries"]) >= 1 and metrics["recoveries"][0]["from_ts"] > 0
     state = {p.stem: pq.read_table(p) for p in (out / "state").glob("*.parquet")}
     assert_same_run(pq.read_table(out / "events.parquet"), state, want.events, want.state)
+    return metrics
+
+
+def test_a_node_killed_during_a_run_on_hot_keys_is_recovered_once(local_cluster, tmp_path):
+    """On 200 hot keys every unit runs gathered on one node: a node's process killed
+    mid-run sends every node back to the last checkpoint once, and the run equals serial."""
+
+    def kill(teams: list[int]) -> None:
+        os.kill(max(teams), signal.SIGKILL)
+
+    metrics = _lose_a_node_mid_run(local_cluster.address, kill, "arrow", tmp_path, keys=200)
+    assert len(metrics["recoveries"]) == 1
+    assert metrics["nodes"]["gathered_units"] == metrics["nodes"]["units"]
 
 
 SESSION = """
@@ -474,9 +564,9 @@ def test_a_named_run_over_nodes_answers_outside_readers(cluster, tmp_path):
     two nodes while it runs: the rows are those after exactly the watermark's events (each
     answer comes once the nodes have run what was submitted before it). Answered, the run
     is interrupted as by Ctrl-C, and ends so."""
-    # 1,000 keys: hundreds of levels per 65,536 events, of which a reader's answer waits
-    # for the units submitted before it (at most `UNIT_LEVELS` each); enough events to
-    # outlast the readers
+    # 1,000 keys, every unit in levels: hundreds per 65,536 events, of which a reader's
+    # answer waits for the units submitted before it (at most `UNIT_LEVELS` each); enough
+    # events to outlast the readers
     events, init = generate("sl", WorkloadSpec(events=800_000, keys=1_000, seed=4))
     command = _sl_command(
         tmp_path,
@@ -484,6 +574,7 @@ def test_a_named_run_over_nodes_answers_outside_readers(cluster, tmp_path):
         init,
         *("--address", cluster, "--source", "arrow", "--nodes", "2", "--name", "ledger-nodes"),
     )
+    command[1:3] = ["-c", LEVELS_PRELUDE]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     answer, status, refused = None, None, []
     try:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from txstream.cli.main import main
 from txstream.monitor.metrics import LatencyHistogram, Timeline, equal_runs
+from txstream.monitor.report import render
 
 # Run in the page by the browser: each figure says whether its plot has a size and shapes
 # laid out in it (an SVG the browser could not draw has neither).
@@ -111,16 +112,59 @@ def test_the_report_opens_in_a_browser_with_every_plot_drawn(tmp_path, morphstre
     assert figures == [(name, "yes") for name in expected], dom[:2000]
 
 
-def test_timeline_counts_events_and_latency_per_second():
+def test_timeline_counts_events_and_latency_per_bin():
     timeline = Timeline(start=100.0)
-    timeline.add(100.2, [0.010] * 3)
-    timeline.add(100.9, [0.030])
-    timeline.add(102.5, [0.5, 0.5])  # nothing came out in second 1
+    timeline.add(100.002, [0.010] * 3)
+    timeline.add(100.009, [0.030])
+    timeline.add(100.025, [0.5, 0.5])  # nothing came out in the bin after the first
     series = timeline.as_dict()
-    assert series["second"] == [0, 2] and series["events"] == [4, 2]
+    assert series["bin_s"] == Timeline.FIRST_BIN_S
+    assert series["second"] == [0, 0.02] and series["events"] == [4, 2]
     assert series["latency_p50_ms"][0] == pytest.approx(10, rel=0.02)
     assert series["latency_p99_ms"][0] == pytest.approx(30, rel=0.02)
     assert series["latency_p50_ms"][1] == pytest.approx(500, rel=0.02)
+
+
+@pytest.mark.parametrize("seconds", [0.2, 3.0, 3600.0])
+def test_the_timeline_bins_follow_the_run_length(seconds):
+    rng = np.random.default_rng(5)
+    start = 50.0
+    timeline = Timeline(start)
+    moments = np.sort(rng.uniform(0, seconds, 5000))
+    latencies = rng.uniform(0.001, 0.1, (len(moments), 3))
+    for moment, these in zip(moments, latencies, strict=True):
+        timeline.add(start + moment, these)
+    series = timeline.as_dict()
+    width = series["bin_s"]
+    if width > Timeline.FIRST_BIN_S:
+        assert Timeline.MAX_BINS / 2 <= seconds / width <= Timeline.MAX_BINS
+    assert len(series["events"]) >= 10  # a 0.2-s run is many bars, not one
+    # the merged bins hold exactly the events and latencies that came out in them
+    index = ((start + moments) - start) // width
+    for second, events, p50, p99 in zip(
+        series["second"],
+        series["events"],
+        series["latency_p50_ms"],
+        series["latency_p99_ms"],
+        strict=True,
+    ):
+        expected = LatencyHistogram()
+        expected.add(np.sort(latencies[index == round(second / width)].ravel()))
+        assert events == expected.counts.sum()
+        assert (p50, p99) == (expected.percentile_ms(50), expected.percentile_ms(99))
+    assert sum(series["events"]) == latencies.size
+
+
+def test_a_short_run_is_drawn_in_many_bars():
+    timeline = Timeline(start=0.0)
+    for moment in np.linspace(0, 0.2, 200, endpoint=False):
+        timeline.add(moment, [0.005] * 10)
+    metrics = {**_metrics(morphstream=False), "timeline": timeline.as_dict(), "seconds": 0.2}
+    page = render(metrics)
+    throughput = page[page.index('id="throughput"') : page.index('id="latency"')]
+    bars = re.findall(r'<g id="patch_\d+">', throughput)
+    assert len(bars) >= 20, len(bars)  # 20 bins of 10 ms, each a bar (plus the axes' frame)
+    assert "bins of 10 ms" in throughput
 
 
 def test_latencies_counted_by_runs_are_counted_as_one_by_one():

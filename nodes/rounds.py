@@ -1,0 +1,54 @@
+"""A node's checkpoints as rounds of the run's: every node checkpoints at the same unit
+boundary, and the round counts once every node has (`NodesSession._checkpoint`).
+
+A node's checkpoint is named by the events it ran itself. After units gathered on another
+node its state changes without any (the values of its cells come back), so a round's
+checkpoint can have the name of the round before's and replace it. If the round does not
+complete (a node lost meanwhile), the run goes back to the round before: so the checkpoint
+a newer one replaces is kept aside until then (`KEPT`), and each is marked with its round.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from txstream.state.checkpoints import PREFIX, CheckpointStore
+
+ROUND = "round"
+"""In a checkpoint's folder: the round it belongs to."""
+KEPT = "kept"
+"""In a node's checkpoint folder: its checkpoint that the newest replaced."""
+
+
+def keep_aside(folder: Path, ts: int) -> None:
+    """Before a checkpoint of ``ts`` events is written in ``folder``: the one of the same
+    ts, if any, copied aside."""
+    same = folder / f"{PREFIX}{ts:012d}"
+    if same.exists():
+        shutil.rmtree(folder / KEPT, ignore_errors=True)
+        shutil.copytree(same, folder / KEPT)
+
+
+def mark(folder: Path, ts: int, number: int) -> None:
+    """The checkpoint of ``ts`` events in ``folder`` belongs to round ``number``."""
+    (folder / f"{PREFIX}{ts:012d}" / ROUND).write_text(str(number))
+
+
+def take_back(folder: Path, upto: int, number: int) -> None:
+    """``folder``'s checkpoints as of round ``number`` (0: none), whose checkpoint covers
+    ``upto`` events: newer ones go, and one that replaced it is replaced by the one kept."""
+    store = CheckpointStore(folder)
+    store.drop_after(upto)
+    newest = store.latest()
+    if newest is None or _round(newest.path) == number:
+        return
+    kept = folder / KEPT
+    shutil.rmtree(newest.path)
+    if kept.exists() and _round(kept) == number:
+        kept.rename(newest.path)
+
+
+def _round(path: Path) -> int | None:
+    marked = path / ROUND
+    return int(marked.read_text()) if marked.exists() else None
