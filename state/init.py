@@ -1,5 +1,5 @@
-"""Reading and validating init state: dense or natural keys, int64 or decimal values,
-nothing else (contract §2)."""
+"""Reading and validating init state: dense or natural keys, int64, decimal or float64
+values, nothing else (contract §2)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from txstream.errors import SchemaError
 from txstream.state.keys import DENSE, INT64, STRING, KeyIndex
-from txstream.state.values import exact_decimals, is_decimal_input, units
+from txstream.state.values import (
+    exact_decimals,
+    float_bits,
+    is_decimal_input,
+    is_float_input,
+    units,
+)
 
 if TYPE_CHECKING:
     from txstream.state.layout import NodeShare, TableSpec, TablesSpec
@@ -24,7 +30,7 @@ def read_init_state(
     topology: TablesSpec, init: InitState, share: NodeShare | None = None
 ) -> dict[str, pa.Table]:
     """Init tables by name, validated and cast to int64 (a decimal column: integers of its
-    scale); raises SchemaError otherwise.
+    scale; a float64 one: its bits); raises SchemaError otherwise.
     With a node's ``share``, the tables hold the node's own keys only."""
     tables = {}
     for table in topology.init_tables:
@@ -128,6 +134,10 @@ def validate_init_table(
             values, fits = units(exact_decimals(col, of).combine_chunks(), of)
             if not fits.all():
                 raise SchemaError(f"{label}: column {name!r} has values that are not {of}")
+        elif of is not None and of.floating:
+            if not is_float_input(col.type):
+                raise SchemaError(f"{label}: column {name!r} has type {col.type}, expected {of}")
+            values = float_bits(pc.cast(col, pa.float64()).to_numpy())
         elif not pa.types.is_integer(col.type):
             raise SchemaError(f"{label}: column {name!r} has type {col.type}, expected int64")
         else:

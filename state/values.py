@@ -1,6 +1,8 @@
-"""Value types of table columns: int64, or exact decimals held as int64 integers of the
+"""Value types of table columns: int64, exact decimals held as int64 integers of the
 column's scale (contract §2), so that money never goes through a float and the kernels add
-and compare them as they do any integer.
+and compare them as they do any integer, and float64 held as its bits in an int64 cell, so
+that one state array, one log and one checkpoint format serve every column (the functions
+of a float64 column see floats: `txstream.topologies.api.UserFunction.on`).
 
 A decimal crosses the boundary as Arrow's ``decimal128(p, s)``: events and init state are
 converted to it exactly, element by element (`exact_decimals`), and the state's integers
@@ -17,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 INT64 = "int64"
+FLOAT64 = "float64"
 MAX_PRECISION = 18
 """Digits a decimal may have: every value of 18 digits, and the sum or difference of two
 of them, fits in an int64."""
@@ -27,10 +30,12 @@ DECIMAL_OVERFLOW = "decimal overflow"
 
 @dataclass(frozen=True)
 class ValueType:
-    """A column's type: int64 (``precision`` 0) or ``decimal(precision, scale)``."""
+    """A column's type: int64 (``precision`` 0), ``decimal(precision, scale)`` or
+    float64 (``floating``)."""
 
     precision: int = 0
     scale: int = 0
+    floating: bool = False
 
     @property
     def decimal(self) -> bool:
@@ -40,6 +45,8 @@ class ValueType:
     @property
     def arrow(self) -> pa.DataType:
         """How its values leave the engine."""
+        if self.floating:
+            return pa.float64()
         return pa.decimal128(self.precision, self.scale) if self.decimal else pa.int64()
 
     @property
@@ -49,21 +56,40 @@ class ValueType:
         return 10**self.precision
 
     def __str__(self) -> str:
+        if self.floating:
+            return FLOAT64
         return f"decimal({self.precision},{self.scale})" if self.decimal else INT64
 
 
 def value_type(text: str) -> ValueType:
-    """The type ``text`` names (``int64`` or ``decimal(p, s)``, ``1 <= p <= 18``, ``s <= p``);
-    ValueError otherwise."""
+    """The type ``text`` names (``int64``, ``float64`` or ``decimal(p, s)``, ``1 <= p <= 18``,
+    ``s <= p``); ValueError otherwise."""
     if text == INT64:
         return ValueType()
+    if text == FLOAT64:
+        return ValueType(floating=True)
     match = _DECIMAL.fullmatch(text.strip())
     if match is None:
-        raise ValueError(f"{text!r} is not int64 or decimal(p, s)")
+        raise ValueError(f"{text!r} is not int64, float64 or decimal(p, s)")
     precision, scale = int(match[1]), int(match[2])
     if not 1 <= precision <= MAX_PRECISION or scale > precision:
         raise ValueError(f"{text!r}: a decimal has 1 to {MAX_PRECISION} digits, scale <= digits")
     return ValueType(precision, scale)
+
+
+def is_float_input(arrow_type: pa.DataType) -> bool:
+    """Whether a column of ``arrow_type`` can be read as float64: integers or floats."""
+    return pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+
+
+def float_bits(values: np.ndarray | float) -> np.ndarray:
+    """float64 ``values`` as the int64 bits the state holds them as."""
+    return np.asarray(values, np.float64).view(np.int64)
+
+
+def bits_float(bits: np.ndarray) -> np.ndarray:
+    """The float64 values of the int64 ``bits`` the state holds (`float_bits`)."""
+    return np.asarray(bits, np.int64).view(np.float64)
 
 
 def is_decimal_input(arrow_type: pa.DataType) -> bool:
@@ -120,11 +146,11 @@ def units(column: pa.Array, of: ValueType) -> tuple[np.ndarray, np.ndarray]:
 
 def typed_table(table: pa.Table, types: dict[str, ValueType]) -> pa.Table:
     """``table`` with its decimal columns (int64 integers of their scale) as Arrow
-    decimals of their type."""
+    decimals of their type, its float64 ones (their bits) as floats."""
     for name, of in types.items():
-        if of.decimal and name in table.column_names:
+        if (of.decimal or of.floating) and name in table.column_names:
             values = table.column(name).to_numpy()
-            column = decimal_array(values, of)
+            column = pa.array(bits_float(values)) if of.floating else decimal_array(values, of)
             table = table.set_column(table.schema.get_field_index(name), name, column)
     return table
 

@@ -2,7 +2,8 @@
 
 Tables of natural keys (§2) are dicts from key to a row of values, holding exactly the keys
 that exist; a missing key reads 0. `KV` is the test topology of tests/kv_topology.py, whose
-operations create, delete and read keys that may be missing. Payments (§3) counts money in
+operations create, delete and read keys that may be missing; ``kv-float`` is KV on Python
+floats, which are IEEE doubles as float64 columns are. Payments (§3) counts money in
 Python's `Decimal`, never in integers of cents as the engine does.
 
 Events run one at a time in `ts` order, on Python lists and ints, with no code shared
@@ -20,7 +21,7 @@ import pyarrow as pa
 MAX = 2**40
 """Upper bound of amounts, prices, quantities and |delta|."""
 
-I64, STR, LIST = pa.int64(), pa.string(), pa.list_(pa.int64())
+I64, F64, STR, LIST = pa.int64(), pa.float64(), pa.string(), pa.list_(pa.int64())
 
 EVENT_SCHEMAS: dict[str, pa.Schema] = {
     "sl": pa.schema(
@@ -381,22 +382,24 @@ def _validate_kv(row: dict) -> None:
 def run_natural_model(
     topology: str, events: pa.Table, init: dict[str, pa.Table]
 ) -> tuple[pa.Table, dict[str, pa.Table]]:
-    """`run_model` on tables of natural keys (``sl`` or ``kv``): the final state holds the
-    keys that exist, sorted by key."""
+    """`run_model` on tables of natural keys (``sl``, ``kv`` or ``kv-float``, whose values
+    and output are float64): the final state holds the keys that exist, sorted by key."""
+    kv = topology in ("kv", "kv-float")
+    column_type = F64 if topology == "kv-float" else I64
     tables = {}
     for name in NATURAL_TABLES:
         if name in init:
             rows = init[name].to_pylist()
             tables[name] = {r["key"]: {c: r[c] for c in NATURAL_TABLES[name]} for r in rows}
-    outputs = ("value",) if topology == "kv" else OUTPUT_COLUMNS[topology]
+    outputs = ("value",) if kv else OUTPUT_COLUMNS[topology]
     out = []
     for ts, row in enumerate(events.to_pylist()):
         result = {"ts": ts, "event_id": row["event_id"], "status": "committed", "reason": None}
         result |= dict.fromkeys(outputs)
         try:
-            _validate_kv(row) if topology == "kv" else validate(topology, row, None)
+            _validate_kv(row) if kv else validate(topology, row, None)
             txn = NaturalTxn(tables)
-            result |= (_kv if topology == "kv" else APPLY[topology])(row, txn)
+            result |= (_kv if kv else APPLY[topology])(row, txn)
             txn.commit()
         except Rejected as e:
             result |= {"status": "rejected", "reason": str(e)}
@@ -409,11 +412,11 @@ def run_natural_model(
         keys = sorted(rows)
         state[name] = pa.table(
             {"key": pa.array(keys, key_type)}
-            | {c: pa.array([rows[k][c] for k in keys], I64) for c in NATURAL_TABLES[name]}
+            | {c: pa.array([rows[k][c] for k in keys], column_type) for c in NATURAL_TABLES[name]}
         )
     schema = pa.schema(
         [("ts", I64), ("event_id", I64), ("status", STR), ("reason", STR)]
-        + [(c, I64) for c in outputs]
+        + [(c, column_type) for c in outputs]
     )
     return pa.Table.from_pylist(out, schema=schema), state
 
