@@ -20,7 +20,7 @@ from hypothesis.strategies import DrawFn
 from local_engine import run_local
 from naive import run_payments_model
 from test_keys import SCHEDULERS
-from txstream import Job
+from txstream import Job, ThreadTransport
 from txstream.cli.main import main
 from txstream.errors import SchemaError, TopologyError
 from txstream.state.values import exact_decimals, typed_table, units, value_type
@@ -171,6 +171,52 @@ def test_a_balance_past_18_digits_aborts_with_decimal_overflow():
     got = run_local("payments", _events(rows), {})
     assert got.events["reason"].to_pylist() == [None, "decimal overflow", None, "decimal overflow"]
     assert got.state["accounts"]["balance"].to_pylist() == [TOP, Decimal("0.01")]
+
+
+def test_bad_events_are_rejected_with_their_reason_and_apply_nothing():
+    deposit = {"kind": "deposit", "amount": Decimal("10.00")}
+    rows = [
+        {"account": "a", **deposit},
+        {"account": None, **deposit},
+        {"account": "", **deposit},
+        {"account": "a", "kind": "deposit", "amount": Decimal("1.005")},
+        {"account": "a", "kind": "deposit", "amount": Decimal("10000000000000000")},
+        {"account": "a", "kind": "transfer", "dst_account": None, "amount": Decimal(1)},
+        {"account": "a", "kind": "transfer", "dst_account": "", "amount": Decimal(1)},
+    ]
+    got = run_local("payments", _events([{"event_id": i} | r for i, r in enumerate(rows)]), {})
+    assert got.events["status"].to_pylist() == ["committed"] + ["rejected"] * 6
+    assert got.events["reason"].to_pylist() == [
+        None,
+        "null field: account",
+        "malformed key: account",
+        "inexact decimal: amount",
+        "inexact decimal: amount",
+        "null field: dst_account",
+        "malformed key: dst_account",
+    ]
+    assert got.state["accounts"].to_pylist() == [{"key": "a", "balance": Decimal("10.00")}]
+
+
+def test_a_key_column_of_the_wrong_type_is_one_line_and_exit_2(tmp_path, capsys):
+    numbers = pa.table(
+        {"event_id": [0], "kind": ["deposit"], "account": [7], "dst_account": [8], "amount": [5]}
+    )
+    pq.write_table(numbers, tmp_path / "events.parquet")
+    (tmp_path / "init").mkdir()  # no accounts
+    run = ["run", "payments", "--input", str(tmp_path / "events.parquet")]
+    run += ["--init-state", str(tmp_path / "init"), "--output", str(tmp_path / "out")]
+    assert main([*run, "--no-progress", "--transport", "threads"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "column 'account' has type int64, expected string" in err
+    assert not list(tmp_path.glob("out/**/*.parquet"))
+    with Job("payments", transport=ThreadTransport(), progress=False).start({}) as session:
+        with pytest.raises(SchemaError, match="'account'.*expected string"):
+            session.push(numbers)
+        deposit = {"event_id": 1, "kind": "deposit", "account": "a", "amount": Decimal(5)}
+        session.push(_events([deposit]))
+        result = session.close()
+    assert result.events["event_id"].to_pylist() == [1]
 
 
 # ---------------------------------------------------------------- runs
