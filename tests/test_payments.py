@@ -206,7 +206,7 @@ def test_a_key_column_of_the_wrong_type_is_one_line_and_exit_2(tmp_path, capsys)
     (tmp_path / "init").mkdir()  # no accounts
     run = ["run", "payments", "--input", str(tmp_path / "events.parquet")]
     run += ["--init-state", str(tmp_path / "init"), "--output", str(tmp_path / "out")]
-    assert main([*run, "--no-progress", "--transport", "threads"]) == 2
+    assert main([*run, "--no-progress", "--transport", "threads", "--source", "arrow"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "column 'account' has type int64, expected string" in err
     assert not list(tmp_path.glob("out/**/*.parquet"))
