@@ -48,7 +48,6 @@ def test_a_dataframe_of_spark_decimals_and_doubles_runs_as_its_arrow_table(spark
     )
     result = Job("payments", progress=False).run(frame, {})
     events = pa.Table.from_pandas(frame.toPandas(), preserve_index=False)
-    assert events.schema.field("amount").type == pa.decimal128(20, 3)
     assert_same_run(result.events, result.state, *run_payments_model(events, {}))
     assert result.events["status"].to_pylist()[0] == "rejected"
     assert result.state["accounts"].to_pylist() == [{"key": "acct-a", "balance": Decimal("60.25")}]
