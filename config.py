@@ -13,7 +13,10 @@ from typing import Any
 from txstream.errors import UsageError
 
 BUNDLED = ("sl", "gs", "ob", "tp")
-"""The bundled topologies (`txstream.topologies` builds each by name)."""
+"""The bundled benchmark topologies (`txstream.topologies` builds each by name)."""
+NAMED = (*BUNDLED, "payments")
+"""Every topology known by name: the benchmarks and payments, an example of natural keys
+and decimals."""
 SCHEDULERS = ("serial", "tstream", "morphstream", "sstore", "lock", "mvlk", "nolock")
 """Values of `--scheduler` (`txstream.schedulers` maps each to its class)."""
 SCHEDULER_OPTIONS = ("explore", "granularity", "abort", "placement")
@@ -232,7 +235,7 @@ class RunConfig:
         checks = [
             (
                 is_valid_name(self.topology),
-                f"topology must be one of {', '.join(BUNDLED)} or module:function",
+                f"topology must be one of {', '.join(NAMED)} or module:function",
             ),
             (self.executors >= 1, "--executors must be >= 1"),
             (1 <= self.nodes <= MAX_NODES, f"--nodes must be between 1 and {MAX_NODES}"),
@@ -338,4 +341,4 @@ def _among(value: str | None, choices: tuple[str, ...]) -> bool:
 
 def is_valid_name(name: str) -> bool:
     """A bundled topology name, or ``module:function`` naming a factory of one."""
-    return name in BUNDLED or (":" in name and all(name.split(":", 1)))
+    return name in NAMED or (":" in name and all(name.split(":", 1)))

@@ -54,6 +54,7 @@ from txstream.monitor.ray_metrics import RayMetricsExport, metrics_agent_running
 from txstream.result import Result
 from txstream.state.keys import dense_keys
 from txstream.state.operations import STATUS_NAMES
+from txstream.state.values import typed_table
 from txstream.topologies.api import conform_events
 
 DRAIN_POLL_S = 0.00005
@@ -350,9 +351,10 @@ class Session:
         if plan.keys and table in plan.keys:  # by natural key: the controller's index
             return self._engine.get(self._engine.controller.query.remote(table, keys))
         keys = dense_keys(table, keys)
-        return self._engine.snapshots.query(
+        ts, rows = self._engine.snapshots.query(
             plan.layout, plan.tables, table, keys, lambda: self.watermark, self.config.timeout_s
         )
+        return ts, typed_table(rows, plan.value_types[table])
 
     def set_cells(self, cells: np.ndarray, values: np.ndarray) -> None:
         """Overwrite ``cells`` of the flat state; only between `drain` (or `flush`) and the

@@ -45,6 +45,7 @@ from txstream.state.segments import SegmentLayout
 from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.state.tables import SharedState, StateHandle
+from txstream.state.values import bits_float, decimal_array
 from txstream.topologies.api import (
     EventShare,
     Outputs,
@@ -70,7 +71,7 @@ def output_schema(topology: Topology) -> pa.Schema:
         ("status", pa.string()),
         ("reason", pa.string()),
     ]
-    fields += [(name, pa.int64()) for name in topology.output_columns]
+    fields += [(name, topology.output_type(name).arrow) for name in topology.output_columns]
     return pa.schema(fields)
 
 
@@ -90,9 +91,12 @@ def _output_rows(
     topology: Topology, events: EventShare, outcomes: Outcomes, ts0: int
 ) -> pa.RecordBatch:
     committed = outcomes.status == 0
+    values = {name: outcomes.out_values[:, i] for i, name in enumerate(topology.outputs)}
+    floats = [name for name in values if topology.output_type(name).floating]
+    values |= {name: bits_float(values[name]) for name in floats}  # bits held, floats out
     outputs = Outputs(
         status=outcomes.status,
-        values={name: outcomes.out_values[:, i] for i, name in enumerate(topology.outputs)},
+        values=values,
         valid={name: outcomes.out_set[:, i] & committed for i, name in enumerate(topology.outputs)},
     )
     extra = topology.post_process(events, outputs)
@@ -107,8 +111,14 @@ def _output_rows(
     ]
     for name in topology.output_columns:
         values, valid = extra[name]
-        mask = None if valid.all() else ~valid
-        columns.append(pa.array(np.asarray(values, np.int64), pa.int64(), mask=mask))
+        of = topology.output_type(name)
+        if of.decimal:
+            values = np.asarray(values, np.int64)
+            columns.append(decimal_array(values, of, np.asarray(valid, bool)))
+        else:
+            mask = None if valid.all() else ~valid
+            values = np.asarray(values, of.arrow.to_pandas_dtype())
+            columns.append(pa.array(values, of.arrow, mask=mask))
     return pa.RecordBatch.from_arrays(columns, schema=rows_schema(topology))
 
 

@@ -36,6 +36,7 @@ from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.keys import KeyIndex, StreamKeys, dense_keys
 from txstream.state.shared import ArrayHandle
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
+from txstream.state.values import ValueType, typed_table
 from txstream.state.watermark import Watermark
 from txstream.topologies.api import Layout, conform_events, one_batch
 
@@ -97,6 +98,7 @@ class ProgressController:
         checkpoints: CheckpointBufferHandle | None = None,
         start_ts: int = 0,
         keys: StreamKeys | None = None,
+        types: dict[str, dict[str, ValueType]] | None = None,
     ):
         self.config = config
         self.schema = schema
@@ -113,6 +115,8 @@ class ProgressController:
         self.tables = tables
         self.keys = keys
         """Turns the natural keys of a chunk into rows before the team gets it."""
+        self.types = types or {}
+        """The value types of every table's columns, which queries hand out."""
         self._readers: tuple[Watermark, SnapshotRing] | None = None
         self._cond = threading.Condition()
         self._queue: deque = deque()  # ("table", [(RecordBatch, arrival)]) | ("source", Source)
@@ -397,8 +401,10 @@ class ProgressController:
             )
 
         if self.keys is not None and table in self.keys.indexes:
-            return self.keys.query(table, keys, read)
-        return read(dense_keys(table, keys))
+            ts, rows = self.keys.query(table, keys, read)
+        else:
+            ts, rows = read(dense_keys(table, keys))
+        return ts, typed_table(rows, self.types.get(table, {}))
 
     def key_arrays(self) -> dict[str, np.ndarray]:
         """The key indexes as a checkpoint stores them (`StreamKeys.arrays`)."""

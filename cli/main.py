@@ -23,7 +23,7 @@ from typing import NoReturn
 
 from txstream.cli.watchdog import watchdog
 from txstream.cluster.ray_runtime import ray_address
-from txstream.config import BUNDLED, KEY_TYPES, RunConfig
+from txstream.config import KEY_TYPES, NAMED, RunConfig
 from txstream.connectors.extras import require_spark
 from txstream.errors import RuntimeFailure, SchemaError, TxstreamError, UsageError
 from txstream.monitor.logs import log_of, version
@@ -85,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
         "MorphStream's knobs (Table 5).",
         formatter_class=_HelpFormatter,
     )
-    gen.add_argument("topology", choices=BUNDLED, help="benchmark topology")
+    gen.add_argument("topology", choices=NAMED, help="bundled topology")
     gen.add_argument("--out", required=True, metavar="DIR", help="folder to write (required)")
     gen.add_argument("--events", type=int, default=1_000_000, metavar="N", help="events")
     gen.add_argument("--keys", type=int, default=10_000, metavar="K", help="keys per table")
@@ -141,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "topology",
         metavar="TOPOLOGY",
-        help=f"a bundled topology ({', '.join(BUNDLED)}) or module:function returning one",
+        help=f"a bundled topology ({', '.join(NAMED)}) or module:function returning one",
     )
     run.add_argument(
         "--input",

@@ -259,6 +259,7 @@ class Engine:
             buffer,
             ts,
             StreamKeys(plan.keys, topology.key_columns) if plan.keys else None,
+            plan.value_types,
             feeder=True,
             concurrency_groups=CONCURRENCY,
             **(known_as or self._known_as("ProgressController")),
@@ -380,7 +381,7 @@ class Engine:
         holds the state about once."""
         columns = self.state.columns(self.plan.topology)
         self.state.close()
-        return with_keys(self.plan.layout, columns, indexes)
+        return with_keys(self.plan.layout, columns, indexes, self.plan.value_types)
 
     def stop(self) -> None:
         """Stop every actor of the team and wait until its executors' processes are gone

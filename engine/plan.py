@@ -25,6 +25,7 @@ from txstream.state.checkpoints import Checkpoint, CheckpointStore
 from txstream.state.init import InitState, key_indexes, key_type_of, read_init_state
 from txstream.state.keys import DENSE, KeyIndex
 from txstream.state.layout import Layout, NodeShare
+from txstream.state.values import ValueType
 from txstream.topologies.api import Topology
 
 EXTRA_KEYS = 1 << 16
@@ -78,6 +79,12 @@ class Plan:
         """The value columns of every table, by table name (and `LIVE` for natural keys:
         a query reads it to leave out keys that do not exist)."""
         return {t.name: list(t.state_columns) for t in self.topology.tables}
+
+    @property
+    def value_types(self) -> dict[str, dict[str, ValueType]]:
+        """The type of every value column, by table name: what the state's int64 values
+        are when a query or the final state hands them out."""
+        return {t.name: t.value_types for t in self.topology.tables}
 
     @property
     def set_capacity(self) -> int:

@@ -24,6 +24,7 @@ inline = numba.njit(cache=True, nogil=True, _nrt=False, inline="always")
 CLOCK_MONOTONIC = 1
 
 INT_PTR = types.CPointer(types.int64)
+FLOAT_PTR = types.CPointer(types.float64)
 
 USER_SIG = types.int64(types.int64, INT_PTR, INT_PTR, types.int64)
 """`f(value, args, reads, n_reads)` of every user function (C ABI, called by address).
@@ -32,6 +33,37 @@ USER_SIG = types.int64(types.int64, INT_PTR, INT_PTR, types.int64)
 ``i < n_reads``). Scalars and pointers keep a call at a few ns; array arguments to an
 indirect call cost tens of ns each, which would dominate a 2-op transaction.
 """
+
+
+@intrinsic
+def bits_as_float(typingctx, bits):
+    """The float64 whose bits are the int64 ``bits`` (how the state holds a float64)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
+@intrinsic
+def float_as_bits(typingctx, value):
+    """The bits of float64 ``value`` as an int64 (`bits_as_float` undone)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def as_float_pointer(typingctx, pointer):
+    """An int64 pointer as a float64 one: arguments and reads of a float64 column are its
+    bits."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType().as_pointer())
+
+    return FLOAT_PTR(INT_PTR), codegen
 
 
 @intrinsic

@@ -1,5 +1,5 @@
-"""Reading and validating init state: dense or natural keys, int64 values, nothing else
-(contract §2)."""
+"""Reading and validating init state: dense or natural keys, int64, decimal or float64
+values, nothing else (contract §2)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from txstream.errors import SchemaError
 from txstream.state.keys import DENSE, INT64, STRING, KeyIndex
+from txstream.state.values import (
+    exact_decimals,
+    float_bits,
+    is_decimal_input,
+    is_float_input,
+    units,
+)
 
 if TYPE_CHECKING:
     from txstream.state.layout import NodeShare, TableSpec, TablesSpec
@@ -22,7 +29,8 @@ InitState = str | Path | dict[str, pa.Table]
 def read_init_state(
     topology: TablesSpec, init: InitState, share: NodeShare | None = None
 ) -> dict[str, pa.Table]:
-    """Init tables by name, validated and cast to int64; raises SchemaError otherwise.
+    """Init tables by name, validated and cast to int64 (a decimal column: integers of its
+    scale; a float64 one: its bits); raises SchemaError otherwise.
     With a node's ``share``, the tables hold the node's own keys only."""
     tables = {}
     for table in topology.init_tables:
@@ -116,13 +124,29 @@ def validate_init_table(
     columns = {}
     if table.key != DENSE:
         columns["key"] = data.column("key")  # checked as its index is built (`key_indexes`)
+    types = table.value_types
     for name in ("key", *table.columns) if table.key == DENSE else table.columns:
         col = data.column(name)
-        if not pa.types.is_integer(col.type):
+        of = types.get(name)
+        if of is not None and of.decimal:
+            if not is_decimal_input(col.type):
+                raise SchemaError(f"{label}: column {name!r} has type {col.type}, expected {of}")
+            values, fits = units(exact_decimals(col, of).combine_chunks(), of)
+            if not fits.all():
+                raise SchemaError(f"{label}: column {name!r} has values that are not {of}")
+        elif of is not None and of.floating:
+            if not is_float_input(col.type):
+                raise SchemaError(f"{label}: column {name!r} has type {col.type}, expected {of}")
+            values = float_bits(pc.cast(col, pa.float64()).to_numpy())
+        elif not pa.types.is_integer(col.type):
             raise SchemaError(f"{label}: column {name!r} has type {col.type}, expected int64")
+        else:
+            values = None
         if col.null_count:
             raise SchemaError(f"{label}: column {name!r} has nulls")
-        columns[name] = pc.cast(col, pa.int64())  # chunk by chunk: no copy of a whole column
+        columns[name] = (  # int64 chunk by chunk: no copy of a whole column
+            pc.cast(col, pa.int64()) if values is None else pa.chunked_array([pa.array(values)])
+        )
     if table.key == DENSE and not _dense(columns["key"], keys):
         raise SchemaError(f"{label}: keys are not 0..K-1 in order (init state must be dense)")
     if table.init_min is not None:

@@ -14,6 +14,7 @@ import numpy as np
 from txstream.errors import RuntimeFailure
 from txstream.state._numba import inline
 from txstream.state.keys import node_of
+from txstream.state.values import ValueType
 
 FOREIGN_ROWS = 1 << 17
 """Rows per table a node keeps for other nodes' keys (fewer if the table has fewer): what
@@ -23,7 +24,7 @@ unit of input finer where a step would need more)."""
 
 class TableSpec(Protocol):
     """What the state reads of a table (a topology's `Table`): the state knows nothing of
-    topologies, only of named tables of int64 value columns."""
+    topologies, only of named tables of value columns, held as int64."""
 
     name: str
     columns: tuple[str, ...]
@@ -35,6 +36,8 @@ class TableSpec(Protocol):
     """Its key type (`txstream.state.keys.KEY_TYPES`)."""
     init_min: int | None
     """The smallest value its init state may hold (None: any)."""
+    value_types: dict[str, ValueType]
+    """Every value column's type: int64, or a decimal held as integers of its scale."""
 
 
 class TablesSpec(Protocol):

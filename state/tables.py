@@ -17,6 +17,7 @@ from txstream.state import dirty
 from txstream.state.keys import LIVE, KeyIndex
 from txstream.state.layout import Layout, TablesSpec
 from txstream.state.shared import ArrayHandle, SharedArray
+from txstream.state.values import ValueType, typed_table
 
 EMPTY = -1
 """Marks a free slot of a distinct set; a removed member becomes TOMBSTONE."""
@@ -137,20 +138,23 @@ class SharedState:
     def tables(
         self, topology: TablesSpec, indexes: dict[str, KeyIndex] | None = None
     ) -> dict[str, pa.Table]:
-        """Every table as ``key`` + value columns, of the keys the layout holds for good (a
-        copy, safe after close); a table of natural keys (its index in ``indexes``) holds
-        the keys that exist, sorted by key."""
-        return with_keys(self.layout, self.columns(topology), indexes)
+        """Every table as ``key`` + value columns (of their types), of the keys the layout
+        holds for good (a copy, safe after close); a table of natural keys (its index in
+        ``indexes``) holds the keys that exist, sorted by key."""
+        types = {t.name: t.value_types for t in topology.tables}
+        return with_keys(self.layout, self.columns(topology), indexes, types)
 
 
 def with_keys(
     layout: Layout,
     columns: dict[str, dict[str, np.ndarray]],
     indexes: dict[str, KeyIndex] | None = None,
+    types: dict[str, dict[str, ValueType]] | None = None,
 ) -> dict[str, pa.Table]:
     """Tables of ``columns`` (by table, by column: `SharedState.columns`) with their ``key``
-    column first; of a table of natural keys (a `LIVE` column, its index in ``indexes``),
-    the rows of the keys that exist, sorted by key."""
+    column first, their values of their ``types`` (by table, by column); of a table of
+    natural keys (a `LIVE` column, its index in ``indexes``), the rows of the keys that
+    exist, sorted by key."""
     out = {}
     for name, values in columns.items():
         live = values.pop(LIVE, None)
@@ -161,5 +165,6 @@ def with_keys(
             rows = np.flatnonzero(live[: len(index)] == 1)
             rows = rows[np.asarray(pc.array_sort_indices(index.keys(rows)))]
             keys = index.keys(rows)
-        out[name] = pa.table({"key": keys, **{c: pa.array(v[rows]) for c, v in values.items()}})
+        table = pa.table({"key": keys, **{c: pa.array(v[rows]) for c, v in values.items()}})
+        out[name] = typed_table(table, (types or {}).get(name, {}))
     return out

@@ -6,11 +6,13 @@ missing: one table ``kv(value)``; its model is `naive.run_natural_model`.
 - ``get``: output ``value`` of ``key``, aborted (``no such key``) if missing;
 - ``peek``: output ``value`` of ``key``, 0 if missing;
 - ``move``: ``value`` from ``key`` (aborted if missing or short) to ``other`` (created).
+
+`floats` is KV on float64 values, events and output, through the same functions.
 """
 
 from __future__ import annotations
 
-from txstream.topologies.api import INT, STRING, EventShare, Table, Topology, Transactions
+from txstream.topologies.api import FLOAT, INT, STRING, EventShare, Table, Topology, Transactions
 from txstream.topologies.functions import MAX_VALUE, add, assign, covers, subtract
 
 KINDS = ("put", "add", "delete", "get", "peek", "move")
@@ -34,7 +36,8 @@ def pre_process(events: EventShare) -> None:
 def state_access(events: EventShare, txn: Transactions) -> None:
     """Each kind as the module docstring says."""
     (kv,) = events.topology.tables
-    value, key, other = events.int("value"), events.int("key"), events.int("other")
+    value = events.float("value") if kv.types else events.int("value")
+    key, other = events.int("key"), events.int("other")
     column = kv["value"]
     put, add_, move = events.kind("put"), events.kind("add"), events.kind("move")
     reading = events.kind("get") | move
@@ -51,22 +54,24 @@ def state_access(events: EventShare, txn: Transactions) -> None:
     txn.read_modify(column, other, add, args=[value], where=move)
 
 
-def _build(key: str) -> Topology:
+def _build(key: str, values: str = INT) -> Topology:
     column = STRING if key == "string" else INT
+    types = {} if values == INT else {"value": values}
     return Topology(
-        name=f"kv-{key}",
-        tables=(Table("kv", ("value",), key=key, deletes=True),),
+        name=f"kv-{key}" + ("" if values == INT else f"-{values}"),
+        tables=(Table("kv", ("value",), key=key, deletes=True, types=types),),
         event_columns={
             "event_id": INT,
             "kind": STRING,
             "key": column,
-            "value": INT,
+            "value": values,
             "other": column,
         },
         kinds=KINDS,
         functions=(add, subtract),
         conditions=(covers,),
         outputs=("value",),
+        output_types=types,
         key_columns={"key": "kv", "other": "kv"},
         pre_process=pre_process,
         state_access=state_access,
@@ -81,3 +86,8 @@ def string_keys() -> Topology:
 def int64_keys() -> Topology:
     """KV on int64 keys."""
     return _build("int64")
+
+
+def floats() -> Topology:
+    """KV on string keys and float64 values."""
+    return _build("string", FLOAT)

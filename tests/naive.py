@@ -2,7 +2,9 @@
 
 Tables of natural keys (§2) are dicts from key to a row of values, holding exactly the keys
 that exist; a missing key reads 0. `KV` is the test topology of tests/kv_topology.py, whose
-operations create, delete and read keys that may be missing.
+operations create, delete and read keys that may be missing; ``kv-float`` is KV on Python
+floats, which are IEEE doubles as float64 columns are. Payments (§3) counts money in
+Python's `Decimal`, never in integers of cents as the engine does.
 
 Events run one at a time in `ts` order, on Python lists and ints, with no code shared
 with txstream, so that a bug in the engine cannot hide behind the same bug here.
@@ -12,13 +14,14 @@ Speed does not matter; being obviously right does.
 from __future__ import annotations
 
 from collections.abc import Callable
+from decimal import Decimal
 
 import pyarrow as pa
 
 MAX = 2**40
 """Upper bound of amounts, prices, quantities and |delta|."""
 
-I64, STR, LIST = pa.int64(), pa.string(), pa.list_(pa.int64())
+I64, F64, STR, LIST = pa.int64(), pa.float64(), pa.string(), pa.list_(pa.int64())
 
 EVENT_SCHEMAS: dict[str, pa.Schema] = {
     "sl": pa.schema(
@@ -379,22 +382,24 @@ def _validate_kv(row: dict) -> None:
 def run_natural_model(
     topology: str, events: pa.Table, init: dict[str, pa.Table]
 ) -> tuple[pa.Table, dict[str, pa.Table]]:
-    """`run_model` on tables of natural keys (``sl`` or ``kv``): the final state holds the
-    keys that exist, sorted by key."""
+    """`run_model` on tables of natural keys (``sl``, ``kv`` or ``kv-float``, whose values
+    and output are float64): the final state holds the keys that exist, sorted by key."""
+    kv = topology in ("kv", "kv-float")
+    column_type = F64 if topology == "kv-float" else I64
     tables = {}
     for name in NATURAL_TABLES:
         if name in init:
             rows = init[name].to_pylist()
             tables[name] = {r["key"]: {c: r[c] for c in NATURAL_TABLES[name]} for r in rows}
-    outputs = ("value",) if topology == "kv" else OUTPUT_COLUMNS[topology]
+    outputs = ("value",) if kv else OUTPUT_COLUMNS[topology]
     out = []
     for ts, row in enumerate(events.to_pylist()):
         result = {"ts": ts, "event_id": row["event_id"], "status": "committed", "reason": None}
         result |= dict.fromkeys(outputs)
         try:
-            _validate_kv(row) if topology == "kv" else validate(topology, row, None)
+            _validate_kv(row) if kv else validate(topology, row, None)
             txn = NaturalTxn(tables)
-            result |= (_kv if topology == "kv" else APPLY[topology])(row, txn)
+            result |= (_kv if kv else APPLY[topology])(row, txn)
             txn.commit()
         except Rejected as e:
             result |= {"status": "rejected", "reason": str(e)}
@@ -407,11 +412,11 @@ def run_natural_model(
         keys = sorted(rows)
         state[name] = pa.table(
             {"key": pa.array(keys, key_type)}
-            | {c: pa.array([rows[k][c] for k in keys], I64) for c in NATURAL_TABLES[name]}
+            | {c: pa.array([rows[k][c] for k in keys], column_type) for c in NATURAL_TABLES[name]}
         )
     schema = pa.schema(
         [("ts", I64), ("event_id", I64), ("status", STR), ("reason", STR)]
-        + [(c, I64) for c in outputs]
+        + [(c, column_type) for c in outputs]
     )
     return pa.Table.from_pylist(out, schema=schema), state
 
@@ -438,3 +443,87 @@ def run_model(
             result |= {"status": "aborted", "reason": str(e)}
         out.append(result)
     return pa.Table.from_pylist(out, schema=output_schema(topology)), _state(topology, tables)
+
+
+PAYMENTS_KINDS = ("deposit", "transfer", "close")
+CENT = Decimal("0.01")
+MONEY_LIMIT = Decimal(10) ** 16
+"""decimal(18, 2) holds values strictly between -10^16 and 10^16."""
+MONEY = pa.decimal128(18, 2)
+
+
+def _validate_payment(row: dict) -> None:
+    kind = row["kind"]
+    if row["event_id"] is None or kind not in PAYMENTS_KINDS:
+        raise Rejected("kind")
+    fields = ("account",) + (("amount",) if kind != "close" else ())
+    fields += ("dst_account",) if kind == "transfer" else ()
+    for field in fields:
+        if row[field] is None:
+            raise Rejected(f"null {field}")
+        if field != "amount" and row[field] == "":
+            raise Rejected(f"{field} malformed")
+    if "amount" in fields:
+        amount = Decimal(row["amount"])
+        if amount % CENT != 0 or abs(amount) >= MONEY_LIMIT:
+            raise Rejected("amount is not a decimal(18, 2)")
+        if amount <= 0:
+            raise Rejected("amount out of domain")
+
+
+def _payment(row: dict, txn: NaturalTxn) -> None:
+    kind, account = row["kind"], row["account"]
+    amount = Decimal(row["amount"]) if row["amount"] is not None else None
+
+    def add(key, value) -> None:
+        balance = txn.get("accounts", "balance", key) + value
+        if abs(balance) >= MONEY_LIMIT:
+            raise Aborted("decimal overflow")
+        txn.set("accounts", "balance", key, balance)
+
+    if kind == "deposit":
+        add(account, amount)
+        return
+    if not txn.exists("accounts", account):
+        raise Aborted("no such account")
+    if kind == "close":
+        txn.delete("accounts", account)
+        return
+    if txn.get("accounts", "balance", account) < amount:
+        raise Aborted("insufficient balance")
+    add(account, -amount)
+    if not txn.exists("accounts", row["dst_account"]):
+        raise Aborted("no such destination")
+    add(row["dst_account"], amount)
+
+
+def run_payments_model(
+    events: pa.Table, init: dict[str, pa.Table]
+) -> tuple[pa.Table, dict[str, pa.Table]]:
+    """The payments topology (contract §3) one event at a time: the events' outcomes, with
+    their reasons, and the accounts that exist at the end, sorted by id."""
+    rows = init["accounts"].to_pylist() if "accounts" in init else []
+    tables = {"accounts": {r["key"]: {"balance": Decimal(r["balance"])} for r in rows}}
+    out = []
+    for ts, row in enumerate(events.to_pylist()):
+        result = {"ts": ts, "event_id": row["event_id"], "status": "committed", "reason": None}
+        try:
+            _validate_payment(row)
+            txn = NaturalTxn(tables)
+            _payment(row, txn)
+            txn.commit()
+        except Rejected as e:
+            result |= {"status": "rejected", "reason": str(e)}
+        except Aborted as e:
+            result |= {"status": "aborted", "reason": str(e)}
+        out.append(result)
+    accounts = tables["accounts"]
+    keys = sorted(accounts)
+    state = pa.table(
+        {
+            "key": pa.array(keys, STR),
+            "balance": pa.array([Decimal(accounts[k]["balance"]) for k in keys], MONEY),
+        }
+    )
+    schema = pa.schema([("ts", I64), ("event_id", I64), ("status", STR), ("reason", STR)])
+    return pa.Table.from_pylist(out, schema=schema), {"accounts": state}

@@ -11,7 +11,7 @@ import importlib
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from txstream.config import BUNDLED, is_valid_name
+from txstream.config import BUNDLED, NAMED, is_valid_name
 from txstream.errors import UsageError
 
 if TYPE_CHECKING:
@@ -54,8 +54,9 @@ NATURAL_KEYS = ("sl",)
 
 
 def get(name: str, key_type: str | None = None) -> Topology:
-    """The topology ``name`` - bundled (``sl``) or a factory (``mypkg.flows:ledger``) -
-    built, and its functions compiled, once per process (every actor builds its own).
+    """The topology ``name`` - bundled (``sl``, ``payments``) or a factory
+    (``mypkg.flows:ledger``) - built, and its functions compiled, once per process (every
+    actor builds its own).
     ``key_type`` (`--key-type`): the key type of a bundled topology's tables (None or
     ``dense``: dense); a factory's tables declare their own."""
     return _built(name, None if key_type == "dense" else key_type)
@@ -69,12 +70,12 @@ def _built(name: str, key_type: str | None) -> Topology:
             f"--key-type {key_type} applies to {', '.join(NATURAL_KEYS)}; a topology of "
             "its own declares its tables' key types"
         )
-    if name in BUNDLED:
+    if name in NAMED:
         module = importlib.import_module(f"txstream.topologies.{name}")
         return module.topology(key_type) if natural else module.topology()
     if not is_valid_name(name):
         raise UsageError(
-            f"unknown topology {name!r}; choose one of {', '.join(BUNDLED)} or module:function"
+            f"unknown topology {name!r}; choose one of {', '.join(NAMED)} or module:function"
         )
     module, factory = name.split(":", 1)
     try:

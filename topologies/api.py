@@ -25,11 +25,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from txstream.errors import SchemaError, TopologyError
 from txstream.state._kernels import ARG, AT_LEAST_ARG, CALLED, VALUE, Udf, compile_for
-from txstream.state._numba import USER_SIG
+from txstream.state._numba import USER_SIG, as_float_pointer, bits_as_float, float_as_bits
 from txstream.state.keys import DENSE, KEY_TYPES, LIVE, NATURAL
 from txstream.state.keys import STRING as STRING_KEY
 from txstream.state.layout import Layout
 from txstream.state.operations import COMMITTED, READ, READ_MODIFY, SET_ADD, WRITE
+from txstream.state.values import (
+    DECIMAL_OVERFLOW,
+    INT64,
+    ValueType,
+    exact_decimals,
+    float_bits,
+    is_decimal_input,
+    is_float_input,
+    units,
+    value_type,
+)
 from txstream.topologies._kernels import (
     CONSTANT,
     INT_COLUMN,
@@ -38,8 +49,8 @@ from txstream.topologies._kernels import (
     reject_unset,
 )
 
-# Event column types a topology can declare.
-INT, STRING, INT_LIST = "int64", "string", "list<int64>"
+# Event column types a topology can declare (and decimals, `txstream.state.values`).
+INT, STRING, INT_LIST, FLOAT = "int64", "string", "list<int64>", "float64"
 DICTIONARY_STRING = pa.dictionary(pa.int32(), pa.string())
 """How the engine holds a STRING column (`Topology.event_schema`): dictionary-encoded, as
 Parquet stores such columns, so that reading it copies no strings, a chunk's pieces
@@ -57,14 +68,15 @@ _EVERY.flags.writeable = _NO_ROWS.flags.writeable = False  # as the kernels take
 # ---------------------------------------------------------------- tables
 @dataclass(frozen=True)
 class Table:
-    """A state table of int64 value columns, whose keys are ``key``: dense rows
+    """A state table of value columns, whose keys are ``key``: dense rows
     ``0..K-1`` (K: the rows of its init state), or natural ``int64`` or ``string`` keys,
     which may be created, deleted and created again (contract §2).
 
     ``distinct=True`` makes every key hold a *set* of members; its single value column
     is the set's size (maintained by SET_ADD). ``size_of`` names a table whose K this
     one takes; such a table starts empty and reads no init file. ``init_min`` is the
-    smallest value its init state may hold.
+    smallest value its init state may hold. ``types`` gives a column a type other than
+    int64: ``decimal(p, s)`` or ``float64`` (contract §2).
     """
 
     name: str
@@ -77,6 +89,7 @@ class Table:
     """Natural keys that are deleted, or whose existence is a condition (`Transactions.delete`,
     `Transactions.exists`): existence is then kept by operations. Else a committed create
     marks it after its chunk, at no operation's cost (`Transactions.created_cells`)."""
+    types: dict[str, str] = field(default_factory=dict, hash=False)
 
     def __getitem__(self, column: str) -> Column:
         if column not in self.columns:
@@ -95,6 +108,14 @@ class Table:
         return (*self.columns, LIVE) if self.natural else self.columns
 
     @property
+    def value_types(self) -> dict[str, ValueType]:
+        """Every value column's type (TopologyError for a type that is not one)."""
+        try:
+            return {c: value_type(self.types.get(c, INT64)) for c in self.columns}
+        except ValueError as exc:
+            raise TopologyError(f"table {self.name!r}: {exc}") from None
+
+    @property
     def live(self) -> Column:
         """The `LIVE` column of a table of natural keys."""
         if not self.natural:
@@ -109,6 +130,11 @@ class Column:
     table: Table
     name: str
 
+    @property
+    def type(self) -> ValueType:
+        """Its value type (`LIVE`: int64)."""
+        return self.table.value_types.get(self.name, ValueType())
+
 
 # ---------------------------------------------------------------- user functions
 @dataclass(eq=False)
@@ -117,11 +143,17 @@ class UserFunction:
 
     ``computes`` says, for the library's own functions, which well-known computation it
     is (`txstream.state._kernels.VALUE_PLUS_ARG`, ...): kernels then do it inline
-    instead of calling it (0: called, as every user function is)."""
+    instead of calling it (0: called, as every user function is).
+
+    ``floating`` marks the variant of a function (``condition``: of a condition) for
+    float64 columns (`on`)."""
 
     pyfunc: Callable[..., Any]
     compiled: Any = None
     computes: int = CALLED
+    floating: bool = False
+    condition: bool = False
+    _on_floats: UserFunction | None = field(default=None, repr=False)
 
     @property
     def where(self) -> str:
@@ -131,9 +163,21 @@ class UserFunction:
 
     def compile(self) -> None:
         """Compile once to a C-callable function (cached on disk when possible)."""
-        if self.compiled is None:
+        if self.compiled is None and self.floating:
+            self.compiled = _on_floats(self.pyfunc, self.condition)
+        elif self.compiled is None:
             cache = self.pyfunc.__module__ != "__main__"
             self.compiled = numba.cfunc(USER_SIG, cache=cache, nopython=True)(self.pyfunc)
+
+    def on(self, of: ValueType, condition: bool = False) -> UserFunction:
+        """This function (``condition``: this condition) as it acts on a column of type
+        ``of``: on float64, a variant that sees floats (value, arguments and reads), unless
+        it only moves a value (`identity`, `assign`), which its bits do as well."""
+        if not of.floating or self.floating or self.computes in (VALUE, ARG):
+            return self
+        if self._on_floats is None:
+            self._on_floats = UserFunction(self.pyfunc, floating=True, condition=condition)
+        return self._on_floats
 
     @property
     def address(self) -> int:
@@ -141,11 +185,30 @@ class UserFunction:
         return self.compiled.address
 
 
+def _on_floats(pyfunc: Callable[..., Any], condition: bool) -> Any:
+    """``pyfunc`` compiled on floats behind the int64 signature every kernel calls
+    (`USER_SIG`): the state's bits in, the result's bits out (a condition's: 1 or 0)."""
+    inner = numba.njit(inline="always")(pyfunc)
+
+    def on_condition(value, args, reads, n_reads):
+        ok = inner(bits_as_float(value), as_float_pointer(args), as_float_pointer(reads), n_reads)
+        return 1 if ok else 0
+
+    def on_function(value, args, reads, n_reads):
+        result = inner(
+            bits_as_float(value), as_float_pointer(args), as_float_pointer(reads), n_reads
+        )
+        return float_as_bits(np.float64(result))
+
+    return numba.cfunc(USER_SIG, nopython=True)(on_condition if condition else on_function)
+
+
 def function(pyfunc: Callable[[int, Any, Any, int], int]) -> UserFunction:
     """Declare ``fun(value, args, reads, n_reads) -> int``: the new value (WRITE,
     READ_MODIFY) or the result (READ) of an operation, from the target's current
     ``value``, the operation's ``args`` and its parametric ``reads`` (pointers: index
-    them, see :data:`txstream.state._numba.USER_SIG`)."""
+    them, see :data:`txstream.state._numba.USER_SIG`). On a float64 column, all of them
+    are floats (`UserFunction.on`)."""
     return UserFunction(pyfunc)
 
 
@@ -180,6 +243,13 @@ def covers(value, args, reads, n_reads):
     return value >= args[0]
 
 
+@condition
+def within(value, args, reads, n_reads):
+    """``-args[0] < value < args[0]``: a decimal inside its precision (``args[0]`` =
+    `ValueType.limit`), checked after every computed write to a decimal column."""
+    return -args[0] < value and value < args[0]
+
+
 # ---------------------------------------------------------------- events
 @dataclass(frozen=True)
 class ListColumn:
@@ -211,11 +281,14 @@ class EventShare:
 
     # -- columns
     def int(self, name: str) -> np.ndarray:
-        """An int64 column with nulls read as 0."""
+        """An int64 column with nulls read as 0; a decimal column as integers of its scale,
+        a value that does not fit it read as 0 (`require_decimal`)."""
         key = "int:" + name
         if key not in self._cache:
             col = self.arrow.column(name)
-            if pa.types.is_null(col.type):
+            if pa.types.is_decimal(col.type):
+                values, self._cache["fits:" + name] = units(col, _decimal_of(col.type))
+            elif pa.types.is_null(col.type):
                 values = np.zeros(self.n, np.int64)
             elif col.null_count and col.type == pa.int64():
                 # the valid values times their validity bits: cheaper than pyarrow's
@@ -224,6 +297,19 @@ class EventShare:
             else:
                 col = col if col.null_count == 0 else col.fill_null(0)  # no copy when valid
                 values = col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            self._cache[key] = values
+        return self._cache[key]
+
+    def float(self, name: str) -> np.ndarray:
+        """A float64 column (integers widened) with nulls read as 0."""
+        key = "float:" + name
+        if key not in self._cache:
+            col = self.arrow.column(name)
+            if pa.types.is_null(col.type):
+                values = np.zeros(self.n, np.float64)
+            else:
+                col = col if col.null_count == 0 else col.fill_null(0)
+                values = col.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
             self._cache[key] = values
         return self._cache[key]
 
@@ -323,9 +409,23 @@ class EventShare:
         self, name: str, low: int, high: int | None, where: np.ndarray | None = None
     ) -> None:
         """Reject events in ``where`` whose field (every element, for a list) is outside
-        ``low..high`` (``high=None``: no upper bound)."""
+        ``low..high`` (``high=None``: no upper bound); a float64 one also when not a
+        number."""
+        reason = f"{name} out of range"
+        if pa.types.is_floating(self.arrow.column(name).type):
+            values = self.float(name)
+            inside = (values >= low) & (values <= (np.inf if high is None else high))
+            self.reject(self._where(where) & ~inside, reason)
+            return
         high = INT64_MAX if high is None else high
-        self._reject_outside(name, low, high, where, f"{name} out of range")
+        self._reject_outside(name, low, high, where, reason)
+
+    def require_decimal(self, name: str, where: np.ndarray | None = None) -> None:
+        """Reject events in ``where`` whose decimal field does not fit its column's type
+        exactly (contract §2: more fractional digits than its scale, or more digits than
+        its precision)."""
+        self.int(name)
+        self.reject(self._where(where) & ~self._cache["fits:" + name], f"inexact decimal: {name}")
 
     def require_key(self, name: str, table: Table, where: np.ndarray | None = None) -> None:
         """Reject events in ``where`` whose field is not a key of ``table``: outside
@@ -361,6 +461,10 @@ class EventShare:
     def _mask(self, where: np.ndarray | None) -> np.ndarray:
         """``where`` as the validation kernels take it (empty: every event)."""
         return _EVERY if where is None else _readonly(np.ascontiguousarray(where, bool))
+
+
+def _decimal_of(arrow_type: pa.Decimal128Type) -> ValueType:
+    return ValueType(arrow_type.precision, arrow_type.scale)
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:
@@ -412,6 +516,8 @@ class Transactions:
         self._width = 1
         self._creates: list[tuple[str, np.ndarray, np.ndarray | None]] = []
         """Creates marked after the chunk (`created_cells`): table, key rows, where."""
+        self._float_outputs: set[str] = set()
+        """The float64 outputs a statement reads into (`_check_output`)."""
 
     def read(self, column: Column, key: Key, *, fun: UserFunction = identity, **kw: Any) -> None:
         """Read ``column[key]`` through ``fun``; the result is added into output ``out``."""
@@ -490,6 +596,14 @@ class Transactions:
         topo = self.topology
         if cond is not None and reason is None:
             raise TopologyError("a conditional operation needs a `reason` for its aborts")
+        of = column.type
+        if of.floating:
+            fun, cond = fun.on(of), None if cond is None else cond.on(of, condition=True)
+            args = [_float_arg(a) for a in args]
+        if any(c.type.floating != of.floating for c, _ in reads):
+            raise TopologyError("a function's parametric reads are of its column's type")
+        if out is not None:
+            self._check_output(out, of, key)
         if not isinstance(key, ListColumn) and any(isinstance(a, ListColumn) for a in args):
             raise TopologyError("a list argument needs a list-valued key")
         first_arg, first_read = len(self._args), len(self._reads)
@@ -517,6 +631,28 @@ class Transactions:
             ]
         )
         self._width = max(self._width, len(args))
+        if of.decimal and kind in (WRITE, READ_MODIFY) and fun is not assign:
+            self._emit(
+                READ,
+                column,
+                key,
+                identity,
+                args=(of.limit,),
+                cond=within,
+                reason=DECIMAL_OVERFLOW,
+                where=where,
+            )
+
+    def _check_output(self, out: str, of: ValueType, key: Key) -> None:
+        """A float64 output reads a float64 column, one key of one statement: outputs add
+        what they read, and a sum of floats would depend on its order."""
+        wanted = self.topology.output_type(out)
+        if wanted.floating != of.floating:
+            raise TopologyError(f"output {out!r} is {wanted}, its column {of}")
+        if wanted.floating:
+            if isinstance(key, ListColumn) or out in self._float_outputs:
+                raise TopologyError(f"float64 output {out!r}: one statement, one key")
+            self._float_outputs.add(out)
 
     def _target(self, column: Column) -> tuple[int, int, int]:
         """(first cell, keys, index) of a column operations target or read; in a node's
@@ -548,6 +684,15 @@ class Transactions:
             )
         self._alive.append(array)
         return array.ctypes.data
+
+
+def _float_arg(arg: Arg) -> Arg:
+    """An argument of an operation on a float64 column: its values' bits."""
+    if isinstance(arg, ListColumn):
+        return ListColumn(arg.offsets, float_bits(arg.values))
+    if np.ndim(arg) == 0:
+        return int(float_bits(arg))
+    return float_bits(arg)
 
 
 def _needs_deletes(table: Table, what: str) -> None:
@@ -601,8 +746,8 @@ def _csr(col: pa.ListArray) -> ListColumn:
 class Outputs:
     """Per-event results handed to ``post_process``: engine output columns and status.
 
-    ``values[name]`` is int64 and ``valid[name]`` says where it is set: a committed
-    event that had an operation writing to that output.
+    ``values[name]`` is int64 (float64 for a float64 output) and ``valid[name]`` says
+    where it is set: a committed event that had an operation writing to that output.
     """
 
     status: np.ndarray
@@ -636,6 +781,9 @@ class Topology:
         _pass_outputs
     )
     output_columns: tuple[str, ...] | None = None
+    output_types: dict[str, str] = field(default_factory=dict)
+    """The output columns that are not int64, and their type (``decimal(p, s)``: the
+    integers of its scale the operations give, as Arrow decimals; ``float64``)."""
     key_columns: dict[str, str] = field(default_factory=dict)
     """The event columns that carry keys of a table of natural keys, and the table's name:
     the engine turns them into rows before ``pre_process`` (contract §2)."""
@@ -646,6 +794,14 @@ class Topology:
         if any(t.natural for t in self.tables):
             self.functions += tuple(f for f in (assign,) if f not in self.functions)
             self.conditions += tuple(c for c in (covers,) if c not in self.conditions)
+        if self.decimals and within not in self.conditions:
+            self.conditions += (within,)
+        if self.floats:  # every function's variant for float64 columns, in a fixed order
+            on = ValueType(floating=True)
+            self.functions += tuple(f.on(on) for f in self.functions if f.on(on) is not f)
+            self.conditions += tuple(
+                c.on(on, True) for c in self.conditions if c.on(on, True) is not c
+            )
         if self.output_columns is None:
             self.output_columns = self.outputs
         problems = []
@@ -669,6 +825,12 @@ class Topology:
                     f"table {table.name!r}: natural keys on a distinct table or "
                     "one sized after another"
                 )
+            if set(table.types) - set(table.columns):
+                problems.append(f"table {table.name!r}: types of columns it does not have")
+            try:
+                _ = table.value_types
+            except TopologyError as exc:
+                problems.append(str(exc))
         by_name = {t.name: t for t in self.tables}
         for col, name in self.key_columns.items():
             table = by_name.get(name)
@@ -679,8 +841,13 @@ class Topology:
                 problems.append(
                     f"key column {col!r} of {name!r} must be an event column of type {wanted}"
                 )
+        for col, typ in self.output_types.items():
+            if col not in self.output_columns or not _value_column(typ):
+                problems.append(
+                    f"output type {col!r}: {typ!r} is not a decimal or float64 of an output"
+                )
         for col, typ in self.event_columns.items():
-            if typ not in (INT, STRING, INT_LIST):
+            if typ not in (INT, STRING, INT_LIST) and not _value_column(typ):
                 problems.append(f"event column {col!r}: unknown type {typ!r}")
         if self.kinds and self.event_columns.get("kind") != STRING:
             problems.append("a topology with kinds needs a string `kind` event column")
@@ -759,11 +926,31 @@ class Topology:
                 sizes[t.name] = init_sizes[t.size_of]
         return sizes
 
+    def output_type(self, name: str) -> ValueType:
+        """The type of output column ``name``."""
+        return value_type(self.output_types.get(name, INT64))
+
+    @property
+    def floats(self) -> bool:
+        """Whether a table has a float64 column."""
+        return any(t.floating for table in self.tables for t in table.value_types.values())
+
+    @property
+    def decimals(self) -> bool:
+        """Whether a table has a decimal column."""
+        return any(t.decimal for table in self.tables for t in table.value_types.values())
+
     @property
     def event_schema(self) -> pa.Schema:
-        """The event columns with their canonical Arrow types (what the engine reads)."""
+        """The event columns with their canonical Arrow types (what the engine reads); a
+        decimal column as ``decimal128(p, s)``, a float64 one as float64."""
         types = {INT: pa.int64(), STRING: DICTIONARY_STRING, INT_LIST: LIST_INT64}
-        return pa.schema([(name, types[typ]) for name, typ in self.event_columns.items()])
+        return pa.schema(
+            [
+                (name, types[typ] if typ in types else value_type(typ).arrow)
+                for name, typ in self.event_columns.items()
+            ]
+        )
 
     @property
     def marks_created(self) -> bool:
@@ -804,9 +991,18 @@ class Topology:
                 or (pa.types.is_dictionary(actual) and _is_string(actual.value_type)),
                 INT_LIST: (pa.types.is_list(actual) or pa.types.is_large_list(actual))
                 and (pa.types.is_integer(actual.value_type) or pa.types.is_null(actual.value_type)),
-            }[typ]
+            }.get(typ, is_float_input(actual) if typ == FLOAT else is_decimal_input(actual))
             if not ok:
                 raise SchemaError(f"events: column {name!r} has type {actual}, expected {typ}")
+
+
+def _value_column(typ: str) -> bool:
+    """Whether a declared type is a decimal or float64 one."""
+    try:
+        of = value_type(typ)
+    except ValueError:
+        return False
+    return of.decimal or of.floating
 
 
 def _is_string(arrow_type: pa.DataType) -> bool:
@@ -824,7 +1020,13 @@ def one_batch(events: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
 def conform_events(events: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
     """``events`` with exactly the columns of ``schema``, in its order and types (integers
     of any width widened, all-null columns typed); other columns are dropped. Batches of
-    every push then concatenate into one chunk."""
+    every push then concatenate into one chunk. A decimal column is converted exactly,
+    event by event (`txstream.state.values.exact_decimals`)."""
     table = events if isinstance(events, pa.Table) else pa.Table.from_batches([events])
     table = table.select(schema.names)
+    for i, target in enumerate(schema):
+        actual = table.schema.field(i).type
+        if pa.types.is_decimal(target.type) and actual != target.type and is_decimal_input(actual):
+            column = exact_decimals(table.column(i), _decimal_of(target.type))
+            table = table.set_column(i, target.name, column)
     return table if table.schema.equals(schema) else table.cast(schema)

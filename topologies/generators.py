@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from txstream.config import KEY_TYPES
 from txstream.state.keys import key_hash
+from txstream.state.values import decimal_array, value_type
 from txstream.topologies.functions import MAX_VALUE
 
 AMOUNTS = (1, 100)
@@ -41,6 +42,12 @@ ACCOUNT_IDS, ASSET_IDS = "acct-%07d", "asset-%07d"
 """SL's string ids of account and asset number k."""
 SL_MIX = {"deposit": 0.5, "transfer": 0.5}
 """TStream's balanced ratio; deposits touch 2 states (l = 2), transfers 4 (l = 4)."""
+
+PAYMENTS_MIX = {"deposit": 0.3, "transfer": 0.65, "close": 0.05}
+"""Payments: deposits open accounts, closes remove them, so that transfers meet both."""
+PAYMENTS_CENTS = (1, 100_000)
+"""Payment amounts in cents: 0.01 to 1,000.00."""
+PAYMENTS_MONEY = "decimal(18,2)"
 
 GS_MIX = {"read": 0.5, "write": 0.5}
 GS_TXN_LENGTH = 1
@@ -226,6 +233,33 @@ def generate_sl(spec: WorkloadSpec) -> tuple[pa.Table, dict[str, pa.Table]]:
     return events, init
 
 
+def generate_payments(spec: WorkloadSpec) -> tuple[pa.Table, dict[str, pa.Table]]:
+    """Payments between Zipf accounts of string ids (`ACCOUNT_IDS`), which start closed:
+    deposits open them, transfers move cents between them, closes remove them. A planted
+    transfer asks for more money than there is."""
+    rng = np.random.default_rng(spec.seed)
+    accounts = ZipfKeys(spec.keys, spec.theta, rng)
+    n = spec.events
+    kind, planted = _kinds(rng, n, PAYMENTS_MIX, "transfer", spec.abort_ratio)
+    transfer = _is(PAYMENTS_MIX, kind, "transfer")
+    money = value_type(PAYMENTS_MONEY)
+    cents = _uniform(rng, PAYMENTS_CENTS, n)
+    cents[planted] = money.limit - 1
+    account, dst_account = accounts(n), accounts(n)
+    ids = _ids("string", ACCOUNT_IDS, spec.keys)
+    events = pa.table(
+        {
+            "event_id": _ints(np.arange(n)),
+            "kind": _strings(PAYMENTS_MIX, kind),
+            "account": _keys(ids, account),
+            "dst_account": _keys(ids, dst_account, transfer),
+            "amount": decimal_array(cents, money, ~_is(PAYMENTS_MIX, kind, "close")),
+        }
+    )
+    empty = pa.table({"key": pa.array([], pa.string()), "balance": pa.array([], money.arrow)})
+    return events, {"accounts": empty}
+
+
 def _ids(key_type: str, form: str, keys: int) -> pa.Array | None:
     """The natural id of every key number 0..keys-1 (None: dense, the number itself)."""
     if key_type == "string":
@@ -350,6 +384,7 @@ GENERATORS: dict[str, Callable[[WorkloadSpec], tuple[pa.Table, dict[str, pa.Tabl
     "gs": generate_gs,
     "ob": generate_ob,
     "tp": generate_tp,
+    "payments": generate_payments,
 }
 
 
