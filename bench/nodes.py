@@ -228,7 +228,8 @@ def _run(events: pa.Table, init: dict, nodes: int, address: str):
 def fit(runs: list[dict]) -> dict:
     """``seconds ≈ base + Σ coefficient·feature`` over `FEATURES`, fitted on every other
     run of each mode, checked on the rest: the coefficients and the held-out runs' relative
-    errors. (Every other run overall would train on the chosen runs alone, whose plans are
+    errors. The coefficients are kept at 0 or above (a count costs no less than nothing).
+    (Every other run overall would train on the chosen runs alone, whose plans are
     alike, and test on the levels runs.)"""
     by_mode = [[r for r in runs if r["mode"] == mode] for mode in ("chosen", "levels")]
     train = [r for rs in by_mode for r in rs[::2]]
@@ -237,7 +238,16 @@ def fit(runs: list[dict]) -> dict:
     def design(rs):
         return np.array([[1.0, *(r[f] for f in FEATURES)] for r in rs], dtype=float)
 
-    coef, *_ = np.linalg.lstsq(design(train), np.array([r["seconds"] for r in train]), rcond=None)
+    seconds = np.array([r["seconds"] for r in train])
+    kept = np.ones(1 + len(FEATURES), bool)
+    coef = np.zeros(len(kept))
+    while True:
+        # A count that costs no time at most: dropped (held at 0) when fitted below 0.
+        coef[kept] = np.linalg.lstsq(design(train)[:, kept], seconds, rcond=None)[0]
+        if coef[1:].min() >= 0:
+            break
+        kept[1 + np.argmin(coef[1:])] = False
+        coef[~kept] = 0.0
     predicted = design(test) @ coef
     errors = [float(p / r["seconds"] - 1) for p, r in zip(predicted, test, strict=True)]
     return {
