@@ -249,11 +249,13 @@ def session_metrics(
     cores: list[tuple[int, int]],
     recoveries: list[dict],
     checkpoints: dict | None,
+    table_rows: dict[str, int],
     config: dict,
 ) -> dict[str, Any]:
     """metrics.json of a session: the engine's part (`run_metrics`) with the Coordinator's
     report, start-up and console phases, each executor's socket and cores, recoveries,
-    checkpoints and the configuration."""
+    checkpoints, the rows of every table at the end (of a table of natural keys, the keys
+    that exist) and the configuration."""
     return {
         **run_metrics(summary, run_info, seconds),
         "coordinator": coordinator,
@@ -265,5 +267,6 @@ def session_metrics(
         ],
         "recoveries": recoveries,
         "checkpoints": checkpoints,
+        "table_rows": table_rows,
         "config": config,
     }

@@ -19,12 +19,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from conftest import actor_processes
 from prometheus_client.parser import text_string_to_metric_families
 from txstream import Job
 from txstream.errors import UsageError
 from txstream.monitor.live_metrics import Figures, Histogram, RunCollector, bounded_reasons
+from txstream.monitor.report import render
 from txstream.topologies.generators import WorkloadSpec, generate
 
 SCRAPE_MS = 500
@@ -119,6 +121,37 @@ def test_metrics_equal_the_sessions_own_counts_and_health_answers(tmp_path):
     assert got["txstream_recoveries_total", ()] == 0
     with pytest.raises(urllib.error.URLError):  # the port is free again once closed
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+
+
+def test_a_table_of_natural_keys_counts_the_keys_that_exist(tmp_path):
+    """Keys created and deleted: ``txstream_table_rows`` is the keys that exist while the
+    session runs, and metrics.json and the report say so at the end."""
+    init = {"kv": pa.table({"key": ["a", "b", "c"], "value": pa.array([1, 2, 3], pa.int64())})}
+    rows = [("put", "d"), ("put", "e"), ("delete", "a"), ("put", "f"), ("delete", "e")]
+    rows += [("delete", "zz"), ("put", "a")]  # a missing key deleted; a deleted one again
+    events = pa.table(
+        {
+            "event_id": pa.array(range(len(rows)), pa.int64()),
+            "kind": [kind for kind, _ in rows],
+            "key": [key for _, key in rows],
+            "value": pa.array([5] * len(rows), pa.int64()),
+            "other": pa.array([None] * len(rows), pa.string()),
+        }
+    )
+    port = free_port()
+    job = Job("kv_topology:string_keys", source="arrow", metrics_port=port, progress=False)
+    with job.start(init, output=tmp_path / "out") as session:
+        session.push(events.slice(0, 5))
+        session.flush()
+        assert samples(port)["txstream_table_rows", (("table", "kv"),)] == 4  # b c d f
+        session.push(events.slice(5))
+        session.flush()
+        assert samples(port)["txstream_table_rows", (("table", "kv"),)] == 5  # and a
+        result = session.close()
+    assert result.state["kv"].column("key").to_pylist() == ["a", "b", "c", "d", "f"]
+    assert result.metrics["table_rows"] == {"kv": 5}
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["table_rows"] == {"kv": 5}
+    assert "<th>rows per table</th><td>kv 5</td>" in render(result.metrics)
 
 
 def test_rejections_are_counted_by_reason_with_few_labels():
