@@ -199,6 +199,52 @@ def test_a_port_in_use_or_out_of_range_is_one_line(tmp_path):
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+def _decided(got: dict[tuple[str, tuple], float]) -> float:
+    return sum(v for (name, _), v in got.items() if name == "txstream_events_total")
+
+
+def test_a_recovery_counts_every_event_once(tmp_path):
+    """A session fed in slices and scraped between them, whose Coordinator is SIGKILLed
+    mid-stream: no scrape counts more events than are decided, and at the end the events
+    by status are the session's own counts, each event once."""
+    events, init = generate("sl", WorkloadSpec(events=24000, keys=500, abort_ratio=0.05, seed=6))
+    port = free_port()
+    job = Job(
+        "sl",
+        source="arrow",
+        transport="ray",
+        scheduler="tstream",
+        executors=2,
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+        checkpoint_every=1,
+        metrics_port=port,
+        progress=False,
+        timeout_s=120,
+    )
+    size, killed = 400, False
+    with job.start(init, output=tmp_path / "out") as session:
+        for start in range(0, events.num_rows, size):
+            session.push(events.slice(start, size))
+            if not killed and start >= events.num_rows // 3:
+                (coordinator,) = actor_processes("Coordinator", wait_s=0)
+                os.kill(coordinator, signal.SIGKILL)
+                killed = True
+            got = samples(port)
+            if got["txstream_ready", ()] == 1:
+                assert _decided(got) <= got["txstream_watermark_events", ()], start
+            time.sleep(0.02)
+        session.flush()
+        wait_for(lambda: samples(port)["txstream_ready", ()] == 1, "ready after the flush")
+        got = samples(port)
+        statuses = output_statuses(session)
+        result = session.close()
+    assert len(result.metrics["recoveries"]) == 1
+    assert _decided(got) == got["txstream_watermark_events", ()] == events.num_rows
+    for status in ("committed", "aborted", "rejected"):
+        assert got["txstream_events_total", (("status", status),)] == statuses[status]
+        assert statuses[status] == result.metrics[status]
+
+
 # ----------------------------------------------------------------- a real Prometheus
 @pytest.fixture
 def prometheus(tmp_path) -> Iterator[Callable[[str], str]]:
