@@ -33,6 +33,7 @@ class LiveTeam:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._launch = 0
+        self._team: tuple[Any, Any] = (None, None)  # the Sink and ProgressController counted
         self._last: dict[str, Any] | None = None  # the current team's last answers
         self._before: dict[str, Any] = _nothing()  # what the teams before it counted
         self._lock = threading.Lock()  # scrapes and Ray's metrics read at the same time
@@ -67,22 +68,25 @@ class LiveTeam:
 
     def _ask(self) -> dict[str, Any] | None:
         engine = self.engine
-        if engine.sink is None or engine.controller is None:
-            return None
+        sink, controller = self._team
+        if sink is None or engine.sink is not sink or engine.controller is not controller:
+            return None  # a team being launched: its answers are not the counted team's
         try:
-            sink, chunks = get(
+            counts, chunks = get(
                 [
-                    engine.sink.live.remote(LATENCY_BOUNDS),
-                    engine.controller.live.remote(CHUNK_BOUNDS),
+                    sink.live.remote(LATENCY_BOUNDS),
+                    controller.live.remote(CHUNK_BOUNDS),
                 ],
                 SCRAPE_TIMEOUT_S,
             )
         except Exception:  # a dead or stopped team: the next one answers
             return None
-        latency = Histogram(sink["latency_buckets"], sink["latency_sum"], sink["latency_count"])
+        latency = Histogram(
+            counts["latency_buckets"], counts["latency_sum"], counts["latency_count"]
+        )
         return {
-            "statuses": {name: sink[name] for name in STATUS_NAMES},
-            "reasons": sink["reasons"],
+            "statuses": {name: counts[name] for name in STATUS_NAMES},
+            "reasons": counts["reasons"],
             "latency": latency,
             "chunks": Histogram(chunks["buckets"], chunks["sum"], chunks["count"]),
         }
@@ -94,6 +98,7 @@ class LiveTeam:
         if launch > 1 or self.engine.plan.resume is not None:
             before["statuses"], before["reasons"] = self._committed_outcomes()
         self._before, self._last, self._launch = before, None, launch
+        self._team = (self.engine.sink, self.engine.controller)
 
     def _committed_outcomes(self) -> tuple[dict[str, int], dict[str, int]]:
         """Events by status and rejected events by reason in the committed outputs before
