@@ -20,6 +20,7 @@ from txstream.cluster.ray_runtime import check_dashboard, ray_address, ray_sessi
 from txstream.cluster.topology import check_executors
 from txstream.cluster.transport import RayTransport, ThreadTransport
 from txstream.config import RunConfig
+from txstream.connectors.extras import require_spark
 from txstream.connectors.inputs import Events, checked_events, event_source, needs_spark, staged
 from txstream.connectors.sources import SkippedSource, Source
 from txstream.engine.plan import plan, with_key_type
@@ -128,7 +129,8 @@ class Job:
     def _plan(self, init_state: InitState, output: str | Path | None, **options: Any):
         """Everything checked before anything starts (`txstream.engine.plan`, Ray's
         dashboard's packages if asked); too many executors for the cores is a warning."""
-        if self.config.dashboard and ray_address(self.config.address) is None:
+        address = ray_address(self.config.address)  # a Ray Client address refused here
+        if self.config.dashboard and address is None:
             check_dashboard()
         warning = check_executors(self.config.executors)
         session_plan = plan(self.config, init_state, output, **options)
@@ -168,6 +170,7 @@ class Job:
         session = spark.staging_session(events)
         if session is not None and not spark.on_ray(session):
             return None
+        require_spark("starting Spark on Ray", instead="source='arrow'")
         cfg, console = self.config, self.console
         job_config = spark.ray_job_config()
         stack.enter_context(

@@ -36,6 +36,9 @@ class Result:
     def to_spark(self, spark: Any) -> tuple[Any, dict[str, Any]]:
         """Events and every table's state as Spark DataFrames of ``spark`` (same columns,
         types and nulls as the Arrow tables)."""
+        from txstream.connectors.extras import require_spark
+
+        require_spark("to_spark", on_ray=False)
         from txstream.connectors.spark import arrow_to_spark
 
         state = {name: arrow_to_spark(table, spark) for name, table in self.state.items()}

@@ -359,7 +359,7 @@ class Session:
         next push,
         when the team is idle. How a node of a run over several takes in the values of
         other nodes' cells that its next transactions read (`txstream.nodes`)."""
-        self._engine.state.values[cells] = values
+        self._engine.state.write(cells, values)
 
     def read_cells(self, cells: np.ndarray) -> np.ndarray:
         """The values of ``cells`` of the flat state; only between `drain` (or `flush`) and
@@ -412,7 +412,7 @@ class Session:
         indexes = engine.get(engine.controller.key_indexes.remote()) if self.plan.keys else None
         run_info, coordinator, summary = engine.finish()
         seconds = time.perf_counter() - self._started
-        tables = engine.state.tables(self.topology, indexes)
+        tables = engine.take_tables(indexes)
         output = self.plan.output
         schema = output_schema(self.topology)
         if self.recoveries or self.resumed_from:  # the last Sink saw only the last events

@@ -27,6 +27,7 @@ from txstream.schedulers.statements import Statements
 from txstream.schedulers.team.aborts import MAP_SEGMENT
 from txstream.schedulers.team.member import Member
 from txstream.schedulers.team.placement import Seat
+from txstream.state import dirty
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.chunk import (
     ChunkArrays,
@@ -127,7 +128,7 @@ class Executor:
     team's sync block: a shared-memory handle, or an array when executors are threads.
     A scheduler that declares Coordinator policies needs the run's `Coordinator` serving
     that block. Executor 0
-    copies the state into the ``snapshots`` ring at the end of every chunk (queries read it).
+    hands what each chunk wrote to the ``snapshots`` ring at its end (queries read it).
     """
 
     def __init__(
@@ -171,7 +172,12 @@ class Executor:
         self.operations = 0
         self._pending: deque = deque()
         self._chunk: ChunkArrays | None = None
+        self._own_chunk: ChunkArrays | None = None
+        """The chunk segment of chunks this executor runs alone (`Member.alone`): the
+        team's stays as its peers have it mapped."""
         self._run: TeamSegment | None = None
+        self._taken: np.ndarray | None = None
+        """Executor 0's scratch for the groups each chunk wrote (`dirty.take`)."""
 
     def __repr__(self) -> str:
         """How Ray names this actor in its logs and errors (errors of an executor that
@@ -188,6 +194,8 @@ class Executor:
             os.sched_setaffinity(0, {thread_cpu})
         empty = pa.RecordBatch.from_pylist([], schema=schema)
         compile_validation()
+        if self.rank == 0:
+            dirty.warm_up()
         self.run_share(empty, -1, 0, 0, np.zeros(1, np.int64), Breakdown())
         self.scheduler.warm_up(self._chunk)
         self.batch_seconds.clear()
@@ -202,14 +210,18 @@ class Executor:
         batch_ends: np.ndarray,
         arrival: np.ndarray,
         checkpoint: bool = False,
-    ) -> None:
+        alone: bool = False,
+    ) -> bool:
         """Run this executor's share of chunk ``seq`` (its events ``first..`` of the
         chunk, which starts at ``ts0`` and whose punctuation batches end at
         ``batch_ends``) and hand its rows to the sink, keeping at most a few writes in
         flight. With ``checkpoint``, executor 0 copies the state at the chunk's end into
-        the checkpoint buffer."""
+        the checkpoint buffer; ``alone``: executor 0 runs the whole chunk, its peers
+        stepped aside (`Member.alone`). Returns whether the next chunks may go to this
+        executor alone (`Scheduler.alone_next`)."""
         chunk_time = Breakdown()
         events = int(batch_ends[-1])
+        self.team.alone = alone
         rows = self.run_share(share, seq, first, ts0, batch_ends, chunk_time, checkpoint)
         self.breakdown.add(chunk_time)
         self.chunks.append({"ts": ts0, "events": events, "breakdown_s": chunk_time.as_dict()})
@@ -221,6 +233,7 @@ class Executor:
             self._pending.append(self.sink.write.remote(rows, ts0 + first, arrival))
         if len(self._pending) > MAX_PENDING_WRITES:
             self._wait(self._pending.popleft())
+        return self.scheduler.alone_next()
 
     def run_share(
         self,
@@ -292,17 +305,28 @@ class Executor:
         self.scheduler.finish(chunk, ops, first, first + batch.n, breakdown)
         self.team.barrier(breakdown)  # the whole chunk is done: the state is as of ts0 + events
         if topology.marks_created:  # keys this chunk created, before the state is copied
-            txn.mark_created(self.state.values, chunk.outcomes.status[share])
+            self.state.write(txn.created_cells(chunk.outcomes.status[share]), 1)
             self.team.barrier(breakdown)
         if team.rank == 0 and seq >= 0:
-            self.snapshots.publish(self.state.values, ts0 + events, seq + 1)
-            if checkpoint:
-                self.checkpoints.copy_from(self.state, ts0 + events)
+            self._publish(ts0 + events, checkpoint)
         if idle:
             return self._no_rows
         outcomes = Outcomes(*(column[share].copy() for column in chunk.outcomes))
         with breakdown.timing("useful"):
             return _output_rows(topology, batch, outcomes, ts0 + first)
+
+    def _publish(self, ts: int, checkpoint: bool) -> None:
+        """Executor 0, the whole team past the chunk's last barrier: hand what the chunk
+        wrote to the snapshots of queries and to the checkpoints (a copy of it all, with
+        ``checkpoint``); what it costs grows with the chunk's writes, not the state."""
+        if self._taken is None:
+            self._taken = np.empty(len(self.state.dirty), np.int64)
+        groups = dirty.take(self.state.dirty, self._taken)
+        self.snapshots.publish(self.state.values, groups, ts)
+        if self.checkpoints is not None:
+            self.checkpoints.note(self.state, groups)
+            if checkpoint:
+                self.checkpoints.copy_from(self.state, ts)
 
     def _map_chunk(self, seq: int, events: int, breakdown: Breakdown) -> ChunkArrays:
         """The chunk segment laid out for this chunk; when the chunk does not fit,
@@ -331,19 +355,35 @@ class Executor:
                 run_layout.fill(self._run.arrays)
             self.scheduler.map_run(self._run.arrays)
             team.barrier(breakdown)  # the run arrays hold their initial values
-        if self._chunk is None or not chunk_layout.fits(self._chunk.capacity):
-            if self._chunk is not None:
-                self._chunk.close()
-            self._chunk = self._shared_segment(
-                ChunkArrays,
-                seq,
-                scheduler.chunk_capacity(self.config, dims),
-                [seq, *dims.words()],
-                breakdown,
-            )
+        if team.alone:
+            chunk = self._own_segment(seq, dims, chunk_layout)
+        else:
+            if self._chunk is None or not chunk_layout.fits(self._chunk.capacity):
+                if self._chunk is not None:
+                    self._chunk.close()
+                self._chunk = self._shared_segment(
+                    ChunkArrays,
+                    seq,
+                    scheduler.chunk_capacity(self.config, dims),
+                    [seq, *dims.words()],
+                    breakdown,
+                )
+            chunk = self._chunk
         limits = (max(c.txn_ops for c in shares), max(c.op_reads for c in shares))
-        self._chunk.use_chunk(dims, chunk_layout, limits)
-        return self._chunk
+        chunk.use_chunk(dims, chunk_layout, limits)
+        return chunk
+
+    def _own_segment(self, seq: int, dims: ChunkDims, layout: SegmentLayout) -> ChunkArrays:
+        """The segment of chunks run alone, replaced by a larger one when the chunk does
+        not fit (no peer or Coordinator maps it: a chunk run alone is walked in order)."""
+        if self._own_chunk is None or not layout.fits(self._own_chunk.capacity):
+            if self._own_chunk is not None:
+                self._own_chunk.close()
+            name = segment_name(self.segment_prefix, f"alone{seq}")
+            capacity = self.scheduler_class.chunk_capacity(self.config, dims)
+            self._own_chunk = ChunkArrays.create(name, capacity)
+            self._own_chunk.unlink()
+        return self._own_chunk
 
     def _shared_segment(self, kind, what, capacity: SegmentLayout, coordinator_args, breakdown):
         """A segment executor 0 creates and every executor maps (the Coordinator too,
@@ -383,7 +423,7 @@ class Executor:
 
     def close(self) -> None:
         """Detach from shared state."""
-        for segment in (self._chunk, self._run):
+        for segment in (self._chunk, self._own_chunk, self._run):
             if segment is not None:
                 segment.close()
         self.state.close()

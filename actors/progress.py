@@ -104,6 +104,9 @@ class ProgressController:
         self._remote = not all(isinstance(e, LocalActor) for e in executors)
         self._whole = not self._remote and schedulers.get(config.scheduler).whole_chunks(config)
         """Executor 0 gets every chunk whole (`Scheduler.whole_chunks`)."""
+        self._alone = False
+        """Executor 0 runs the next chunks alone, its peers idle (`Scheduler.alone_next`,
+        as it answered for the last chunk reaped; only where chunks go whole to it)."""
         self.sink = sink
         self._handles = (watermark, snapshots)
         self.layout = layout
@@ -294,8 +297,10 @@ class ProgressController:
         checkpoint = self._checkpoint_after(chunk)
         events = chunk.events if self.keys is None else self.keys.rows(chunk.events)
         calls = []
+        alone = self._whole and self._alone
+        executors = self.executors[:1] if alone else self.executors
         for executor, (first, end) in zip(
-            self.executors, share_bounds(chunk.size, len(self.executors), self._whole), strict=True
+            executors, share_bounds(chunk.size, len(executors), self._whole), strict=True
         ):
             share = events.slice(first, end - first)
             if self._remote:  # pickled whole; a thread makes it one batch on its own core
@@ -303,7 +308,7 @@ class ProgressController:
             arrival = chunk.arrival[first:end]
             calls.append(
                 executor.process.remote(
-                    share, self._seq, first, chunk.ts0, chunk.batch_ends, arrival, checkpoint
+                    share, self._seq, first, chunk.ts0, chunk.batch_ends, arrival, checkpoint, alone
                 )
             )
         with self._cond:
@@ -331,7 +336,7 @@ class ProgressController:
                     return
                 oldest = self._in_flight[0]
             try:
-                wait_all(oldest.calls, self.config.timeout_s)
+                alone_next = wait_all(oldest.calls, self.config.timeout_s)[0]
             except BaseException as exc:
                 with self._cond:
                     self._failure = exc
@@ -343,6 +348,7 @@ class ProgressController:
             previous_end = done
             with self._cond:
                 self._in_flight.popleft()
+                self._alone = bool(alone_next)
                 self._cond.notify_all()
 
     # ---------------------------------------------------------------- outside readers

@@ -24,6 +24,7 @@ from typing import NoReturn
 from txstream.cli.watchdog import watchdog
 from txstream.cluster.ray_runtime import ray_address
 from txstream.config import BUNDLED, KEY_TYPES, RunConfig
+from txstream.connectors.extras import require_spark
 from txstream.errors import RuntimeFailure, SchemaError, TxstreamError, UsageError
 from txstream.monitor.logs import log_of, version
 
@@ -299,6 +300,8 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    if args.source == "spark":
+        require_spark("--source spark (the default)", instead="--source arrow")
     early = args.source == "spark" and ray_address(args.address) is None
     if early:
         from txstream.connectors import spark_driver

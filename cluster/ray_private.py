@@ -180,3 +180,47 @@ def innermost_actor(exc: BaseException) -> tuple[str | None, str | None] | None:
         found[1] if found else (None if nested else getattr(exc, "actor_id", None)),
         (named[1] or named[2]) if named else None,
     )
+
+
+def job_jvm_options() -> list[str] | None:
+    """The JVM options of this driver's Ray job (its ``JobConfig``); None on an unchecked
+    Ray or a Ray client (Ray publishes no accessor for them)."""
+    if not tested("RayDP's app master started by RayDP"):
+        return None
+    import ray
+
+    try:
+        config = ray._private.worker.global_worker.core_worker.get_job_config()
+    except Exception:  # a Ray client, or no job yet
+        return None
+    return list(config.jvm_options)
+
+
+@contextmanager
+def java_calls() -> Iterator[None]:
+    """Ray's Python refuses calls to Java unless the driver loads its code from local
+    modules (a job with a code search path), a flag it checks only when it formats such a
+    call's arguments; set for the calls within only, as this driver's Python functions are
+    exported to the workers otherwise. Only after `job_jvm_options` found a checked Ray."""
+    import ray
+
+    worker = ray._private.worker.global_worker
+    before = worker.load_code_from_local
+    worker.set_load_code_from_local(True)
+    try:
+        yield
+    finally:
+        worker.set_load_code_from_local(before)
+
+
+def java_actor_class(class_name: str, constructor: str) -> object:
+    """The Java actor class ``class_name``, made by its constructor of JNI signature
+    ``constructor``: Ray's public `ray.cross_language.java_actor_class` names none, which
+    Ray's Java refuses for a class with overloaded constructors (RayDP's app master has
+    three). Only after `job_jvm_options` found a checked Ray."""
+    from ray import Language
+    from ray._raylet import JavaFunctionDescriptor
+    from ray.actor import ActorClass
+
+    descriptor = JavaFunctionDescriptor(class_name, "<init>", constructor)
+    return ActorClass._ray_from_function_descriptor(Language.JAVA, descriptor, {})

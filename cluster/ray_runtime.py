@@ -45,8 +45,22 @@ _LABELS: dict[str, str] = {}
 
 def ray_address(address: str | None) -> str | None:
     """The Ray a run is told to use: ``address``, else ``$RAY_ADDRESS``; None when it
-    starts a Ray of its own."""
-    return address or os.environ.get("RAY_ADDRESS") or None
+    starts a Ray of its own. A Ray Client address is refused (`refuse_ray_client`)."""
+    found = address or os.environ.get("RAY_ADDRESS") or None
+    if found is not None:
+        refuse_ray_client(found)
+    return found
+
+
+def refuse_ray_client(address: str) -> None:
+    """`UsageError` for a Ray Client address (``ray://``): the driver shares files with the
+    actors it starts (the input it names, the outputs they commit), which a client off the
+    cluster cannot, and plain ``ray`` has no Ray Client."""
+    if address.startswith("ray://"):
+        raise UsageError(
+            f"--address {address}: Ray Client is not supported; run txstream on a node of "
+            "the cluster, with --address HOST:PORT of its GCS (or auto)"
+        )
 
 
 @contextmanager
@@ -175,7 +189,9 @@ def _shutdown(phase: Phase, name: str) -> None:
 
 def reachable_address(address: str) -> str:
     """The ``host:port`` of ``address`` (``auto``: the Ray running here), once its GCS
-    port accepts a connection; a `UsageError` within seconds otherwise."""
+    port accepts a connection; a `UsageError` within seconds otherwise, and at once for a
+    Ray Client address (`refuse_ray_client`)."""
+    refuse_ray_client(address)
     target = address
     if address == "auto":
         try:
@@ -187,7 +203,7 @@ def reachable_address(address: str) -> str:
             ) from exc
         if target is None:  # ray.init looks for it
             return address
-    host, _, port = target.removeprefix("ray://").rpartition(":")
+    host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
         raise UsageError(f"--address {address}: expected auto or HOST:PORT")
     try:

@@ -9,10 +9,12 @@ importing pyspark) or for Parquet files that Spark is to read.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pyarrow as pa
+from txstream.connectors.extras import require_spark
 from txstream.connectors.sources import ArrowSource, Source
 from txstream.errors import SchemaError, UsageError
 
@@ -74,6 +76,9 @@ def checked_events(
         raise UsageError("a Source of events must know its number of rows (num_rows)")
     topology.check_event_schema(source.schema)
     if needs_spark(source, read_files):
+        require_spark(
+            "source='spark' (Parquet files read by Spark)", on_ray=False, instead="source='arrow'"
+        )
         from txstream.connectors.spark_driver import java_available
 
         problem = java_available()
@@ -115,6 +120,14 @@ def staged(
         source.close()
         raise
     return source
+
+
+def staged_by_spark(source: object) -> bool:
+    """Whether ``source`` is staged by Spark (a `txstream.connectors.spark.SparkSource`),
+    without importing Spark's connector otherwise: such a source exists only once it is
+    loaded."""
+    spark = sys.modules.get("txstream.connectors.spark")
+    return spark is not None and isinstance(source, spark.SparkSource)
 
 
 def is_spark_dataframe(data: object) -> bool:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import uuid
-import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -31,18 +31,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 from ray.job_config import JobConfig
+from txstream.cluster import ray_private
 from txstream.cluster.ray_runtime import ray_session
 from txstream.cluster.scratch import JavaDriverLibraries, scratch
 from txstream.cluster.topology import usable_cores
-from txstream.connectors import spark_converter
+from txstream.connectors import spark_private
 from txstream.connectors.sources import ArrowSource
-from txstream.connectors.spark_converter import CHUNKS_CLASS, CONVERTER_CLASS, CONVERTER_JAR
+from txstream.connectors.spark_converter import CHUNKS_CLASS
 from txstream.connectors.spark_driver import (
     LOG4J_LEVELS,
     driver_configs,
     java_available,
     jvm_flags,
-    launch_driver,
     spark_class_path,
     spark_configs,
     take_early,
@@ -144,7 +144,7 @@ def spark_session(
                 else:
                     import raydp
 
-                    with _driver_launched_early():
+                    with _driver_launched_beside(configs, cores, executor_memory):
                         # not fault-tolerant: the driver JVM does not join Ray as a Java
                         # driver, which RayDP's own staging (`ray.data.from_spark`) needs,
                         # and its agent that computes a lost block again (an executor
@@ -167,7 +167,6 @@ def spark_session(
         finally:
             libraries.note()  # while the JVMs that extracted them still run
             with console.phase("stopping Spark"):
-                _accumulators_stopped_aside()
                 if master is not None:
                     master.stop_session()
                 else:
@@ -203,13 +202,14 @@ class _AppMaster:
 
     @staticmethod
     def possible() -> bool:
-        """Whether this Ray job's JVM options give its Java workers Spark's class path."""
+        """Whether this Ray job's JVM options give its Java workers Spark's class path
+        (False on a Ray `ray_private` was not checked with: RayDP's own way then)."""
+        options = ray_private.job_jvm_options()
+        if options is None:
+            return False
         try:
-            options = list(
-                ray._private.worker.global_worker.core_worker.get_job_config().jvm_options
-            )
             class_path = spark_class_path()
-        except Exception:  # a Ray client, or no RayDP: RayDP's own way says what is wrong
+        except UsageError:  # no RayDP: RayDP's own way says what is wrong
             return False
         return any(
             a == "-cp" and b == class_path for a, b in zip(options, options[1:], strict=False)
@@ -218,13 +218,8 @@ class _AppMaster:
     @classmethod
     def start(cls) -> _AppMaster:
         """Create the actor (its JVM starts now) and ask for its address."""
-        from ray import Language
-        from ray._raylet import JavaFunctionDescriptor
-        from ray.actor import ActorClass
-
-        descriptor = JavaFunctionDescriptor(cls.CLASS, "<init>", cls.CONSTRUCTOR)
-        actor_class = ActorClass._ray_from_function_descriptor(Language.JAVA, descriptor, {})
-        with _cross_language():  # the executors' class path, as RayDP gives it
+        actor_class = ray_private.java_actor_class(cls.CLASS, cls.CONSTRUCTOR)
+        with ray_private.java_calls():  # the executors' class path, as RayDP gives it
             actor = actor_class.options(num_cpus=0).remote(spark_class_path())
             url = actor.getMasterUrl.remote()
         return cls(actor, url)
@@ -235,12 +230,12 @@ class _AppMaster:
         """The Spark session (driver) on this master, with RayDP's driver configs (its
         class path and agent) added to ``configs``: the driver JVM is launched at once,
         its SparkContext created once the master has its address."""
-        from pyspark import SparkConf
+        from pyspark import SparkConf, SparkContext
         from pyspark.sql import SparkSession
 
         configs = _driver_configs(configs, cores, executor_memory)
         conf = SparkConf(loadDefaults=False).setAll(list(configs.items()))
-        launch = threading.Thread(target=launch_driver, args=(conf,), daemon=True)
+        launch = threading.Thread(target=spark_private.launch_driver, args=(conf,), daemon=True)
         launch.start()
         try:
             url = ray.get(self._url, timeout=MASTER_TIMEOUT_S)
@@ -250,22 +245,15 @@ class _AppMaster:
             ) from None
         finally:
             launch.join()
-        builder = SparkSession.builder
-        for key, value in configs.items():
-            builder = builder.config(key, value)
-        self._session = builder.appName(app_name).master(url).getOrCreate()
-        return self._session
+        conf = SparkConf().setAll(list(configs.items())).setAppName(app_name).setMaster(url)
+        self._session = SparkSession(SparkContext(conf=conf))  # not the builder: its
+        return self._session  # options would outlive the session
 
     def stop_session(self) -> None:
         """Stop the Spark session (its executors end with it)."""
-        from pyspark.sql import SparkSession
-
         if self._session is not None:
             self._session.stop()
             self._session = None
-        options = getattr(SparkSession.builder, "_options", None)
-        if isinstance(options, dict):  # the builder's options outlive the session
-            options.clear()
 
     def stop(self) -> None:
         """Kill the actor (with it the executors it created, which it owns)."""
@@ -291,62 +279,23 @@ def _driver_configs(configs: dict[str, str], cores: int, executor_memory: str) -
 
 
 @contextmanager
-def _cross_language() -> Iterator[None]:
-    """Ray's Python refuses calls to Java unless the driver loads its code from local
-    modules (a job with a code search path), a flag it checks only when it formats such a
-    call's arguments; set for those calls only, as this driver's Python functions are
-    exported to the workers otherwise."""
-    worker = ray._private.worker.global_worker
-    before = worker.load_code_from_local
-    worker.set_load_code_from_local(True)
-    try:
-        yield
-    finally:
-        worker.set_load_code_from_local(before)
-
-
-@contextmanager
-def _driver_launched_early() -> Iterator[None]:
-    """Within `raydp.init_spark`, Spark's driver JVM is launched (with the configs RayDP has
-    prepared) while RayDP starts its app master, instead of after it: the driver needs the
-    master's address only to create its SparkContext, so the two JVMs start side by side
-    and Spark's session is ready sooner. If the early launch fails, RayDP launches the
-    driver as usual."""
+def _driver_launched_beside(
+    configs: dict[str, str], cores: int, executor_memory: str
+) -> Iterator[None]:
+    """Spark's driver JVM launched on a thread (with the configs RayDP gives it,
+    `_driver_configs`) while RayDP starts its app master within, instead of after it: the
+    driver needs the master's address only to create its SparkContext, so the two JVMs
+    start side by side. If the launch fails, RayDP launches the driver as usual."""
     from pyspark import SparkConf
-    from pyspark.context import SparkContext
-    from raydp.spark.ray_cluster import SparkCluster
 
-    set_up_master = SparkCluster._set_up_master
-    launches: list[threading.Thread] = []
-
-    def set_up_master_and_driver(cluster: SparkCluster, *args: object, **kwargs: object):
-        if SparkContext._gateway is None:
-            conf = SparkConf(loadDefaults=False).setAll(list(cluster._configs.items()))
-            launches.append(threading.Thread(target=launch_driver, args=(conf,), daemon=True))
-            launches[-1].start()
-        return set_up_master(cluster, *args, **kwargs)
-
-    SparkCluster._set_up_master = set_up_master_and_driver
+    configs = _driver_configs(configs, cores, executor_memory)
+    conf = SparkConf(loadDefaults=False).setAll(list(configs.items()))
+    launch = threading.Thread(target=spark_private.launch_driver, args=(conf,), daemon=True)
+    launch.start()
     try:
         yield
     finally:
-        SparkCluster._set_up_master = set_up_master
-        for thread in launches:
-            thread.join()
-
-
-def _accumulators_stopped_aside() -> None:
-    """Shut pyspark's accumulator server down on a thread of its own, not within
-    `SparkContext.stop`: its loop notices a stop only at its next poll, every 0.5 s
-    (socketserver's default), and txstream uses no accumulators: the stop would wait up to
-    that long for it after the JVM's SparkContext has stopped."""
-    from pyspark import SparkContext
-
-    context = SparkContext._active_spark_context
-    server = getattr(context, "_accumulatorServer", None)
-    if server is not None:
-        context._accumulatorServer = None  # stop() then leaves it alone
-        threading.Thread(target=server.shutdown, name="accumulators", daemon=True).start()
+        launch.join()
 
 
 def _executor_cores() -> int:
@@ -370,7 +319,8 @@ def on_ray(spark: SparkSession) -> bool:
     ``ray://`` master): its executors are Ray workers, which hand their partitions to a Ray
     actor; any other Spark writes them to files (`SparkExchange`)."""
     context = spark.sparkContext
-    return context.master.startswith("ray://") or context.applicationId in _FETCHERS
+    ours = context.master.startswith("ray://") or context.applicationId in _FETCHERS
+    return ours and spark_private.tested(spark_private.ON_RAY)
 
 
 def staging_session(events: object) -> SparkSession | None:
@@ -389,8 +339,7 @@ def spark_schema(schema: pa.Schema) -> StructType:
     """The Spark schema of an Arrow one (pyspark's `from_arrow_schema`)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    with _standard_distutils():
-        return from_arrow_schema(schema)
+    return from_arrow_schema(schema)
 
 
 def arrow_schema(schema: StructType) -> pa.Schema:
@@ -398,68 +347,19 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     `to_arrow_schema`)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    with _standard_distutils():
-        return to_arrow_schema(schema)
-
-
-@contextmanager
-def _standard_distutils() -> Iterator[None]:
-    """The standard library's `distutils` while pyspark converts types. pyspark's Arrow
-    type conversions import `distutils.version` at every call; in a virtualenv,
-    setuptools' shim answers that import with the whole of setuptools, a fifth of a second
-    on every Spark run's staging; Python 3.11's own distutils takes milliseconds. It is
-    taken out of `sys.modules` afterwards, so that the process sees no difference (a later
-    `import setuptools` would otherwise warn that it replaces it). Nothing changes when
-    distutils is imported already, or on a Python without it."""
-    if "distutils" in sys.modules:
-        yield
-        return
-    shims = [finder for finder in sys.meta_path if type(finder).__module__ == "_distutils_hack"]
-    for finder in shims:
-        sys.meta_path.remove(finder)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            import distutils.version  # noqa: F401
-    except ImportError:  # Python 3.12 and later: setuptools' is the only one
-        pass
-    finally:
-        for finder in reversed(shims):
-            sys.meta_path.insert(0, finder)
-    try:
-        yield
-    finally:
-        for name in [n for n in sys.modules if n == "distutils" or n.startswith("distutils.")]:
-            del sys.modules[name]
+    return to_arrow_schema(schema)
 
 
 def arrow_to_spark(table: pa.Table, spark: SparkSession) -> DataFrame:
-    """An Arrow table as a Spark DataFrame with the same column names, types and nulls.
-
-    The table's record batches go to the JVM as one Arrow stream (as pyspark's own Arrow
-    path does, without pandas: columns of many chunks, as a long run's, need no copy and
-    no Python worker) and become one partition each, of at most
-    `spark.sql.execution.arrow.maxRecordsPerBatch` rows.
-    """
-    from pyspark.sql import DataFrame
-    from pyspark.sql.pandas.serializers import ArrowStreamSerializer
-
+    """An Arrow table as a Spark DataFrame with the same column names, types and nulls,
+    one partition per record batch of at most
+    `spark.sql.execution.arrow.maxRecordsPerBatch` rows (`spark_private.frame_from_arrow`)."""
     schema = spark_schema(table.schema)
     table = table.cast(arrow_schema(schema))  # the exact types Spark reads (no dictionaries)
-    rows = spark._jconf.arrowMaxRecordsPerBatch()
-    batches = table.to_batches(max_chunksize=rows if rows > 0 else None)
+    batches = table.to_batches(max_chunksize=rows_per_batch(spark))
     if not batches:
         return spark.createDataFrame([], schema)
-    jvm = spark._jvm
-    stream = spark.sparkContext._serialize_to_jvm(
-        batches,
-        ArrowStreamSerializer(),
-        jvm.PythonSQLUtils.readArrowStreamFromFile,
-        jvm.ArrowIteratorServer,
-    )
-    return DataFrame(
-        jvm.PythonSQLUtils.toDataFrame(stream, schema.json(), spark._jsparkSession), spark
-    )
+    return spark_private.frame_from_arrow(batches, schema, spark)
 
 
 class SparkSource:
@@ -546,16 +446,16 @@ class SparkSource:
             frame = plain.withColumn(POSITION, _row_ids())
         self._key = uuid.uuid4().hex
         name, self._fetcher = _fetcher(self._spark)
-        schema_json = _arrow_schema_json(frame)
-        batches = _arrow_batches(frame, split_bytes, schema_json, files)
-        rows_per_batch = _rows_per_batch(self._spark)
-        chunks = _spark_object(self._spark, CHUNKS_CLASS).deliver(
+        schema_json = spark_private.arrow_schema_json(frame)
+        batches = _planned_batches(frame, split_bytes, schema_json, files)
+        rows = rows_per_batch(self._spark)
+        chunks = spark_private.spark_object(self._spark, CHUNKS_CLASS).deliver(
             batches,
             name,
             _chunk_files_node(self._fetcher),
             self._key,
             schema_json,
-            -(-chunk_rows // rows_per_batch),
+            -(-chunk_rows // rows),
         )
         self.num_partitions = chunks.getNumPartitions()
         ray.get(self._fetcher.add.remote(self._key, self.num_partitions))
@@ -629,8 +529,10 @@ class SparkSource:
             ray.get(self._fetcher.remove.remote(self._key))
         except ray.exceptions.RayActorError:  # Spark, and its fetcher, already stopped
             pass
-        if self._spark.sparkContext._jsc is not None:
+        try:
             self._conversion.cancel(False)
+        except Exception:  # Spark already stopped: nothing converts any more
+            pass
         self._converting.join(timeout=60)
 
     def __enter__(self) -> SparkSource:
@@ -733,116 +635,42 @@ def _event_schema(frame: DataFrame) -> pa.Schema:
         raise SchemaError(f"a Spark column has no Arrow type: {exc}") from exc
 
 
-def _arrow_batches(
+def _planned_batches(
     frame: DataFrame, split_bytes: int | None, schema_json: str, files: Sequence[DataFrame]
 ) -> JavaObject:
-    """`frame` as Spark's RDD of serialized Arrow record batches (its Java view). When it
-    is the union of the Parquet reads `files` (`_file_reads`, each tagged by `_positioned`),
-    their scans are copied column by column if they can be (`_columnar_rdd`); otherwise
-    Spark's `toArrowBatchRdd` converts `frame` row by row, like a DataFrame. With
-    `split_bytes`, file splits are at most that large (the session's own limit if
-    smaller), set only while Spark plans `frame`."""
-    conf, key = frame.sparkSession.conf, "spark.sql.files.maxPartitionBytes"
-    before = conf.get(key)
-    if split_bytes is not None:
-        conf.set(key, str(min(split_bytes, _bytes(frame.sparkSession, before))))
-    try:
-        rdd = _columnar_rdd(frame, schema_json, files) if files else None
-        rdd = (frame._jdf.toArrowBatchRdd() if rdd is None else rdd).toJavaRDD()
-        rdd.getNumPartitions()  # plans the file splits now
-    finally:
-        conf.set(key, before)
-    return rdd
-
-
-_COLUMNAR_TYPES = frozenset(
-    ("boolean", "byte", "short", "integer", "long", "float", "double")
-    + ("string", "binary", "date", "timestamp", "timestamp_ntz")
-)
-"""Spark types `ArrowColumns` copies (`DataType.typeName()`)."""
-
-
-def _columnar_rdd(
-    frame: DataFrame, schema_json: str, files: Sequence[DataFrame]
-) -> JavaObject | None:
-    """The files' Parquet scans' columnar batches copied into Arrow column by column
-    (`ArrowColumns`, compiled by ``./setup``: `txstream.connectors.spark_converter`): the
-    batches `toArrowBatchRdd` makes from their union `frame` (schema ``schema_json``, at
-    most `spark.sql.execution.arrow.maxRecordsPerBatch` rows), without its whole-stage row
-    loop and row-by-row `ArrowWriter`. Each position is the file's index ``<< 40`` plus the
-    row's index in the file, which the converter counts from the footer's row groups of the
-    split it reads (Spark's `_metadata.row_index` column costs a boxed number per row), so the
-    scans (of `files`, without positions) read the data columns only. None (said at debug
-    level) when a column has a type it does not copy or a scan is not columnar."""
-    unsupported = [f.name for f in frame.schema if f.dataType.typeName() not in _COLUMNAR_TYPES]
-    if unsupported:
-        return _row_path(f"no columnar copy of columns {unsupported}")
-    names = [name for name in frame.columns if name != POSITION]
-    scans, ordinals = [], None
-    for read in files:
-        scan = read._jdf.queryExecution().executedPlan().collectLeaves().apply(0)
-        if scan.getClass().getSimpleName() != "FileSourceScanExec" or not scan.supportsColumnar():
-            return _row_path(f"the plan's scan is not columnar: {scan.nodeName()}")
-        output = [scan.output().apply(i).name() for i in range(scan.output().size())]
-        found = [output.index(name) for name in names] if set(names) <= set(output) else None
-        if found is None or ordinals not in (None, found):
-            return _row_path(f"the scans read {output}, not {names}")
-        ordinals = found
-        scans.append(scan.executeColumnar())
+    """`frame` as Spark's RDD of Arrow record batches (`spark_private.arrow_batches`), its
+    file splits at most `split_bytes` large (the session's own limit if smaller), set only
+    while Spark plans `frame`."""
     spark = frame.sparkSession
-    gateway, jvm = spark.sparkContext._gateway, spark._jvm
-    columns = gateway.new_array(jvm.int, len(names))
-    for index, ordinal in enumerate(ordinals):
-        columns[index] = ordinal
-    scan_list = jvm.java.util.ArrayList()
-    for scan in scans:
-        scan_list.add(scan)
-    rows = _rows_per_batch(spark)
-    logging.getLogger(__name__).debug("Spark converts the input column by column")
-    converter = _spark_object(spark, CONVERTER_CLASS)
-    return converter.files(scan_list, schema_json, columns, _FILE_SHIFT, rows)
+    key = "spark.sql.files.maxPartitionBytes"
+    before = spark.conf.get(key)
+    if split_bytes is not None:
+        spark.conf.set(key, str(min(split_bytes, size_bytes(before))))
+    try:
+        return spark_private.arrow_batches(
+            frame, schema_json, files, POSITION, _FILE_SHIFT, rows_per_batch(spark)
+        )
+    finally:
+        spark.conf.set(key, before)
 
 
-def _row_path(reason: str) -> None:
-    logging.getLogger(__name__).debug("Spark converts the input row by row: %s", reason)
-
-
-def _rows_per_batch(spark: SparkSession) -> int:
-    """The rows of a converted Arrow batch (``spark.sql.execution.arrow.maxRecordsPerBatch``)."""
-    rows = spark._jconf.arrowMaxRecordsPerBatch()
+def rows_per_batch(spark: SparkSession) -> int:
+    """The rows of a converted Arrow batch (``spark.sql.execution.arrow.maxRecordsPerBatch``;
+    all of them if not positive)."""
+    rows = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000"))
     return rows if rows > 0 else 2**31 - 1
 
 
-def _spark_object(spark: SparkSession, name: str) -> JavaObject:
-    """A new object of txstream's class ``name`` in the driver, its jar added to the Spark
-    application (``ADD JAR``: the executors load it from there, the driver from the
-    session's class loader); the jar is compiled first if it is missing."""
-    if not CONVERTER_JAR.is_file():
-        logging.getLogger(__name__).info("compiling txstream's Spark classes (./setup does)")
-        try:
-            spark_converter.build(CONVERTER_JAR)
-        except Exception as exc:
-            raise UsageError(f"cannot compile txstream's Spark classes: {exc}") from None
-    added = spark.sparkContext._jsc.sc().listJars().mkString("\n").splitlines()
-    if not any(url.rsplit("/", 1)[-1] == CONVERTER_JAR.name for url in added):
-        spark.sql(f"ADD JAR '{CONVERTER_JAR}'")
-    loader = spark._jsparkSession.sharedState().jarClassLoader()
-    no_classes = spark.sparkContext._gateway.new_array(spark._jvm.java.lang.Class, 0)
-    no_args = spark.sparkContext._gateway.new_array(spark._jvm.java.lang.Object, 0)
-    return loader.loadClass(name).getDeclaredConstructor(no_classes).newInstance(no_args)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 
-def _bytes(spark: SparkSession, size: str) -> int:
-    """A Spark size setting ("128MB", "134217728b") in bytes."""
-    return int(
-        spark.sparkContext._jvm.org.apache.spark.network.util.JavaUtils.byteStringAsBytes(size)
-    )
-
-
-def _arrow_schema_json(frame: DataFrame) -> str:
-    """The Arrow schema of `frame`'s converted batches, as RayDP's staging gives it."""
-    writer = frame.sparkSession.sparkContext._jvm.org.apache.spark.sql.raydp.ObjectStoreWriter
-    return writer.toArrowSchema(frame._jdf).toJson()
+def size_bytes(size: str) -> int:
+    """A Spark size setting ("128MB", "64m", "134217728b", "1024") in bytes, read as
+    Spark reads it (`JavaUtils.byteStringAsBytes`: binary units, bytes if none)."""
+    found = re.fullmatch(r"\s*(\d+)\s*([kmgtp]?)b?\s*", size.lower())
+    if found is None:
+        raise UsageError(f"not a size: {size!r}")
+    return int(found[1]) * _UNITS[found[2]]
 
 
 _FETCHERS: dict[str, tuple[str, ray.actor.ActorHandle]] = {}

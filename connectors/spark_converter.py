@@ -7,9 +7,7 @@ row-by-row ``toArrowBatchRdd``; `RayChunks` hands every source's batches to its 
 consumer through Ray. The classes are compiled here into a jar in this installation's
 prefix, with ``javac`` if there is one, else with Janino (in pyspark's jars: a Java runtime
 has no compiler), and reach Spark's JVMs at run time (``ADD JAR``), so their class path,
-and with it the class archive (`txstream.connectors.spark_classes`), stays the same. The
-jar is also the Java agent that warms Spark's executor up as it starts (`Warmup`): it
-converts `WARMUP_SAMPLE`, written here too.
+and with it the class archive (`txstream.connectors.spark_classes`), stays the same.
 
     python -m txstream.connectors.spark_converter
 """
@@ -31,7 +29,6 @@ from txstream.cluster.scratch import written_whole
 
 CONVERTER_CLASS = "txstream.spark.ArrowColumns"
 CHUNKS_CLASS = "txstream.spark.RayChunks"
-AGENT_CLASS = "txstream.spark.Warmup"
 SOURCES = sorted((Path(__file__).parent / "java").glob("*.java"))
 
 
@@ -46,14 +43,7 @@ CONVERTER_JAR = INSTALLATION_FILES / f"txstream-spark-{_sources_digest()}.jar"
 """The compiled converter, in this installation's prefix (the virtualenv), named after its
 sources: where they changed since ``./setup``, the first Spark source compiles them again."""
 _COMPILE_TIMEOUT_S = 300
-_MANIFEST = f"Manifest-Version: 1.0\r\nPremain-Class: {AGENT_CLASS}\r\n\r\n"
-"""The jar's manifest: it is a Java agent too."""
-
-WARMUP_SAMPLE = INSTALLATION_FILES / "spark-warmup.parquet"
-"""What Spark's executor converts as it starts (`Warmup`): 131,072 rows of the column types
-events have, 64-bit integers most (unique and repeated), then 32-bit ones, floats with
-nulls, strings and booleans, dictionary-encoded or plain, in 32 of Spark's batches."""
-_WARMUP_ROWS = 1 << 17
+_MANIFEST = "Manifest-Version: 1.0\r\n\r\n"
 
 
 def _spark_jars() -> Path:
@@ -116,40 +106,15 @@ def build(target: Path = CONVERTER_JAR) -> Path:
     return target
 
 
-def write_warmup_sample(target: Path = WARMUP_SAMPLE) -> Path:
-    """Write the executor's warm-up sample (`WARMUP_SAMPLE`) to ``target``."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rows = np.arange(_WARMUP_ROWS)
-    table = pa.table(
-        {
-            "id": rows,
-            "key": rows * 7919 % 4096,
-            "amount": rows * 31 % 1000,
-            "total": rows * 2_654_435_761 % 2**40,
-            "count": (rows % 100).astype(np.int32),
-            "value": pa.array(rows / 8, mask=rows % 97 == 0),
-            "kind": pa.array(["deposit", "transfer", "withdrawal"]).take(rows % 3),
-            "flag": rows % 5 == 0,
-        }
-    )
-    with written_whole(target) as partial:
-        pq.write_table(table, partial, use_dictionary=["key", "amount", "count", "kind"])
-    return target
-
-
 def main() -> int:
-    """Compile the classes and write the warm-up sample; 1 if the classes could not be
-    compiled (the first Spark source tries again)."""
+    """Compile the classes; 1 if they could not be compiled (the first Spark source tries
+    again)."""
     begin = time.perf_counter()
     try:
         path = build()
     except Exception as exc:  # ./setup goes on: only Spark sources need the jar
         print(f"txstream's Spark classes not compiled: {exc}", file=sys.stderr)
         return 1
-    write_warmup_sample()
     print(f"txstream's Spark classes: {path} ({time.perf_counter() - begin:.1f} s)")
     return 0
 

@@ -21,15 +21,11 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from txstream.cluster.ray_runtime import INSTALLATION_FILES
 from txstream.cluster.scratch import private_dir, remove_tree
-from txstream.connectors.spark_converter import CONVERTER_JAR, WARMUP_SAMPLE
+from txstream.connectors import spark_private
 from txstream.errors import UsageError
-
-if TYPE_CHECKING:  # pyspark is imported only when a driver is launched
-    from pyspark import SparkConf
 
 _OPENED_PACKAGES = """
     java.lang java.lang.invoke java.lang.reflect java.io java.net java.nio java.math java.text
@@ -44,10 +40,6 @@ JVM_OPTIONS: tuple[str, ...] = tuple(
 """Flags every JVM of Spark-on-Ray needs on Java 17, else `InaccessibleObjectException`."""
 _NO_PERF_DATA = "-XX:-UsePerfData"
 """No /tmp/hsperfdata_<user>/<pid> file (left behind by a JVM that is killed)."""
-_NO_VERIFY = ("-XX:+UnlockDiagnosticVMOptions", "-XX:-BytecodeVerificationRemote")
-"""The JVMs load Spark's, RayDP's and Ray's jars (installed with pyspark and ray) without
-verifying their bytecode again: verification is most of a fresh JVM's class loading, and
-these jars come from the installation, as trusted as the JVM's own."""
 _QUICK_JIT = "-XX:TieredStopAtLevel=1"
 """JIT with C1 only: a run's JVMs live for one run, and C2's compiler threads would take
 the cores from everything else while they start, with no gain in the conversion's speed
@@ -69,19 +61,10 @@ def _archive_flags() -> list[str]:
     return [f"-XX:SharedArchiveFile={CLASS_ARCHIVE}"] if CLASS_ARCHIVE.is_file() else []
 
 
-def _warmup_flags() -> list[str]:
-    """The executor's warm-up (the converter's jar as a Java agent, `Warmup`), if this
-    installation has the jar and its sample: a cold first task takes about twice as long
-    as a warm one (docs/performance.md)."""
-    if CONVERTER_JAR.is_file() and WARMUP_SAMPLE.is_file():
-        return [f"-javaagent:{CONVERTER_JAR}={WARMUP_SAMPLE}"]
-    return []
-
-
 def jvm_flags() -> list[str]:
-    """The flags of every JVM of Spark on Ray: those Java 17 needs, no bytecode
-    verification, no perf data, C1 only, no log4j2 MBeans, and the class archive."""
-    return [*JVM_OPTIONS, *_NO_VERIFY, _NO_PERF_DATA, _QUICK_JIT, _NO_LOG4J_JMX, *_archive_flags()]
+    """The flags of every JVM of Spark on Ray: those Java 17 needs, no perf data, C1 only,
+    no log4j2 MBeans, and the class archive."""
+    return [*JVM_OPTIONS, _NO_PERF_DATA, _QUICK_JIT, _NO_LOG4J_JMX, *_archive_flags()]
 
 
 def java_available() -> str | None:
@@ -163,7 +146,7 @@ then sets the level to WARN: the run's level is set once Spark runs, with `setLo
 
 def spark_configs(folder: Path, log_level: str, java_options: Sequence[str]) -> dict[str, str]:
     """The Spark configs of `spark_session`: every JVM's flags (`jvm_flags`, then
-    ``java_options``), the executors' warm-up (`_warmup_flags`), temporary files in
+    ``java_options``), temporary files in
     ``folder``, the driver's log4j2 settings at ``log_level``, this interpreter for Python
     workers, no UI. RayDP's agent in the driver writes its log into ``folder`` too (by
     default, into the logs of whichever Ray session is the latest in /tmp/ray, not
@@ -174,7 +157,7 @@ def spark_configs(folder: Path, log_level: str, java_options: Sequence[str]) -> 
     python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     return {
         "spark.ray.raydp_app_master.extraJavaOptions": flags,
-        "spark.executor.extraJavaOptions": " ".join([flags, *_warmup_flags()]),
+        "spark.executor.extraJavaOptions": flags,
         "spark.driver.extraJavaOptions": f"{flags} -Dray.logging.dir={folder}",
         "spark.local.dir": str(folder),
         "spark.log4j.config.file.name": str(log4j),
@@ -220,17 +203,6 @@ def driver_configs(configs: dict[str, str]) -> dict[str, str]:
     return configs
 
 
-def launch_driver(conf: SparkConf) -> None:
-    """Launch Spark's driver JVM (pyspark's gateway) with ``conf``, unless one is; if that
-    fails, creating the SparkContext launches it again and says why."""
-    from pyspark.context import SparkContext
-
-    try:
-        SparkContext._ensure_initialized(conf=conf)  # under pyspark's own lock
-    except Exception:
-        logging.getLogger(__name__).debug("early launch of Spark's driver failed")
-
-
 class _EarlyDriver:
     """Spark's driver JVM launched on a thread before Ray starts (`launch_early`), its
     output held until a Spark session takes it (`take`), then passed on to what stderr is
@@ -254,12 +226,9 @@ class _EarlyDriver:
     def _launched(self, configs: dict[str, str], write: int) -> None:
         try:
             from pyspark import SparkConf
-            from pyspark.context import SparkContext
-            from pyspark.java_gateway import launch_gateway
 
             conf = SparkConf(loadDefaults=False).setAll(list(configs.items()))
-            gateway = launch_gateway(conf, popen_kwargs={"stdout": write, "stderr": write})
-            SparkContext._ensure_initialized(gateway=gateway)
+            spark_private.launch_driver_writing_to(conf, write)
         except Exception as exc:
             self.failure = exc
         finally:
@@ -302,7 +271,7 @@ class _EarlyDriver:
     def abandon(self) -> None:
         """Nobody took it: end the driver once launched, remove its folder."""
         self._launch.join()
-        _end_gateway()
+        spark_private.end_driver()
         remove_tree(self.folder)
 
 
@@ -322,10 +291,12 @@ def launch_early(log_level: str) -> None:
     global _early
     if _early is not None or java_available() is not None:
         return
-    ray, pyspark = sys.modules.get("ray"), sys.modules.get("pyspark")
+    if not spark_private.tested(spark_private.EARLY_DRIVER):
+        return
+    ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         return
-    if pyspark is not None and pyspark.SparkContext._gateway is not None:
+    if spark_private.driver_launched():
         return
     _early = _EarlyDriver(log_level)
 
@@ -358,20 +329,4 @@ def end_spark_driver() -> None:
     end. For a process that ends now (`txstream run`): a Spark of a later run in the same
     process would have to launch its driver again."""
     abandon_early()
-    _end_gateway()
-
-
-def _end_gateway() -> None:
-    if "pyspark" not in sys.modules:  # no Spark in this process
-        return
-    from pyspark import SparkContext
-
-    gateway = SparkContext._gateway
-    driver = getattr(gateway, "proc", None)
-    if driver is None or driver.poll() is not None:
-        return
-    # first the gateway: a Java object dropped later would tell the dead JVM so and log
-    # an error with its traceback on stderr (py4j's finalizers; seen once in 5 test runs)
-    gateway.shutdown()
-    driver.kill()
-    driver.wait()
+    spark_private.end_driver()

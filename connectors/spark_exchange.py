@@ -56,8 +56,16 @@ def end_path(folder: Path, partition: int) -> Path:
 
 def is_local(spark: SparkSession) -> bool:
     """Whether Spark's executors run on this host (``local``, ``local[N]``,
-    ``local-cluster[...]``): then the exchange folder can be on local disk."""
-    return spark.sparkContext.master.startswith("local")
+    ``local-cluster[...]``, or RayDP's Spark on a Ray of this host alone): then the
+    exchange folder can be on local disk."""
+    master = spark.sparkContext.master
+    if master.startswith("local"):
+        return True
+    import ray
+
+    if not master.startswith("ray://") or not ray.is_initialized():
+        return False
+    return len([node for node in ray.nodes() if node["Alive"]]) == 1
 
 
 def exchange_folder(spark: SparkSession, exchange_dir: str | os.PathLike | None) -> Path:
@@ -220,8 +228,11 @@ class SparkExchange:
 
     def close(self) -> None:
         """Cancel the job if it still runs, wait for it, remove the folder."""
-        if self._job.is_alive() and self._spark.sparkContext._jsc is not None:
-            self._spark.sparkContext.cancelJobGroup(self._group)
+        if self._job.is_alive():
+            try:
+                self._spark.sparkContext.cancelJobGroup(self._group)
+            except Exception:  # Spark already stopped: the job with it
+                pass
         self._job.join(timeout=60)
         remove_tree(self.folder)
 

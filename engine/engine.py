@@ -47,11 +47,11 @@ from txstream.monitor.logs import captured, level_number
 from txstream.schedulers.team.placement import seats
 from txstream.state.checkpoints import Checkpoint, CheckpointBuffer
 from txstream.state.chunk import sweep_segments
-from txstream.state.keys import StreamKeys, restored_indexes
+from txstream.state.keys import KeyIndex, StreamKeys, restored_indexes
 from txstream.state.shared import SharedArray, new_run_id, run_prefix, sweep_stale_segments
 from txstream.state.snapshots import SnapshotRing
 from txstream.state.sync import ask_to_stop, sync_words
-from txstream.state.tables import SharedState
+from txstream.state.tables import SharedState, with_keys
 from txstream.state.watermark import Watermark
 
 NAMESPACE = "txstream"
@@ -127,10 +127,12 @@ class Engine:
         run_id = new_run_id()
         self.prefix = run_prefix(run_id)
         self.state = stack.enter_context(SharedState.create(run_id, plan.layout, plan.set_capacity))
+        init = plan.take_init()
         if plan.resume is not None:
             self.restore(plan.resume)
         else:
-            self.state.load(plan.topology, plan.init)
+            self.state.load(plan.topology, init)
+        del init
         self.watermark = Watermark.create(run_id)
         stack.callback(self.watermark.close)
         self.seats = seats(cfg.placement, [socket for socket, _ in plan.cores])
@@ -160,8 +162,8 @@ class Engine:
 
     def restore(self, checkpoint: Checkpoint) -> None:
         """The state as ``checkpoint`` has it (no team running)."""
-        for name in ("values", "set_cells", "set_members"):
-            want, got = getattr(self.state, name).shape, checkpoint.load(name).shape
+        for name, got in checkpoint.shapes().items():
+            want = getattr(self.state, name).shape
             if want != got:
                 raise UsageError(
                     f"checkpoint {checkpoint.path} is of another state size ({name} {got}, "
@@ -362,7 +364,16 @@ class Engine:
         coordinator = self.get(self.serving) if self.serving is not None else None
         summary = self.get(self.sink.finish.remote())
         self.get([e.close.remote() for e in self.executors])
+        self.snapshots.close()  # no query after the end: its memory goes before the results'
         return run_info, coordinator, summary
+
+    def take_tables(self, indexes: dict[str, KeyIndex] | None = None) -> dict[str, pa.Table]:
+        """Once finished: every table of the state (copies; of natural keys, by ``indexes``),
+        whose shared memory is freed before the key columns are made, so that a run's end
+        holds the state about once."""
+        columns = self.state.columns(self.plan.topology)
+        self.state.close()
+        return with_keys(self.plan.layout, columns, indexes)
 
     def stop(self) -> None:
         """Stop every actor of the team and wait until its executors' processes are gone

@@ -32,7 +32,7 @@ EXTRA_KEYS = 1 << 16
 row is copied into each query snapshot, so room costs throughput."""
 DEFAULT_SET_CAPACITY = 1 << 20
 """Distinct-set slots when the number of events is not known in advance (a session)."""
-FORMAT = 1
+FORMAT = 2
 """Version of the checkpoint metadata this build writes and reads."""
 
 
@@ -63,6 +63,12 @@ class Plan:
         """What names the run to a person (its metrics, its actors in Ray's dashboard):
         its name, or ``run-<pid>``."""
         return self.name or f"run-{os.getpid()}"
+
+    def take_init(self) -> dict[str, pa.Table]:
+        """The init tables, which the plan then forgets: once in the state, a copy kept
+        alive would double a run's memory for as long as it runs."""
+        init, self.init = self.init, {}
+        return init
 
     @property
     def tables(self) -> dict[str, list[str]]:
@@ -106,6 +112,9 @@ def plan(
     config = with_key_type(config, init_state)
     topology = topologies.get(config.topology, config.key_type)
     cores = host_topology(config.sockets).assign(config.executors)
+    # from malloc, not pyarrow's mimalloc, which keeps freed memory a while: the init
+    # tables' goes back to the kernel as soon as the engine has loaded them
+    pa.set_memory_pool(pa.system_memory_pool())
     init = read_init_state(topology, init_state, share)
     sizes = share.sizes if share else topology.sizes_from({k: t.num_rows for k, t in init.items()})
     natural = [t for t in topology.tables if t.natural]

@@ -165,7 +165,7 @@ class CheckpointWriter:
             keys = self._keys()
         except ActorDied:
             return  # the team is lost: its recovery empties the buffer
-        self.store.write(ts, {**self.buffer.arrays(), **keys}, self._meta(ts))
+        self.store.write_delta(ts, self.buffer.arrays(), self._meta(ts), keys)
         self.buffer.mark_written(ts)
         self.count += 1
         self.seconds += time.perf_counter() - begin

@@ -221,16 +221,17 @@ def run_metrics(summary: dict, run_info: dict, seconds: float) -> dict[str, Any]
 def batch_metrics(executors: list[dict]) -> dict[str, Any]:
     """Per punctuation batch: how long the team's state access took (percentiles; the
     batches end at a barrier, so every executor saw the same durations), and the time
-    breakdown of every chunk of batches, summed over executors."""
+    breakdown of every chunk of batches, summed over the executors that ran it (executor 0
+    runs every chunk; its peers may step aside from some: `Member.alone`)."""
     seconds = np.asarray(executors[0]["batch_seconds"])
-    chunks = []
-    for parts in zip(*(e["chunks"] for e in executors), strict=True):
-        total = Breakdown()
-        for part in parts:
-            total.add(Breakdown(**part["breakdown_s"]))
-        chunks.append(
-            {"ts": parts[0]["ts"], "events": parts[0]["events"], "breakdown_s": total.as_dict()}
-        )
+    totals: dict[int, Breakdown] = {}
+    for executor in executors:
+        for part in executor["chunks"]:
+            totals.setdefault(part["ts"], Breakdown()).add(Breakdown(**part["breakdown_s"]))
+    chunks = [
+        {"ts": part["ts"], "events": part["events"], "breakdown_s": totals[part["ts"]].as_dict()}
+        for part in executors[0]["chunks"]
+    ]
     state_access = dict.fromkeys(("p50", "p99", "max"))
     if len(seconds):
         p50, p99, top = np.percentile(seconds, [50, 99, 100]) * 1e3

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,9 +32,8 @@ import pyarrow.parquet as pq
 from txstream.actors.executor import output_schema
 from txstream.cluster.nodes import pick_nodes
 from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor, stop_actors
-from txstream.connectors.inputs import Events, event_source
+from txstream.connectors.inputs import Events, event_source, staged_by_spark
 from txstream.connectors.outputs import part_name
-from txstream.connectors.spark import SparkSource, follow
 from txstream.engine.engine import NAMESPACE
 from txstream.engine.plan import Plan
 from txstream.engine.recovery import MAX_RECOVERIES, InputLog, Pushed
@@ -44,13 +43,16 @@ from txstream.monitor.metrics import LatencyHistogram
 from txstream.nodes import rounds
 from txstream.nodes.cost import COST, critical_events
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
-from txstream.nodes.intake import Prepared, prepare_partition
 from txstream.nodes.member import NodeTeam
 from txstream.nodes.sequencer import Partition, Sequencer, UnitPlan, cut, touched_cells
 from txstream.result import Result
 from txstream.state.keys import node_of
 from txstream.state.operations import STATUS_NAMES
 from txstream.topologies.api import conform_events
+
+if TYPE_CHECKING:  # Spark's connector is imported only when Spark stages the input
+    from txstream.connectors.spark import SparkSource
+    from txstream.nodes.intake import Prepared
 
 UNIT_EVENTS = 65536
 """Events per unit of input: the sequencer's grain (levels restart with every unit)."""
@@ -339,7 +341,7 @@ class NodesSession:
         if source is not events and hasattr(source, "close"):  # staged by Spark for it
             self._stack.callback(source.close)
         size = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
-        if isinstance(source, SparkSource):
+        if staged_by_spark(source):
             units = self._spark_units(source, size)
         else:
             units = (self._read_unit(batch) for batch in source.iter_batches(size))
@@ -386,6 +388,8 @@ class NodesSession:
         driver's node (`txstream.nodes.intake`), `PREPARED_AHEAD` partitions ahead."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from txstream.connectors.spark import follow
+        from txstream.nodes.intake import prepare_partition
 
         plan, nodes = self.plan, self.config.nodes
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)

@@ -32,7 +32,7 @@ import numba
 import numpy as np
 from txstream.schedulers import _kernels as scheduler_kernels
 from txstream.state import _kernels as state_kernels
-from txstream.state import _numba, operations
+from txstream.state import _numba, dirty, operations
 from txstream.topologies import _kernels as topology_kernels
 from txstream.topologies._kernels import (
     ARGS,
@@ -130,7 +130,7 @@ _END = """\
     return 0
 """
 
-_ENGINE_KERNELS = (scheduler_kernels, state_kernels, _numba, operations, topology_kernels)
+_ENGINE_KERNELS = (scheduler_kernels, state_kernels, dirty, _numba, operations, topology_kernels)
 """Modules whose kernels a generated kernel calls: numba's cache of a generated kernel does
 not see them change, so their source is part of its file's digest."""
 

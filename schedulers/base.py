@@ -203,6 +203,12 @@ class Scheduler(ABC):
         breakdown.abort += waited[ABORT_NS] / 1e9
         return returned, spent
 
+    def alone_next(self) -> bool:
+        """Whether the next chunks may go to executor 0 alone, its peers stepping aside
+        (`Member.alone`): asked of executor 0 after each chunk, where chunks go whole to
+        it (`whole_chunks`); a chunk run alone is walked in order (default: never)."""
+        return False
+
     def batches_in_step(self) -> bool:
         """Whether the team waits for one another after every punctuation batch of the
         chunk being executed (default), or only after the chunk's last: when one

@@ -16,7 +16,8 @@ The thresholds (`Thresholds`) were calibrated on this engine with bench/morphstr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import astuple, dataclass, field
 
 EXPLORE = ("bfs", "dfs", "ns")
 GRANULARITY = ("fine", "coarse")
@@ -57,13 +58,12 @@ class Thresholds:
     """... and while at most this many failures are expected in the batch (observed
     abort ratio x its transactions): every failure that wrote pauses the team, and with
     thousands of pauses per run eager is many times slower than lazy."""
-    ordered_max_cost_us: float = 0.5
-    """A chunk is walked in order by one executor (no graph: serial's kernel, the others
-    pre- and post-process) while an operation costs less than this (as measured by the
-    team; until then the graph is built). Linking, dealing and exploring cost the team a
-    fraction of a microsecond per operation, as much as a cheap operation itself (C = 0),
-    so a graph would leave a team slower than one executor walking in order
-    (bench/morphstream.py headline)."""
+    team_cost_us: float = 0.25
+    """What a team adds per operation over one executor walking in order: linking,
+    dealing, exploring and the barriers between them (`executors_for`). An operation of
+    cost c then takes c / N + this on a team of N and c on one, so the team pays above
+    2 x this on two executors; at C = 0 an operation costs about a tenth of that
+    (bench/morphstream.py: construction and sync per operation)."""
     memory: float = 0.5
     """Weight of the newest batch in the running averages of measured quantities."""
 
@@ -132,6 +132,19 @@ class History:
         if stats.granularity == "coarse" and stats.rows:
             self.merged_share = _average(self.merged_share, stats.merged / stats.rows, memory)
 
+    def save(self, words) -> None:
+        """Into ``HISTORY_WORDS`` floats of shared memory (NaN: not measured), for peers
+        that stepped aside while one executor measured alone."""
+        words[:HISTORY_WORDS] = [math.nan if v is None else v for v in astuple(self)]
+
+    @classmethod
+    def load(cls, words) -> History:
+        """What `save` wrote."""
+        return cls(*(None if math.isnan(v) else float(v) for v in words[:HISTORY_WORDS]))
+
+
+HISTORY_WORDS = len(History.__dataclass_fields__)
+
 
 def _average(old: float | None, new: float, memory: float) -> float:
     return new if old is None else memory * new + (1 - memory) * old
@@ -173,10 +186,15 @@ def decide(stats: BatchStats, history: History, fixed: Choice, th: Thresholds) -
     return Choice(explore, granularity, abort)
 
 
-def ordered(history: History, th: Thresholds) -> bool:
-    """Whether the next chunk is walked in order: its operations, measured so far, cost
-    less than linking and exploring them would (`Thresholds.ordered_max_cost_us`)."""
-    return history.cost_us is not None and history.cost_us < th.ordered_max_cost_us
+def executors_for(history: History, th: Thresholds, parties: int) -> int:
+    """How many of the team's ``parties`` executors work on the next chunk: all of them
+    over a graph, or one walking it in order (serial's kernel, no graph) while the
+    operations measured so far cost less than the team would add to them
+    (`Thresholds.team_cost_us`); until anything is measured, all."""
+    cost = history.cost_us
+    if cost is None or parties == 1:
+        return parties
+    return parties if cost / parties + th.team_cost_us < cost else 1
 
 
 def _costly(history: History, th: Thresholds) -> bool:

@@ -15,12 +15,15 @@ Per batch, the whole team:
    they happen (eager) or once the batch is explored (lazy) (`aborts`).
 
 When operations cost less than linking and exploring them costs the team (`decision.
-ordered`, from the time per operation measured so far), `auto` walks a whole chunk in
-order instead: executor 0 runs its batches one by one with serial's kernel, the others
+executors_for`, from the time per operation measured so far), `auto` walks a whole chunk
+in order instead: executor 0 runs its batches one by one with serial's kernel, the others
 only pre- and post-process their shares; no graph is built. On threads executor 0 gets
-every chunk whole (`whole_chunks`) and walks it from the statements, as serial does;
-exploring, the team links and explores the operations executor 0 built. The time per
-operation is measured there too, so that costlier operations bring the graph back.
+every chunk whole (`whole_chunks`) and walks it from the statements, as serial does, and
+the next chunks go to it alone (`alone_next`): its peers step aside, idle in their calls'
+queues, so the feeders get the other core; it keeps measuring, and the history it folds
+alone is handed to them in shared memory when the team is called back. Exploring, the
+team links and explores the operations executor 0 built. The time per operation is
+measured there too, so that costlier operations bring the graph back.
 
 The team's placement decides who may run a unit: its row's pool's executors.
 """
@@ -46,6 +49,7 @@ from txstream.schedulers._tpg import (
     work_strata,
 )
 from txstream.schedulers.decision import (
+    HISTORY_WORDS,
     ORDERED,
     BatchStats,
     Choice,
@@ -53,7 +57,7 @@ from txstream.schedulers.decision import (
     History,
     Thresholds,
     decide,
-    ordered,
+    executors_for,
 )
 from txstream.schedulers.speculative import SpeculativeScheduler
 from txstream.schedulers.team._links import CROSS, HEADS, HOT, LINK_STATS, PD, TD
@@ -127,6 +131,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
             ArraySpec("words", "int64", (ex.word_count(dims.pools),)),
             ArraySpec("claims", "int64", (ex.claim_words(dims.parties),)),
             ArraySpec("stats", "int64", (dims.parties, STATS)),
+            ArraySpec("history", "float64", (1 + HISTORY_WORDS,)),
         ]
 
     def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
@@ -144,6 +149,10 @@ class MorphStreamScheduler(SpeculativeScheduler):
         self._view: ChunkView | None = None
         self._ordered = False
         """This chunk is walked in order by executor 0 (module docstring)."""
+        self._alone_next = False
+        """The decision model gives the next chunk to one executor (`alone_next`)."""
+        self._alone_seen = 0.0
+        """Chunks executor 0 ran alone, as of the history this executor holds."""
         self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
         """What executor 0 walked in order since the last chunk's decision."""
 
@@ -157,8 +166,13 @@ class MorphStreamScheduler(SpeculativeScheduler):
     def takes_statements(self, statements: Statements, whole: bool) -> bool:
         """Whether the chunk is walked in order (the whole team decides, `_walk_in_order`);
         if so, executor 0 runs it from the statements when it holds them all."""
-        self._ordered = self._walk_in_order()
+        self._alone_next = self._walk_in_order()
+        self._ordered = self._alone_next or self.team.alone
         return self.from_statements(statements, self._ordered and whole)
+
+    def alone_next(self) -> bool:
+        """Executor 0, after a chunk: whether the decision model gave it to one executor."""
+        return self.team.rank == 0 and self._alone_next
 
     def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """A chunk not walked in order: dealt to the executors that link it
@@ -178,11 +192,18 @@ class MorphStreamScheduler(SpeculativeScheduler):
         """Fold what the team measured since the last decision (the previous batch
         explored, or the chunks walked in order; `publish`, read after the barrier that
         follows it) into the history, on every executor alike, and decide whether this
-        chunk is walked in order."""
+        chunk is walked in order. Alone, executor 0 folds its own and saves the history
+        for its peers, which take it when they are called back."""
         if self._fixed.explore != "auto":
             return False
-        walked = self._walked
-        totals = self.run["stats"].sum(axis=0)  # written again only after the next barrier
+        team, walked, shared = self.team, self._walked, self.run["history"]
+        if team.alone:
+            totals = self.run["stats"][team.rank]
+        else:
+            totals = self.run["stats"].sum(axis=0)  # written again only after the next barrier
+            if shared[0] != self._alone_seen:  # executor 0 ran chunks alone since
+                self._history, self._alone_seen = History.load(shared[1:]), float(shared[0])
+                self._last = None
         walked.failed, walked.transactions = int(totals[ABORTED]), int(totals[WALKED])
         walked.operations = int(totals[WALKED_OPS])
         for last in (self._last, walked):
@@ -191,7 +212,11 @@ class MorphStreamScheduler(SpeculativeScheduler):
                 self._history.update(last, self.thresholds.memory)
         self._last, self._explore_ns = None, 0
         self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
-        return ordered(self._history, self.thresholds)
+        if team.alone:
+            shared[0] += 1
+            self._alone_seen = float(shared[0])
+            self._history.save(shared[1:])
+        return executors_for(self._history, self.thresholds, team.parties) == 1
 
     def batches_in_step(self) -> bool:
         """A chunk walked in order needs no waits between its batches."""

@@ -49,10 +49,11 @@ class SpeculativeScheduler(Scheduler):
 
     def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
         super().__init__(config, topology, state, team)
-        layout = state.layout
-        self._row_of_cell = layout.row_of_cell()
-        self._part = link_partition(self._row_of_cell, layout.rows, team.parties)
-        self._row_pool = row_pools(layout.rows, team.seat.pools)
+        nothing = np.zeros(0, np.int64)
+        self._row_of_cell = self._row_pool = nothing
+        self._part = link_partition(nothing, 0, team.parties)
+        self._explores = False
+        """Whether the arrays of exploring are allocated (`_allocate_exploring`)."""
         self._repairs: Repairs | None = None
 
     def map_run(self, arrays: dict[str, np.ndarray]) -> None:
@@ -66,6 +67,8 @@ class SpeculativeScheduler(Scheduler):
         """Room to list the operations this executor links in the chunk; its share of
         the chunk's operations and reads dealt to the executors that link them, so that
         each links only its own (`deal_share`; the whole team, one barrier)."""
+        if chunk.dims.operations and not self._explores:
+            self._allocate_exploring()
         self._part = with_room(self._part, len(ops))
         team, ptr = self.team, chunk.arrays["dealt_ptr"]
         shares = team.shares()
@@ -85,6 +88,16 @@ class SpeculativeScheduler(Scheduler):
             )
         team.barrier(breakdown)
         take_dealt(team.rank, self._part, ptr)
+
+    def _allocate_exploring(self) -> None:
+        """The arrays of exploring, the first time a chunk with operations is explored:
+        several int64 per cell of the state, which a team that only walks chunks in order
+        (morphstream's `auto` on cheap operations) never needs."""
+        layout = self.state.layout
+        self._row_of_cell = layout.row_of_cell()
+        self._part = link_partition(self._row_of_cell, layout.rows, self.team.parties)
+        self._row_pool = row_pools(layout.rows, self.team.seat.pools)
+        self._explores = True
 
     def finish(
         self, chunk: ChunkArrays, ops: OperationShare, first: int, end: int, breakdown: Breakdown

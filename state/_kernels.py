@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numba
 import numpy as np
+from txstream.state import dirty
 from txstream.state._numba import call_user, compare_exchange, element_pointer, inline, monotonic_ns
 from txstream.state.operations import READ, SET_ADD
 from txstream.state.tables import EMPTY, TOMBSTONE
@@ -176,12 +177,14 @@ def apply_fields(kind, c, fun, cond, args, row, state, udf, reads, n_reads, log,
             log.value[n_log] = value
             log.slot[n_log] = slot
             values[c] = value + 1
+            dirty.mark(state.dirty, c)
             n_log += 1
         return True, values[c], n_log
     log.cell[n_log] = c
     log.value[n_log] = value
     log.slot[n_log] = -1
     values[c] = result
+    dirty.mark(state.dirty, c)
     return True, result, n_log + 1
 
 

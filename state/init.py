@@ -122,13 +122,26 @@ def validate_init_table(
             raise SchemaError(f"{label}: column {name!r} has type {col.type}, expected int64")
         if col.null_count:
             raise SchemaError(f"{label}: column {name!r} has nulls")
-        columns[name] = pc.cast(col, pa.int64()).combine_chunks()
-    if table.key == DENSE:
-        got = columns["key"].to_numpy()
-        if not np.array_equal(got, np.arange(len(got)) if keys is None else keys):
-            raise SchemaError(f"{label}: keys are not 0..K-1 in order (init state must be dense)")
+        columns[name] = pc.cast(col, pa.int64())  # chunk by chunk: no copy of a whole column
+    if table.key == DENSE and not _dense(columns["key"], keys):
+        raise SchemaError(f"{label}: keys are not 0..K-1 in order (init state must be dense)")
     if table.init_min is not None:
         for name in table.columns:
-            if data.num_rows and pc.min(columns[name]).as_py() < table.init_min:
+            if len(data) and pc.min(columns[name]).as_py() < table.init_min:
                 raise SchemaError(f"{label}: column {name!r} has values below {table.init_min}")
     return pa.table(columns)
+
+
+def _dense(keys: pa.ChunkedArray, expected: np.ndarray | None) -> bool:
+    """Whether ``keys`` are 0..K-1 (or ``expected``), compared a chunk at a time."""
+    if expected is not None and len(keys) != len(expected):
+        return False
+    offset = 0
+    for chunk in keys.chunks:
+        got = chunk.to_numpy()
+        end = offset + len(got)
+        want = np.arange(offset, end) if expected is None else expected[offset:end]
+        if not np.array_equal(got, want):
+            return False
+        offset = end
+    return True

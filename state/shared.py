@@ -17,8 +17,10 @@ import numpy as np
 
 PREFIX = "txstream_"
 _CREATED_HERE: set[str] = set()
-"""Segments this process created: attaching to one of them (executors run as threads
-in tests) must leave the resource tracker's registration for the owner's unlink."""
+"""Segments this process created: attaching to one of them (executors run as threads)
+must leave the resource tracker's registration for the owner's unlink. Such an executor
+maps the segment again rather than sharing the owner's mapping: the owner unmapping it at
+a stop must not pull the pages from under a kernel still running."""
 
 
 @dataclass(frozen=True)
@@ -33,20 +35,30 @@ class ArrayHandle:
 class SharedArray:
     """One numpy array backed by one shared-memory segment."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, handle: ArrayHandle, owner: bool):
+    def __init__(
+        self,
+        shm: shared_memory.SharedMemory,
+        handle: ArrayHandle,
+        owner: bool,
+    ):
         self._shm = shm
         self.handle = handle
         self.owner = owner
         self.array: np.ndarray = np.ndarray(handle.shape, handle.dtype, buffer=shm.buf)
 
     @classmethod
-    def create(cls, run_id: str, what: str, shape: tuple[int, ...], dtype: str) -> SharedArray:
-        """Create a zeroed segment named after the run (driver side)."""
+    def create(
+        cls, run_id: str, what: str, shape: tuple[int, ...], dtype: str, touch: bool = True
+    ) -> SharedArray:
+        """Create a zeroed segment named after the run (driver side), its pages faulted in
+        now rather than while a run is timed; without ``touch``, a page costs memory only
+        once written (a buffer sized for the worst case costs what it holds)."""
         name = f"{run_prefix(run_id)}_{what}"
         nbytes = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         shm = create_segment(name, nbytes)
         array = cls(shm, ArrayHandle(name, tuple(shape), dtype), owner=True)
-        array.array.fill(0)
+        if touch:
+            array.array.fill(0)
         return array
 
     @classmethod

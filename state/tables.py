@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from txstream.state import dirty
 from txstream.state.keys import LIVE, KeyIndex
 from txstream.state.layout import Layout, TablesSpec
 from txstream.state.shared import ArrayHandle, SharedArray
@@ -28,6 +29,8 @@ class StateArrays(NamedTuple):
     values: np.ndarray
     set_cells: np.ndarray
     set_members: np.ndarray
+    dirty: np.ndarray
+    """Groups of ``values`` written since last taken (`txstream.state.dirty`)."""
 
 
 @dataclass(frozen=True)
@@ -38,15 +41,16 @@ class StateHandle:
     values: ArrayHandle
     set_cells: ArrayHandle
     set_members: ArrayHandle
+    dirty: ArrayHandle
 
 
 class SharedState:
     """The run's tables in shared memory (see module docstring)."""
 
-    def __init__(self, layout: Layout, arrays: tuple[SharedArray, SharedArray, SharedArray]):
+    def __init__(self, layout: Layout, arrays: tuple[SharedArray, ...]):
         self.layout = layout
         self._arrays = arrays
-        self.values, self.set_cells, self.set_members = (a.array for a in arrays)
+        self.values, self.set_cells, self.set_members, self.dirty = (a.array for a in arrays)
 
     @classmethod
     def create(cls, run_id: str, layout: Layout, set_capacity: int) -> SharedState:
@@ -56,6 +60,7 @@ class SharedState:
             SharedArray.create(run_id, "values", (layout.cells,), "int64"),
             SharedArray.create(run_id, "set_cells", (capacity,), "int64"),
             SharedArray.create(run_id, "set_members", (capacity,), "int64"),
+            SharedArray.create(run_id, "dirty", (dirty.groups_of(layout.cells),), "uint8"),
         )
         arrays[1].array.fill(EMPTY)
         return cls(layout, arrays)
@@ -63,27 +68,26 @@ class SharedState:
     @classmethod
     def attach(cls, handle: StateHandle) -> SharedState:
         """Attach to the driver's state (actor side)."""
-        arrays = (
-            SharedArray.attach(handle.values),
-            SharedArray.attach(handle.set_cells),
-            SharedArray.attach(handle.set_members),
+        arrays = tuple(
+            SharedArray.attach(h)
+            for h in (handle.values, handle.set_cells, handle.set_members, handle.dirty)
         )
         return cls(handle.layout, arrays)
 
     @property
     def arrays(self) -> StateArrays:
         """The arrays as one kernel argument."""
-        return StateArrays(self.values, self.set_cells, self.set_members)
+        return StateArrays(self.values, self.set_cells, self.set_members, self.dirty)
 
     @property
     def handle(self) -> StateHandle:
         """What to send to actors."""
-        values, cells, members = (a.handle for a in self._arrays)
-        return StateHandle(self.layout, values, cells, members)
+        return StateHandle(self.layout, *(a.handle for a in self._arrays))
 
     def close(self) -> None:
         """Detach (and unlink, on the driver)."""
         self.values = self.set_cells = self.set_members = np.empty(0, np.int64)
+        self.dirty = np.empty(0, np.uint8)
         for array in self._arrays:
             array.close()
 
@@ -99,9 +103,11 @@ class SharedState:
         index gave it, the init file's position (`txstream.state.init.key_indexes`)."""
         for table in topology.init_tables:
             for column in table.columns:
-                base = self.layout.bases[(table.name, column)]
-                data = init[table.name].column(column).to_numpy()
-                self.values[base : base + len(data)] = data
+                row = self.layout.bases[(table.name, column)]
+                for chunk in init[table.name].column(column).chunks:  # no copy of it whole
+                    data = chunk.to_numpy()
+                    self.values[row : row + len(data)] = data
+                    row += len(data)
             if LIVE in table.state_columns:
                 base = self.layout.bases[(table.name, LIVE)]
                 self.values[base : base + init[table.name].num_rows] = 1
@@ -121,27 +127,49 @@ class SharedState:
                 out[table] = int(np.count_nonzero(live == 1))
         return out
 
+    def write(self, cells: np.ndarray, values: np.ndarray) -> None:
+        """Overwrite ``cells`` outside a kernel (no team running), marked as written."""
+        self.values[cells] = values
+        dirty.mark_cells(self.dirty, cells)
+
+    def columns(self, topology: TablesSpec) -> dict[str, dict[str, np.ndarray]]:
+        """Every table's columns in the state (`TableSpec.state_columns`), of the keys the
+        layout holds for good (copies, safe after close)."""
+        layout, out = self.layout, {}
+        for table in topology.tables:
+            size = layout.share.own(table.name) if layout.share else layout.sizes[table.name]
+            out[table.name] = {
+                column: self.values[layout.bases[(table.name, column)] :][:size].copy()
+                for column in table.state_columns
+            }
+        return out
+
     def tables(
         self, topology: TablesSpec, indexes: dict[str, KeyIndex] | None = None
     ) -> dict[str, pa.Table]:
         """Every table as ``key`` + value columns, of the keys the layout holds for good (a
         copy, safe after close); a table of natural keys (its index in ``indexes``) holds
         the keys that exist, sorted by key."""
-        out = {}
-        for table in topology.tables:
-            rows = self.layout.keys(table.name)
-            if LIVE in table.state_columns:
-                index = (indexes or {})[table.name]
-                base = self.layout.bases[(table.name, LIVE)]
-                rows = np.flatnonzero(self.values[base : base + len(index)] == 1)
-                rows = rows[np.asarray(pc.array_sort_indices(index.keys(rows)))]
-                keys = index.keys(rows)
-            else:
-                keys = pa.array(rows)
-            columns = {"key": keys}
-            for column in table.columns:
-                columns[column] = pa.array(
-                    self.values[self.layout.cells_of(table.name, column, rows)]
-                )
-            out[table.name] = pa.table(columns)
-        return out
+        return with_keys(self.layout, self.columns(topology), indexes)
+
+
+def with_keys(
+    layout: Layout,
+    columns: dict[str, dict[str, np.ndarray]],
+    indexes: dict[str, KeyIndex] | None = None,
+) -> dict[str, pa.Table]:
+    """Tables of ``columns`` (by table, by column: `SharedState.columns`) with their ``key``
+    column first; of a table of natural keys (a `LIVE` column, its index in ``indexes``),
+    the rows of the keys that exist, sorted by key."""
+    out = {}
+    for name, values in columns.items():
+        live = values.pop(LIVE, None)
+        if live is None:
+            keys, rows = pa.array(layout.keys(name)), slice(None)
+        else:
+            index = (indexes or {})[name]
+            rows = np.flatnonzero(live[: len(index)] == 1)
+            rows = rows[np.asarray(pc.array_sort_indices(index.keys(rows)))]
+            keys = index.keys(rows)
+        out[name] = pa.table({"key": keys, **{c: pa.array(v[rows]) for c, v in values.items()}})
+    return out

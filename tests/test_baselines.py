@@ -66,7 +66,12 @@ def _writes(cells: list[int]) -> Ops:
 
 def _blocked_run(wait: str, ops: Ops, peer: Peer) -> int:
     """Run one kernel with the word ``wait`` names never reaching what it waits for."""
-    state = StateArrays(np.zeros(1, np.int64), np.full(16, -1, np.int64), np.zeros(16, np.int64))
+    state = StateArrays(
+        np.zeros(1, np.int64),
+        np.full(16, -1, np.int64),
+        np.zeros(16, np.int64),
+        np.zeros(8, np.uint8),
+    )
     udf = Udf(*(np.zeros(1, np.int64),) * 2, 0, *(np.zeros(1, np.int64),) * 2)
     results = Outcomes(
         np.zeros(1, np.int8),

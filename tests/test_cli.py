@@ -512,6 +512,30 @@ def test_query_and_status_on_an_unreachable_address_are_exit_2_at_once(verb):
     )
 
 
+RAY_CLIENT = "ray://127.0.0.1:10001"
+RAY_CLIENT_REFUSED = (
+    f"txstream: error: --address {RAY_CLIENT}: Ray Client is not supported; run txstream on "
+    "a node of the cluster, with --address HOST:PORT of its GCS (or auto)\n"
+)
+
+
+@pytest.mark.parametrize("source", ["arrow", "spark"])
+def test_a_ray_client_address_is_exit_2_with_one_line(tmp_path, capsys, monkeypatch, source):
+    data = _generate(tmp_path, "sl", events=10)
+    capsys.readouterr()
+    assert _run_sl(data, tmp_path / "out", "--source", source, "--address", RAY_CLIENT) == 2
+    assert capsys.readouterr().err == RAY_CLIENT_REFUSED
+    monkeypatch.setenv("RAY_ADDRESS", RAY_CLIENT)
+    assert _run_sl(data, tmp_path / "out", "--source", source) == 2
+    assert capsys.readouterr().err == RAY_CLIENT_REFUSED
+    assert not (tmp_path / "out").exists()
+
+
+def test_status_at_a_ray_client_address_is_exit_2_with_one_line():
+    proc = _cli("status", "--address", RAY_CLIENT, "--name", "ledger", timeout=60)
+    assert proc.returncode == 2 and proc.stderr == RAY_CLIENT_REFUSED
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_and_sigint_end_a_query_that_waits_on_a_silent_address(signum):
     with socket.socket() as silent:  # accepts connections and never answers: not a Ray

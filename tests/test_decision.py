@@ -14,7 +14,7 @@ from txstream.schedulers.decision import (
     History,
     Thresholds,
     decide,
-    ordered,
+    executors_for,
 )
 from txstream.topologies.generators import WorkloadSpec, generate
 
@@ -127,13 +127,24 @@ def _decisions(topology: str, spec: WorkloadSpec, **options) -> dict:
     return _team(topology, events, init, udf_cost_us=1, **options).metrics
 
 
-def test_chunks_are_walked_in_order_while_operations_cost_less_than_a_graph():
+def test_one_executor_walks_while_operations_cost_less_than_the_team_adds():
     history = History()
-    assert not ordered(history, TH)  # nothing measured yet: the graph is built
+    assert executors_for(history, TH, 2) == 2  # nothing measured yet: the graph is built
     history.update(_stats(explore_s=2000 * 0.1e-6), memory=0.5)  # 0.1 us per operation
-    assert ordered(history, TH)
+    assert executors_for(history, TH, 2) == 1
     history.update(_stats(explore_s=2000 * 10e-6), memory=0.5)  # costlier: the graph again
-    assert not ordered(history, TH)
+    assert executors_for(history, TH, 2) == 2
+    # c / N + team_cost_us against c: the team pays from 2 x team_cost_us on two, sooner on more
+    history.cost_us = 1.5 * TH.team_cost_us
+    assert executors_for(history, TH, 2) == 1 and executors_for(history, TH, 4) == 4
+    assert executors_for(History(), TH, 1) == 1
+
+
+def test_a_history_saved_for_peers_is_loaded_as_it_was():
+    history = History(cost_us=0.25, merged_share=0.5)
+    words = [0.0] * 4
+    history.save(words)
+    assert History.load(words) == history
 
 
 def test_auto_walks_cheap_operations_in_order_with_serials_results():

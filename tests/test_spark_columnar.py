@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import datetime
 import logging
-import subprocess
 import zipfile
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from txstream.connectors import spark as spark_module
-from txstream.connectors import spark_converter
+from txstream.connectors import spark_converter, spark_private
 from txstream.connectors.spark import SparkSource
 from txstream.connectors.spark_converter import (
-    AGENT_CLASS,
     CHUNKS_CLASS,
     CONVERTER_CLASS,
     CONVERTER_JAR,
-    WARMUP_SAMPLE,
 )
-from txstream.connectors.spark_driver import jvm_flags, spark_class_path, spark_configs
 
 FILE_ROWS = (25_000, 0, 14_000, 1)
 """Several files, one of them empty: splits and batches that do not line up."""
@@ -102,7 +97,7 @@ def small_splits(spark):
 def _drain(folder: str, monkeypatch, *, columnar: bool) -> tuple[pa.Table, list[bool], int]:
     """The source's events, per conversion whether it was columnar, its partitions."""
     taken: list[bool] = []
-    columnar_rdd = spark_module._columnar_rdd
+    columnar_rdd = spark_private._columnar_rdd
 
     def spy(*args):
         rdd = columnar_rdd(*args) if columnar else None
@@ -110,7 +105,7 @@ def _drain(folder: str, monkeypatch, *, columnar: bool) -> tuple[pa.Table, list[
         return rdd
 
     with monkeypatch.context() as patch:
-        patch.setattr(spark_module, "_columnar_rdd", spy)
+        patch.setattr(spark_private, "_columnar_rdd", spy)
         with SparkSource(folder, partition_rows=4_000) as source:
             batches = list(source.iter_batches(1_000))
             table = pa.Table.from_batches(batches, schema=source.schema)
@@ -136,7 +131,7 @@ def test_columnar_path_equals_the_row_path(spark, small_splits, files, monkeypat
 def test_unsupported_columns_take_the_row_path(spark, tmp_path, caplog, monkeypatch):
     table = pa.table({"event_id": [0, 1, 2], "keys": [[1], None, [2, 3]]})
     pq.write_table(table, tmp_path / "lists.parquet")
-    with caplog.at_level(logging.DEBUG, logger=spark_module.__name__):
+    with caplog.at_level(logging.DEBUG, logger=spark_private.__name__):
         columnar, taken, _ = _drain(str(tmp_path), monkeypatch, columnar=True)
     assert taken == [False]
     assert columnar.equals(table)
@@ -147,7 +142,7 @@ def test_a_missing_jar_is_compiled_at_first_use(spark, files, tmp_path, monkeypa
     assert CONVERTER_JAR.is_file(), "./setup compiles the converter"
     folder, expected = files
     jar = tmp_path / "compiled-at-first-use.jar"
-    monkeypatch.setattr(spark_module, "CONVERTER_JAR", jar)
+    monkeypatch.setattr(spark_converter, "CONVERTER_JAR", jar)
     table, taken, _ = _drain(folder, monkeypatch, columnar=True)
     assert jar.is_file() and taken == [True]
     assert table.column("event_id").to_pylist() == list(range(sum(FILE_ROWS)))
@@ -162,53 +157,5 @@ def test_janino_compiles_the_converter_without_javac(tmp_path, monkeypatch):
     assert "CompilerDemo" in " ".join(spark_converter._compile_command(tmp_path))
     jar = spark_converter.build(tmp_path / "converter.jar")
     names = zipfile.ZipFile(jar).namelist()
-    for name in (CONVERTER_CLASS, CHUNKS_CLASS, AGENT_CLASS):
+    for name in (CONVERTER_CLASS, CHUNKS_CLASS):
         assert name.replace(".", "/") + ".class" in names
-
-
-def _java(*args: str) -> subprocess.CompletedProcess:
-    """A JVM as Spark's on Ray are started (their flags, their class path) running ``args``."""
-    command = ["java", *jvm_flags(), "-cp", f"{spark_class_path()}:{CONVERTER_JAR}", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
-
-
-def test_the_warm_up_converts_a_file_of_every_type_as_a_task_does(files):
-    """`Warmup` converts a whole file (every type the converter copies, nulls, dictionary
-    pages that fall back to plain values) through the tasks' code: its `main` runs it in the
-    foreground and says how many rows came out."""
-    folder, _ = files
-    done = _java(AGENT_CLASS, f"{folder}/part-0.parquet")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-1] == f"{FILE_ROWS[0]} rows"
-
-
-def test_a_failed_warm_up_is_one_line_and_the_jvm_goes_on(files, tmp_path):
-    """The agent's warm-up of a sample that is not there fails on its thread, in one line,
-    while the JVM's own work (here a warm-up in the foreground, ~0.5 s) goes on."""
-    folder, _ = files
-    missing = tmp_path / "no-such-sample.parquet"
-    done = _java(f"-javaagent:{CONVERTER_JAR}={missing}", AGENT_CLASS, f"{folder}/part-0.parquet")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-1] == f"{FILE_ROWS[0]} rows"
-    failed = [line for line in done.stderr.splitlines() if "warm-up" in line]
-    assert len(failed) == 1 and str(missing) in failed[0]
-
-
-def test_only_executors_get_the_warm_up_agent(tmp_path, monkeypatch):
-    assert WARMUP_SAMPLE.is_file(), "./setup writes the warm-up sample"
-    agent = f"-javaagent:{CONVERTER_JAR}={WARMUP_SAMPLE}"
-    configs = spark_configs(tmp_path, "error", [])
-    assert agent in configs["spark.executor.extraJavaOptions"].split()
-    others = ("spark.driver.extraJavaOptions", "spark.ray.raydp_app_master.extraJavaOptions")
-    assert not any("-javaagent" in configs[key] for key in others)
-    monkeypatch.setattr(
-        "txstream.connectors.spark_driver.WARMUP_SAMPLE", tmp_path / "missing.parquet"
-    )
-    assert (
-        "-javaagent" not in spark_configs(tmp_path, "error", [])["spark.executor.extraJavaOptions"]
-    )
-
-
-def test_the_jar_names_the_warm_up_as_its_agent():
-    manifest = zipfile.ZipFile(CONVERTER_JAR).read("META-INF/MANIFEST.MF").decode()
-    assert f"Premain-Class: {AGENT_CLASS}" in manifest.splitlines()

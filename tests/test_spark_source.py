@@ -393,31 +393,3 @@ def test_a_ray_without_sparks_class_path_starts_spark_through_raydp(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["1000"]
-
-
-TYPE_CONVERSIONS = """
-import sys
-import pyarrow as pa
-from txstream.connectors.spark import arrow_schema, spark_schema
-
-def shims():
-    return [f for f in sys.meta_path if type(f).__module__ == "_distutils_hack"]
-
-before = shims()
-schema = pa.schema([("a", pa.int64()), ("b", pa.string()), ("c", pa.float64())])
-assert arrow_schema(spark_schema(schema)) == schema
-assert "setuptools" not in sys.modules, "setuptools imported"
-assert not [n for n in sys.modules if n.split(".")[0] == "distutils"], "distutils left behind"
-assert shims() == before, "setuptools' import hook not put back"
-"""
-
-
-def test_type_conversions_import_neither_setuptools_nor_leave_distutils():
-    """pyspark's type conversions import `distutils.version`, which setuptools' shim
-    answers with all of setuptools (a cost on every Spark run's staging): they run with
-    the standard library's distutils, taken out again afterwards."""
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-c", TYPE_CONVERSIONS], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]

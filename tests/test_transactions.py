@@ -20,6 +20,7 @@ from txstream.schedulers._statement_kernels import statement_kernel
 from txstream.schedulers.statements import Statements
 from txstream.state._kernels import undo_log
 from txstream.state.chunk import Outcomes
+from txstream.state.dirty import groups_of
 from txstream.state.layout import Layout
 from txstream.state.operations import COMMITTED, READ, READ_MODIFY, REJECTED, WRITE, Ops
 from txstream.state.tables import StateArrays
@@ -239,7 +240,9 @@ def _outcomes(n: int, rejected: np.ndarray) -> Outcomes:
 
 
 def _state(values: list[int]) -> StateArrays:
-    return StateArrays(np.array(values, np.int64), np.zeros(16, np.int64), np.zeros(16, np.int64))
+    cells = np.array(values, np.int64)
+    dirty = np.zeros(groups_of(len(cells)), np.uint8)
+    return StateArrays(cells, np.zeros(16, np.int64), np.zeros(16, np.int64), dirty)
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,12 @@ def _run(udf: Udf, fun: int, cond: int, value: int, arg: int) -> tuple[int, int]
         dep_cell=np.zeros(0, np.int64),
         txn_ptr=np.array([0, 1], np.int64),
     )
-    state = StateArrays(np.array([value], np.int64), np.zeros(16, np.int64), np.zeros(16, np.int64))
+    state = StateArrays(
+        np.array([value], np.int64),
+        np.zeros(16, np.int64),
+        np.zeros(16, np.int64),
+        np.zeros(8, np.uint8),
+    )
     outcomes = Outcomes(
         np.full(1, COMMITTED, np.int8),
         np.zeros(1, np.int32),

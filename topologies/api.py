@@ -76,7 +76,7 @@ class Table:
     deletes: bool = False
     """Natural keys that are deleted, or whose existence is a condition (`Transactions.delete`,
     `Transactions.exists`): existence is then kept by operations. Else a committed create
-    marks it after its chunk, at no operation's cost (`Transactions.mark_created`)."""
+    marks it after its chunk, at no operation's cost (`Transactions.created_cells`)."""
 
     def __getitem__(self, column: str) -> Column:
         if column not in self.columns:
@@ -411,7 +411,7 @@ class Transactions:
         self._alive: list[np.ndarray] = []
         self._width = 1
         self._creates: list[tuple[str, np.ndarray, np.ndarray | None]] = []
-        """Creates marked after the chunk (`mark_created`): table, key rows, where."""
+        """Creates marked after the chunk (`created_cells`): table, key rows, where."""
 
     def read(self, column: Column, key: Key, *, fun: UserFunction = identity, **kw: Any) -> None:
         """Read ``column[key]`` through ``fun``; the result is added into output ``out``."""
@@ -434,14 +434,18 @@ class Transactions:
         else:
             self._creates.append((table.name, np.asarray(key, np.int64), where))
 
-    def mark_created(self, values: np.ndarray, status: np.ndarray) -> None:
-        """Mark the keys that the committed transactions (their ``status``) created in
-        tables without deletes: after their chunk, before its snapshot, since no
-        transaction reads their existence (`Table.deletes`)."""
+    def created_cells(self, status: np.ndarray) -> np.ndarray:
+        """The existence cells of the keys that the committed transactions (their
+        ``status``) created in tables without deletes, to be set after their chunk, before
+        its snapshot, since no transaction reads their existence (`Table.deletes`)."""
         committed = status == COMMITTED
-        for table, key, where in self._creates:
-            made = committed if where is None else committed & where
-            values[self.layout.cells_of(table, LIVE, key[made])] = 1
+        cells = [
+            self.layout.cells_of(
+                table, LIVE, key[committed if where is None else committed & where]
+            )
+            for table, key, where in self._creates
+        ]
+        return np.concatenate(cells) if cells else np.zeros(0, np.int64)
 
     def delete(self, table: Table, key: Key, *, where: np.ndarray | None = None) -> None:
         """Remove ``key`` of a table of natural keys (declared with ``deletes``): it no
@@ -763,7 +767,7 @@ class Topology:
 
     @property
     def marks_created(self) -> bool:
-        """Whether a chunk's creates are marked after it (`Transactions.mark_created`)."""
+        """Whether a chunk's creates are marked after it (`Transactions.created_cells`)."""
         return any(t.natural and not t.deletes for t in self.tables)
 
     @property

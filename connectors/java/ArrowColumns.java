@@ -24,12 +24,8 @@ import org.apache.arrow.vector.ipc.message.MessageSerializer;
 import org.apache.arrow.vector.types.pojo.Schema;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.Path;
-import org.apache.hadoop.mapred.FileSplit;
-import org.apache.hadoop.mapreduce.TaskAttemptID;
-import org.apache.hadoop.mapreduce.task.TaskAttemptContextImpl;
 import org.apache.parquet.format.converter.ParquetMetadataConverter;
 import org.apache.parquet.hadoop.ParquetFileReader;
-import org.apache.parquet.hadoop.ParquetInputFormat;
 import org.apache.parquet.hadoop.metadata.BlockMetaData;
 import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
@@ -40,15 +36,8 @@ import org.apache.spark.deploy.SparkHadoopUtil;
 import org.apache.spark.rdd.InputFileBlockHolder;
 import org.apache.spark.rdd.RDD;
 import org.apache.spark.sql.execution.datasources.parquet.ParquetDictionary;
-import org.apache.spark.sql.execution.datasources.parquet.ParquetReadSupport;
-import org.apache.spark.sql.execution.datasources.parquet.ParquetReadSupport$;
-import org.apache.spark.sql.execution.datasources.parquet.ParquetToSparkSchemaConverter;
-import org.apache.spark.sql.execution.datasources.parquet.VectorizedParquetRecordReader;
 import org.apache.spark.sql.execution.vectorized.Dictionary;
 import org.apache.spark.sql.execution.vectorized.WritableColumnVector;
-import org.apache.spark.sql.internal.SQLConf;
-import org.apache.spark.sql.types.DataTypes;
-import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.ArrowUtils;
 import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
@@ -110,94 +99,6 @@ public final class ArrowColumns implements FlatMapFunction {
   @Override
   public Iterator call(Object batches) {
     return new Batches(this, (Iterator) batches, hadoopConfiguration());
-  }
-
-  /**
-   * Convert the whole Parquet file {@code path} as a task converts its split, and drop the
-   * output: a fresh JVM's first conversion loads and initialises the reader's, Hadoop's and
-   * Arrow's classes and runs interpreted until the JIT has compiled its loops ({@link
-   * Warmup}). Its Hadoop configuration is Hadoop's defaults and makes a file system of its own,
-   * so that the executor's (cached, made with Spark's configuration) is not this one.
-   * Returns the rows converted.
-   */
-  public static long warm(String path, int maxRows) throws Exception {
-    Configuration conf = new Configuration();
-    conf.setBoolean("fs.file.impl.disable.cache", true);
-    String[] off = {
-      SQLConf.PARQUET_BINARY_AS_STRING().key(),
-      SQLConf.PARQUET_INT96_AS_TIMESTAMP().key(),
-      SQLConf.CASE_SENSITIVE().key(),
-      SQLConf.PARQUET_INFER_TIMESTAMP_NTZ_ENABLED().key(),
-      SQLConf.LEGACY_PARQUET_NANOS_AS_LONG().key()
-    };
-    for (int i = 0; i < off.length; i++) {
-      conf.setBoolean(off[i], false);
-    }
-    Path file = new Path(new java.io.File(path).toURI());
-    long length = file.getFileSystem(conf).getFileStatus(file).getLen();
-    StructType schema = new ParquetToSparkSchemaConverter(conf)
-        .convert(ParquetFileReader.readFooter(conf, file).getFileMetaData().getSchema());
-    conf.set(ParquetReadSupport$.MODULE$.SPARK_ROW_REQUESTED_SCHEMA(), schema.json());
-    conf.set(ParquetInputFormat.READ_SUPPORT_CLASS, ParquetReadSupport.class.getName());
-    VectorizedParquetRecordReader reader =
-        new VectorizedParquetRecordReader(false, SQLConf.get().parquetVectorizedReaderBatchSize());
-    int[] columns = new int[schema.length()];
-    for (int i = 0; i < columns.length; i++) {
-      columns[i] = i;
-    }
-    StructType withPosition = schema.add("position", DataTypes.LongType);
-    String arrowJson = ArrowUtils.toArrowSchema(withPosition, "UTC", true, false).toJson();
-    InputFileBlockHolder.set(file.toUri().toString(), 0L, length);
-    Batches converted = null;
-    long rows = 0;
-    try {
-      reader.initialize(
-          new FileSplit(file, 0L, length, new String[0]),
-          new TaskAttemptContextImpl(conf, new TaskAttemptID()));
-      reader.enableReturningBatches();
-      ArrowColumns spec = new ArrowColumns(arrowJson, columns, 0L, maxRows);
-      converted = new Batches(spec, new Scan(reader), conf);
-      while (converted.hasNext()) {
-        converted.next();
-        rows += converted.root.getRowCount();
-      }
-    } finally {
-      if (converted != null) {
-        converted.close();
-      }
-      InputFileBlockHolder.unset();
-      reader.close();
-    }
-    return rows;
-  }
-
-  /** A Parquet reader's batches as the iterator a scan gives a task. */
-  private static final class Scan implements Iterator {
-    private final VectorizedParquetRecordReader reader;
-    private Boolean ready;
-
-    Scan(VectorizedParquetRecordReader reader) {
-      this.reader = reader;
-    }
-
-    public boolean hasNext() {
-      if (ready == null) {
-        try {
-          ready = Boolean.valueOf(reader.nextKeyValue());
-        } catch (java.io.IOException e) {
-          throw new IllegalStateException("cannot read " + e.getMessage(), e);
-        }
-      }
-      return ready.booleanValue();
-    }
-
-    public Object next() {
-      if (!hasNext()) {
-        throw new NoSuchElementException();
-      }
-      ready = null;
-      return reader.getCurrentValue();
-    }
   }
 
   /** A task's output: its columnar batches, copied into one reused set of Arrow vectors. */

@@ -43,10 +43,16 @@ class Member:
         self.timeout_ns = int(timeout_s * 1e9)
         self._asked = 0
         self._failures_seen = 0
+        self.alone = False
+        """This executor runs the current chunk without its peers, which stepped aside
+        (the scheduler's `Scheduler.alone_next`): its barriers wait for no one and its
+        peers' shares are empty."""
 
     def barrier(self, breakdown: Breakdown) -> None:
         """Wait for every executor (charged to ``time`` as sync); raises if one failed
-        or the timeout passed."""
+        or the timeout passed. Alone, there is no one to wait for."""
+        if self.alone:
+            return
         with breakdown.timing("sync"):
             why = barrier_wait(self.sync, self.parties, self.timeout_ns)
         self.check(why)
@@ -63,9 +69,14 @@ class Member:
             publish(self.sync, published_word(self.rank, which), value)
 
     def shares(self) -> list[Sizes]:
-        """What every executor published of its share, by rank."""
+        """What every executor published of its share, by rank (alone: the peers' are
+        empty)."""
+        fields = range(len(Sizes._fields))
+        empty = Sizes(*(0 for _ in fields))
         return [
-            Sizes(*(int(self.sync[published_word(e, w)]) for w in range(len(Sizes._fields))))
+            empty
+            if self.alone and e != self.rank
+            else Sizes(*(int(self.sync[published_word(e, w)]) for w in fields))
             for e in range(self.parties)
         ]
 
