@@ -19,13 +19,21 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import actor_processes
 from prometheus_client.parser import text_string_to_metric_families
 from txstream import Job
 from txstream.errors import UsageError
-from txstream.monitor.live_metrics import Figures, Histogram, RunCollector, bounded_reasons
+from txstream.monitor.live_metrics import (
+    CHUNK_BOUNDS,
+    Figures,
+    Histogram,
+    RunCollector,
+    bounded_reasons,
+)
+from txstream.monitor.metrics import SizeHistogram
 from txstream.monitor.report import render
 from txstream.topologies.generators import WorkloadSpec, generate
 
@@ -84,7 +92,10 @@ def test_metrics_equal_the_sessions_own_counts_and_health_answers(tmp_path):
         session.push(events)
         session.flush()
         got = samples(port)
+        text = http(f"http://127.0.0.1:{port}/metrics")[1]
         statuses = output_statuses(session)
+        assert f'txstream_up{{run="run-{os.getpid()}",topology="gs"}} 1.0' in text
+        assert not _answers_on(_outward_address(), port)  # 127.0.0.1 only by default
         assert http(f"http://127.0.0.1:{port}/healthz")[0] == 200
         assert http(f"http://127.0.0.1:{port}/readyz")[0] == 200
         assert http(f"http://127.0.0.1:{port}/state")[0] == 404  # metrics and health only
@@ -121,6 +132,45 @@ def test_metrics_equal_the_sessions_own_counts_and_health_answers(tmp_path):
     assert got["txstream_recoveries_total", ()] == 0
     with pytest.raises(urllib.error.URLError):  # the port is free again once closed
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+
+
+def _outward_address() -> str:
+    """This host's address on its way out (not the loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: it only picks the route
+        return probe.getsockname()[0]
+
+
+def _answers_on(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_metrics_host_chooses_where_they_are_served(tmp_path):
+    """``--metrics-host`` opens the metrics to other hosts (here: on every address)."""
+    _, init = generate("sl", WorkloadSpec(events=10, keys=10, seed=1))
+    port, outward = free_port(), _outward_address()
+    assert outward != "127.0.0.1"
+    job = Job("sl", source="arrow", metrics_port=port, metrics_host="0.0.0.0", progress=False)
+    with job.start(init, output=tmp_path / "out", name="open"):
+        assert _answers_on(outward, port)
+        assert http(f"http://{outward}:{port}/healthz")[0] == 200
+
+
+def test_chunk_sizes_are_counted_as_they_come_in_bounded_memory():
+    sizes = SizeHistogram()
+    drawn = np.random.default_rng(3).integers(1, 2_000_000, 20_000)
+    for size in drawn:
+        sizes.add(int(size))
+    buckets, count = sizes.buckets(CHUNK_BOUNDS)
+    assert buckets == np.searchsorted(np.sort(drawn), CHUNK_BOUNDS, side="right").tolist()
+    assert count == sizes.count == len(drawn) and sizes.sum == drawn.sum()
+    assert sizes.max == drawn.max() and sizes.counts.nbytes < 20_000
+    assert sizes.median() == pytest.approx(np.median(drawn), rel=0.012)
+    assert SizeHistogram().median() == 0
 
 
 def test_a_table_of_natural_keys_counts_the_keys_that_exist(tmp_path):
@@ -192,11 +242,12 @@ def test_a_port_in_use_or_out_of_range_is_one_line(tmp_path):
         port = taken.getsockname()[1]
         with pytest.raises(UsageError, match=f"--metrics-port {port}: the port is in use"):
             Job("sl", source="arrow", metrics_port=port, progress=False).start(init)
-    for bad in ("0", "65536", "x"):
-        cli = [sys.executable, "-m", "txstream", "run", "sl", "--metrics-port", bad]
+    for bad in (["0"], ["65536"], ["x"], ["9464", "--nodes", "2"]):
+        cli = [sys.executable, "-m", "txstream", "run", "sl", "--metrics-port", *bad]
         cli += ["--input", "i", "--init-state", "s", "--output", str(tmp_path / "o")]
         proc = subprocess.run(cli, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "--nodes N > 1 takes none" in proc.stderr  # one host's session is served
 
 
 def _decided(got: dict[tuple[str, tuple], float]) -> float:
@@ -421,6 +472,13 @@ def test_prometheus_reads_a_session_on_ray_through_rays_endpoint(
         promql = 'sum by (status) (ray_txstream_events_total{run="on-ray"})'
         want = {(("status", s),): float(n) for s, n in told["statuses"].items()}
         wait_for(lambda: _subset(want, query(api, promql)), "the counts through Ray", 120)
+        ray_latency = 'sum(ray_txstream_latency_seconds_count{run="on-ray"})'
+        wait_for(lambda: query(api, ray_latency) == {(): 5000.0}, "latencies through Ray", 60)
+        by_bound = 'sum by (le) (ray_txstream_latency_seconds_bucket{run="on-ray"})'
+        buckets = query(api, by_bound)
+        ordered = [buckets[(("le", le),)] for le in sorted_bounds(buckets)]
+        assert ordered == sorted(ordered) and ordered[-1] == 5000.0, buckets
+        assert 0 < query(api, f"histogram_quantile(0.99, {by_bound})")[()] < 60
         session.stdin.write("close\n")
         session.stdin.flush()
         out, err = session.communicate(timeout=120)
@@ -429,6 +487,11 @@ def test_prometheus_reads_a_session_on_ray_through_rays_endpoint(
         if session.poll() is None:
             session.kill()
             session.wait(30)
+
+
+def sorted_bounds(buckets: dict[tuple, float]) -> list[str]:
+    """The ``le`` labels of a histogram's buckets, ascending (``+Inf`` last)."""
+    return sorted((dict(labels)["le"] for labels in buckets), key=float)
 
 
 def _subset(want: dict, got: dict) -> bool:
