@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -87,7 +88,14 @@ def wait_for(check: Callable[[], bool], what: str, seconds: float = 60) -> None:
 def test_metrics_equal_the_sessions_own_counts_and_health_answers(tmp_path):
     events, init = generate("gs", WorkloadSpec(events=6000, keys=300, abort_ratio=0.1, seed=2))
     port = free_port()
-    job = Job("gs", source="arrow", scheduler="morphstream", executors=2, metrics_port=port)
+    job = Job(
+        "gs",
+        source="arrow",
+        scheduler="morphstream",
+        executors=2,
+        transport="threads",  # without Ray
+        metrics_port=port,
+    )
     with job.start(init, output=tmp_path / "out") as session:
         session.push(events)
         session.flush()
@@ -149,15 +157,44 @@ def _answers_on(host: str, port: int) -> bool:
         return False
 
 
-def test_metrics_host_chooses_where_they_are_served(tmp_path):
-    """``--metrics-host`` opens the metrics to other hosts (here: on every address)."""
+def test_metrics_host_chooses_where_they_are_served_and_a_starting_run_is_not_ready(
+    tmp_path,
+):
+    """``--metrics-host`` opens the metrics to other hosts (here: on every address); while
+    the team starts, ``/readyz`` answers 503 and ``/healthz`` 200."""
     _, init = generate("sl", WorkloadSpec(events=10, keys=10, seed=1))
     port, outward = free_port(), _outward_address()
     assert outward != "127.0.0.1"
-    job = Job("sl", source="arrow", metrics_port=port, metrics_host="0.0.0.0", progress=False)
-    with job.start(init, output=tmp_path / "out", name="open"):
-        assert _answers_on(outward, port)
-        assert http(f"http://{outward}:{port}/healthz")[0] == 200
+    job = Job(
+        "sl",
+        source="arrow",
+        transport="threads",
+        metrics_port=port,
+        metrics_host="0.0.0.0",
+        progress=False,
+    )
+    answers: list[tuple[int, int]] = []
+    started = threading.Event()
+
+    def probe() -> None:
+        while not started.is_set():
+            try:
+                answers.append((http(f"{url}/readyz")[0], http(f"{url}/healthz")[0]))
+            except OSError:  # not listening yet
+                time.sleep(0.01)
+
+    url = f"http://{outward}:{port}"
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        with job.start(init, output=tmp_path / "out", name="open"):
+            started.set()
+            prober.join()
+            assert http(f"{url}/readyz")[0] == 200
+    finally:
+        started.set()
+        prober.join()
+    assert (503, 200) in answers, answers
 
 
 def test_chunk_sizes_are_counted_as_they_come_in_bounded_memory():
