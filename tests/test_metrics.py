@@ -187,7 +187,7 @@ def test_metrics_host_chooses_where_they_are_served_and_a_starting_run_is_not_re
     prober = threading.Thread(target=probe)
     prober.start()
     try:
-        with job.start(init, output=tmp_path / "out", name="open"):
+        with job.start(init, output=tmp_path / "out"):
             started.set()
             prober.join()
             assert http(f"{url}/readyz")[0] == 200
