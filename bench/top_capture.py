@@ -87,7 +87,7 @@ def main() -> None:
             url = f"http://127.0.0.1:{port}/metrics"
             feed()
             wait_for_metrics(url, run, tmp / "run.log")
-            shell = f"{TXSTREAM} top {url}"
+            shell = f'{TXSTREAM} top {url}; echo "[exit $?]"; sleep 600'  # the screen stays
             tmux(server, "new-session", "-d", "-s", "top", "-x", "110", "-y", "40", shell)
             killed = False
             deadline = time.monotonic() + 300
@@ -103,7 +103,7 @@ def main() -> None:
                 recovered = re.search(r"recoveries\s+1\b", screen)
                 if killed and recovered and " 0 events/s" not in screen:
                     break
-                if time.monotonic() > deadline:
+                if "[exit" in screen or time.monotonic() > deadline:
                     raise SystemExit(f"top never showed a recovery:\n{screen}")
             for _ in range(5):  # a few seconds more: the rate after the recovery
                 feed()
