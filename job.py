@@ -90,7 +90,14 @@ class Job:
         self._check_nodes(name=name)
         cfg = with_key_type(self.config, init_state)
         events = checked_events(events, topologies.get(cfg.topology, cfg.key_type), cfg.source)
-        session_plan = self._plan(init_state, output, name=name, progressive=False, source=events)
+        session_plan = self._plan(
+            init_state,
+            output,
+            name=name,
+            progressive=False,
+            source=events,
+            queryable=name is not None,
+        )
         try:
             with (
                 run_log(output, self.config.log_level, self.config.verbose, self.console),
@@ -202,7 +209,7 @@ class Job:
 
         self._check_nodes(follow=True, name=name)
         warning = check_folder(folder)
-        session_plan = self._plan(init_state, output, name=name)
+        session_plan = self._plan(init_state, output, name=name, queryable=name is not None)
         if warning:
             self.console.warn(warning)
         try:

@@ -21,13 +21,16 @@ import pyarrow as pa
 from txstream import schedulers, topologies
 from txstream.cluster.topology import pin_process
 from txstream.cluster.transport import get
+from txstream.errors import RuntimeFailure
 from txstream.monitor.metrics import LIVE_EXECUTOR, Breakdown
+from txstream.schedulers._kernels import ABORT_NS, run_transactions
 from txstream.schedulers.decision import ABORT, EXPLORE, GRANULARITY, ORDERED
 from txstream.schedulers.statements import Statements
 from txstream.schedulers.team.aborts import MAP_SEGMENT
 from txstream.schedulers.team.member import Member
 from txstream.schedulers.team.placement import Seat
 from txstream.state import dirty
+from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, undo_log
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.chunk import (
     ChunkArrays,
@@ -37,7 +40,7 @@ from txstream.state.chunk import (
     TeamSegment,
     segment_name,
 )
-from txstream.state.operations import STATUS_NAMES
+from txstream.state.operations import COMMITTED, REJECTED, STATUS_NAMES
 from txstream.state.segments import SegmentLayout
 from txstream.state.shared import ArrayHandle, SharedArray
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
@@ -109,6 +112,38 @@ def _output_rows(
     return pa.RecordBatch.from_arrays(columns, schema=rows_schema(topology))
 
 
+def run_in_place(
+    topology: Topology, state: SharedState, events: pa.Table, udf_cost_us: float
+) -> pa.RecordBatch:
+    """``events`` run by the calling thread straight on ``state``, one by one in ts order
+    with serial's kernel (every scheduler's results equal serial's); their output rows, ts
+    from 0. No chunk, team or sink: what a few events cost is then their work, not a
+    pipeline's hand-offs (a node's step of a run over several, `txstream.nodes.member`).
+    Only while the state's team is idle."""
+    batch = EventShare(one_batch(events), topology, state.layout.sizes)
+    topology.pre_process(batch)
+    statements = Statements(batch, state.layout)
+    topology.state_access(batch, statements)
+    sizes = statements.sizes()
+    n, outputs = batch.n, len(topology.outputs)
+    outcomes = Outcomes(
+        np.where(batch.reason != 0, REJECTED, COMMITTED).astype(np.int8),
+        batch.reason.astype(np.int32),
+        np.zeros((n, outputs), np.int64),
+        np.zeros((n, outputs), np.bool_),
+    )
+    udf = topology.udf(int(round(udf_cost_us * 1000)))
+    reads = np.empty(max(1, sizes.op_reads), np.int64)
+    waited = np.zeros(ABORT_NS + 1, np.int64)
+    ops = statements.operations()
+    log = undo_log(sizes.txn_ops)
+    if run_transactions(0, n, ops, state.arrays, udf, reads, log, outcomes, waited) == SET_FULL:
+        raise RuntimeFailure(SET_FULL_MESSAGE)
+    if topology.marks_created:
+        state.write(statements.created_cells(outcomes.status), 1)
+    return _output_rows(topology, batch, outcomes, 0)
+
+
 DECISIONS = (
     *(("explore", choice) for choice in (*EXPLORE, ORDERED)),
     *(("granularity", choice) for choice in GRANULARITY),
@@ -128,7 +163,8 @@ class Executor:
     team's sync block: a shared-memory handle, or an array when executors are threads.
     A scheduler that declares Coordinator policies needs the run's `Coordinator` serving
     that block. Executor 0
-    hands what each chunk wrote to the ``snapshots`` ring at its end (queries read it).
+    hands what each chunk wrote to the ``snapshots`` ring at its end (queries read it; a
+    run nobody can query has none: `Plan.queryable`).
     """
 
     def __init__(
@@ -138,7 +174,7 @@ class Executor:
         seat: Seat,
         sync: ArrayHandle | np.ndarray,
         segment_prefix: str,
-        snapshots: SnapshotHandle | SnapshotRing,
+        snapshots: SnapshotHandle | SnapshotRing | None,
         sink: object | None = None,
         cpu: int | None = None,
         checkpoints: CheckpointBufferHandle | None = None,
@@ -319,10 +355,13 @@ class Executor:
         """Executor 0, the whole team past the chunk's last barrier: hand what the chunk
         wrote to the snapshots of queries and to the checkpoints (a copy of it all, with
         ``checkpoint``); what it costs grows with the chunk's writes, not the state."""
+        if self.snapshots is None and self.checkpoints is None:
+            return
         if self._taken is None:
             self._taken = np.empty(len(self.state.dirty), np.int64)
         groups = dirty.take(self.state.dirty, self._taken)
-        self.snapshots.publish(self.state.values, groups, ts)
+        if self.snapshots is not None:
+            self.snapshots.publish(self.state.values, groups, ts)
         if self.checkpoints is not None:
             self.checkpoints.note(self.state, groups)
             if checkpoint:
@@ -427,7 +466,8 @@ class Executor:
             if segment is not None:
                 segment.close()
         self.state.close()
-        self.snapshots.close()
+        if self.snapshots is not None:
+            self.snapshots.close()
         if self.checkpoints is not None:
             self.checkpoints.close()
         for attached in (self._sync, self._live_segment):

@@ -81,8 +81,8 @@ class ProgressController:
     """Takes pushed input in order and dispatches it to the whole team (module docstring).
 
     ``schema`` is the topology's canonical event schema (every pushed batch is conformed
-    to it); ``watermark``, ``snapshots``, ``layout`` and ``tables`` (value columns by
-    table) serve outside readers.
+    to it); ``watermark``, ``snapshots`` (None: nobody may query, `Plan.queryable`),
+    ``layout`` and ``tables`` (value columns by table) serve outside readers.
     """
 
     def __init__(
@@ -92,7 +92,7 @@ class ProgressController:
         executors: list,
         sink: object,
         watermark: ArrayHandle,
-        snapshots: SnapshotHandle,
+        snapshots: SnapshotHandle | None,
         layout: Layout,
         tables: dict[str, list[str]],
         checkpoints: CheckpointBufferHandle | None = None,

@@ -129,8 +129,10 @@ class Engine:
         ensure_reaper()  # what a SIGKILL of this process would leave is removed at once
         run_id = new_run_id()
         self.prefix = run_prefix(run_id)
+        # a key is its row (`Layout`) or in its table's key index: the key columns go
+        # before the state is allocated, which the init values alone then stand beside
+        init = {name: table.drop_columns(["key"]) for name, table in plan.take_init().items()}
         self.state = stack.enter_context(SharedState.create(run_id, plan.layout, plan.set_capacity))
-        init = plan.take_init()
         if plan.resume is not None:
             self.restore(plan.resume)
         else:
@@ -146,8 +148,9 @@ class Engine:
         stack.callback(self.live.close)
         self.live_before = np.zeros(self.live.handle.shape)
         """What the executors of the teams before this one had published."""
-        self.snapshots = SnapshotRing.create(run_id, plan.layout.cells)
-        stack.callback(self.snapshots.close)
+        self.snapshots = SnapshotRing.create(run_id, plan.layout.cells) if plan.queryable else None
+        if self.snapshots is not None:
+            stack.callback(self.snapshots.close)
         stack.callback(sweep_segments, self.prefix)  # if an executor died
         self.buffer = None
         if plan.store is not None:
@@ -197,12 +200,14 @@ class Engine:
         published = self.live.array.copy()
         self.live.array[:] = 0  # a scrape meanwhile reads less, never twice (`LiveTeam`)
         self.live_before = self.live_before + published
-        self.snapshots.reset(self.state.values, ts)
+        if self.snapshots is not None:
+            self.snapshots.reset(self.state.values, ts)
         self.watermark.reset(ts)
         if self.buffer is not None:
             self.buffer.reset(ts)
         plan.output.drop_parts_from(ts)
         sweep_segments(self.prefix)
+        self.state.unmap_pages()  # the team's mappings hold the state while it runs
         sink = transport.start(
             Sink,
             plan.output,
@@ -214,6 +219,7 @@ class Engine:
         )
         self._actors.append(sink)
         buffer = self.buffer.handle if self.buffer is not None else None
+        snapshots = self.snapshots.handle if self.snapshots is not None else None
         # a process is pinned as it starts; a thread by its first call (on its own thread)
         pin = transport.separate_processes
         executors = [
@@ -224,7 +230,7 @@ class Engine:
                 seat,
                 self._sync.handle,
                 self.prefix,
-                self.snapshots.handle,
+                snapshots,
                 sink,
                 cpu if pin else None,
                 buffer,
@@ -251,7 +257,7 @@ class Engine:
             executors,
             sink,
             self.watermark.handle,
-            self.snapshots.handle,
+            snapshots,
             plan.layout,
             plan.tables,
             buffer,
@@ -369,7 +375,8 @@ class Engine:
         coordinator = self.get(self.serving) if self.serving is not None else None
         summary = self.get(self.sink.finish.remote())
         self.get([e.close.remote() for e in self.executors])
-        self.snapshots.close()  # no query after the end: its memory goes before the results'
+        if self.snapshots is not None:  # no query after the end: its memory goes first
+            self.snapshots.close()
         return run_info, coordinator, summary
 
     def take_tables(self, indexes: dict[str, KeyIndex] | None = None) -> dict[str, pa.Table]:

@@ -57,6 +57,9 @@ class Plan:
     """The checkpoint of an interrupted run this session continues from."""
     keys: dict[str, KeyIndex] | None = None
     """The key index of every table of natural keys, holding its init keys."""
+    queryable: bool = True
+    """Outside readers may query the state while it runs: the engine keeps snapshots of
+    it for them (`txstream.state.snapshots`). A one-shot run without a name has none."""
 
     @property
     def label(self) -> str:
@@ -103,12 +106,14 @@ def plan(
     progressive: bool = True,
     source: Any = None,
     share: NodeShare | None = None,
+    queryable: bool = True,
 ) -> Plan:
     """Check everything a session needs before starting anything; UsageError,
     SchemaError or TopologyError otherwise. ``progressive``: outputs are committed as
     part files while the session runs (a one-shot run commits once, at the end).
     ``source``: a one-shot run's input (it identifies the run for checkpoints); ``share``:
-    the keys a node of a run over several holds (``init_state`` has only those)."""
+    the keys a node of a run over several holds (``init_state`` has only those);
+    ``queryable``: see `Plan.queryable`."""
     config = with_key_type(config, init_state)
     topology = topologies.get(config.topology, config.key_type)
     cores = host_topology(config.sockets).assign(config.executors)
@@ -117,12 +122,14 @@ def plan(
     pa.set_memory_pool(pa.system_memory_pool())
     init = read_init_state(topology, init_state, share)
     sizes = share.sizes if share else topology.sizes_from({k: t.num_rows for k, t in init.items()})
-    natural = [t for t in topology.tables if t.natural]
-    if natural and (share is not None or config.nodes > 1):
-        raise UsageError("--nodes N > 1 runs on dense keys only; natural keys run on one node")
-    limits = {t.name: config.max_keys or 2 * sizes[t.name] + EXTRA_KEYS for t in natural}
-    sizes |= limits
-    keys = key_indexes(topology, init, limits)
+    keys: dict[str, KeyIndex] = {}
+    if share is None:
+        natural = [t for t in topology.tables if t.natural]
+        limits = {t.name: config.max_keys or 2 * sizes[t.name] + EXTRA_KEYS for t in natural}
+        sizes |= limits
+        keys = key_indexes(topology, init, limits)
+    else:  # the driver turns natural keys into rows: the node's events carry rows
+        topology = topology.on_rows()
     layout = Layout.of(topology.tables, sizes, share)
     if name is not None and not name:
         raise UsageError("a session name must not be empty")
@@ -164,6 +171,7 @@ def plan(
         store,
         resume,
         keys,
+        queryable,
     )
 
 

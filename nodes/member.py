@@ -6,23 +6,33 @@ A node's state holds its own keys (`txstream.state.layout.NodeShare`), then rows
 other nodes' keys that a step's cross transactions touch: each step, the values sent to it
 (`txstream.nodes.sequencer`) take those rows, and what the transactions write there is
 dropped with them. The driver calls `step` once per level with the node's events of that
-level; steps run in the order given (a sequence number checks it): a step whose input from
-another node was lost fails, and so do the ones after it, until the run recovers.
+level, without waiting; steps run in the order given (a sequence number checks it). The
+values a step sends go straight to the nodes that need them (`deliver`, a call of one
+actor on another, served on a thread of its own while a step runs), never through the
+driver: a step waits only for the values it reads, not for the other nodes' steps of its
+level. A step whose values do not come (their sender lost) fails, and the run recovers.
 
-The node knows each of its events' place in the whole input (global ts) and whether its
-output is the one that counts (the event's home is this node); with checkpoints, it
-writes them beside each checkpoint (``ts-<local ts>.npz``), so that a resumed node still
-knows them for the events its checkpoint covers.
+A step of few events runs in place (`Session.run_in_place`): not pushed through the
+session's pipeline, whose hand-offs would cost more than its work; the node keeps their
+outputs itself. The node knows each of its pushed events' place in the whole input (global
+ts) and whether its output is the one that counts (the event's home is this node); with
+checkpoints, it writes them beside each checkpoint (``ts-<local ts>.npz``), and the
+outputs of the events run in place since the one before (``in-place-<round>.parquet``), so
+that a resumed node still has them for the events its checkpoint covers.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import ray
 from txstream import topologies
 from txstream.actors.executor import output_schema
 from txstream.cluster.topology import keep_freed_memory
@@ -34,6 +44,15 @@ from txstream.monitor.console import Console
 from txstream.nodes import rounds
 from txstream.session import Session
 from txstream.state.layout import Layout, NodeShare
+
+IN_PLACE_EVENTS = 1024
+"""A step of at most this many events runs in place: below it, the pipeline's hand-offs
+(push, ProgressController, the executors' barriers, Sink) cost more than the work."""
+IN_PLACE = "in-place-"
+"""Beside a node's checkpoints: the outputs of the events it ran in place, per round."""
+MAIL = "mail"
+"""The concurrency group of `NodeTeam.deliver`: values arrive while a step runs."""
+CONCURRENCY = {MAIL: 1}
 
 
 class NodeTeam:
@@ -51,23 +70,37 @@ class NodeTeam:
     ):
         keep_freed_memory()
         self.node = share.node
-        self.topology = topologies.get(topology)
+        config = RunConfig(topology=topology, **options)
+        self.topology = topologies.get(topology, config.key_type)
         self.whole = Layout.of(self.topology.tables, share.sizes)
         """The layout of every key, in which the driver names cells."""
-        config = RunConfig(topology=topology, **options)
         planned = plan(config, init, Path(output) if output else None, share=share)
         self.layout = planned.layout
         self.session = Session(planned, console=Console(enabled=False), transport=ThreadTransport())
         self.next_step = 0
         self.step_seconds = 0.0
-        """Spent in steps: the rest of a level's time is Ray's (calls, values between nodes)."""
+        """Spent in steps once their values arrived: the rest of a level's time is Ray's
+        (calls, values between nodes)."""
         self.folder = Path(config.checkpoint_dir) if config.checkpoint_dir else None
         self.global_ts: list[np.ndarray] = []
         self.home: list[np.ndarray] = []
         self.written = 0
         """Events whose global ts are written beside a checkpoint."""
+        self.in_place: list[pa.Table] = []
+        """Output rows (global ts) of the events run in place whose home is this node."""
+        self.in_place_written = 0
+        """Of `in_place`, those written beside a checkpoint."""
+        self.peers: list[Any] = []
+        """Every node's team (`connect`), this one's included."""
+        self._mail: dict[tuple[int, int, int], np.ndarray] = {}
+        """Values delivered: by (unit, level, sending node)."""
+        self._arrived = threading.Condition()
+        self.timeout_s = config.timeout_s
         if self.session.resumed_from:
             self._load_positions(self.session.resumed_from)
+        if self.folder is not None:
+            resumed = planned.resume
+            self._load_in_place(rounds.round_of(resumed.path) if resumed else 0)
 
     def resumed_from(self) -> int:
         """Events of this node's own input that its checkpoint covered (0: a fresh start)."""
@@ -90,43 +123,87 @@ class NodeTeam:
                 f"events, its checkpoint {upto}"
             )
 
+    def _load_in_place(self, number: int) -> None:
+        """The outputs of the events run in place up to round ``number``, from the files
+        beside the checkpoints (those of later rounds go)."""
+        for path in sorted(self.folder.glob(f"{IN_PLACE}*.parquet")):
+            if int(path.stem[len(IN_PLACE) :]) > number:
+                path.unlink()
+            else:
+                self.in_place.append(pq.read_table(path))
+        self.in_place_written = len(self.in_place)
+
+    def connect(self, peers: list[Any]) -> None:
+        """Every node's team, in node order: where `step` sends values."""
+        self.peers = peers
+
+    @ray.method(concurrency_group=MAIL)
+    def deliver(self, level: tuple[int, int], source: int, values: np.ndarray) -> None:
+        """The values node ``source`` sends for this node's step of ``level`` (unit,
+        level)."""
+        with self._arrived:
+            self._mail[(*level, source)] = values
+            self._arrived.notify_all()
+
+    def _received(self, level: tuple[int, int], sources: list[int]) -> list[np.ndarray]:
+        """The values of ``sources`` for the step of ``level``, once all arrived."""
+        keys = [(*level, source) for source in sources]
+        deadline = time.monotonic() + self.timeout_s
+        with self._arrived:
+            while not all(key in self._mail for key in keys):
+                if not self._arrived.wait(max(0.0, deadline - time.monotonic())):
+                    raise RuntimeFailure(
+                        f"node {self.node}: no values from nodes {sources} within "
+                        f"{self.timeout_s} s"
+                    )
+            return [self._mail.pop(key) for key in keys]
+
     def step(
         self,
         seq: int,
+        level: tuple[int, int],
         events: pa.Table | None,
         take: np.ndarray | None,
         global_ts: np.ndarray,
         home: np.ndarray,
-        receive: np.ndarray,
-        send: list[np.ndarray],
-        *values: np.ndarray,
-    ) -> Any:
-        """Step ``seq``: install ``values`` (from other nodes) into the cells ``receive``,
-        run ``events`` (its rows ``take``, if given; at ``global_ts`` in the input; ``home``:
-        whether their outputs count here) to the end, then read the cells of ``send`` (one
-        array per node to send to). Returns the values read: one array per entry of
-        ``send``, or None."""
-        begin = time.perf_counter()
+        receive: list[tuple[int, np.ndarray]],
+        send: list[tuple[int, np.ndarray]],
+        placed: dict[str, np.ndarray],
+    ) -> None:
+        """Step ``seq``, of ``level`` (unit, level): place the new rows of tables of
+        natural keys (``placed``: the node of each, `NodeShare.place`), install the values
+        of the cells ``receive`` once their nodes delivered them, run ``events`` (its rows
+        ``take``, if given; at ``global_ts`` in the input; ``home``: whether their outputs
+        count here) to the end, then send the cells of ``send`` to their nodes' next
+        level."""
         if seq != self.next_step:
             raise RuntimeFailure(
                 f"node {self.node} was given step {seq}, expected {self.next_step}"
             )
         session = self.session
-        if len(receive):
-            session.set_cells(self._install(receive), np.concatenate(values))
+        for table, owner in placed.items():
+            self.layout.share.place(table, owner)
+        values = self._received(level, [source for source, _ in receive])
+        begin = time.perf_counter()
+        if receive:
+            cells = np.concatenate([cells for _, cells in receive])
+            session.set_cells(self._install(cells), np.concatenate(values))
         if take is not None:
             events = events.take(take)
-        if events is not None and events.num_rows:
+        if events is not None and 0 < events.num_rows <= IN_PLACE_EVENTS:
+            rows = pa.Table.from_batches([session.run_in_place(events)]).filter(pa.array(home))
+            self.in_place.append(rows.set_column(0, "ts", pa.array(global_ts[home])))
+        elif events is not None and events.num_rows:
             session.push(events)
             self.global_ts.append(global_ts)
             self.home.append(home)
             session.drain()
         self.next_step += 1
-        out = [session.read_cells(self._local(*self.whole.locate(cells))) for cells in send]
+        unit, at = level
+        for to, cells in send:
+            values = session.read_cells(self._local(*self.whole.locate(cells)))
+            self.peers[to].deliver.remote((unit, at + 1), self.node, values)
         self.step_seconds += time.perf_counter() - begin
-        if not out:
-            return None
-        return out[0] if len(out) == 1 else tuple(out)
 
     def _install(self, cells: np.ndarray) -> np.ndarray:
         """Rows for the other nodes' keys among ``cells`` (of `whole`), for this step; the
@@ -141,7 +218,7 @@ class NodeTeam:
         share = self.layout.share
         for number, name in enumerate(names):
             keys_held = held[bounds[number] : bounds[number + 1]] - number * span
-            share.hold(name, keys_held[share.others(keys_held)])
+            share.hold(name, keys_held[share.others(name, keys_held)])
         return self._local(columns, where, keys)
 
     def _local(self, columns: list[tuple[str, str]], where: np.ndarray, keys: np.ndarray):
@@ -160,6 +237,10 @@ class NodeTeam:
         written first; its ts on this node."""
         session = self.session
         session.drain()
+        if len(self.in_place) > self.in_place_written:
+            path = self.folder / f"{IN_PLACE}{number:06d}.parquet"
+            pq.write_table(pa.concat_tables(self.in_place[self.in_place_written :]), path)
+            self.in_place_written = len(self.in_place)
         if session.pushed > self.written:
             ts, home = np.concatenate(self.global_ts), np.concatenate(self.home)
             self.global_ts, self.home = [ts], [home]
@@ -219,7 +300,11 @@ class NodeTeam:
         local = events.column("ts").to_numpy()
         keep = np.concatenate(self.home or [np.zeros(0, bool)])[local] & wanted[local]
         mine = events.filter(pa.array(keep))
-        return mine.set_column(0, "ts", pa.array(global_ts[local[keep]]))
+        mine = mine.set_column(0, "ts", pa.array(global_ts[local[keep]]))
+        if not self.in_place:
+            return mine
+        in_place = pa.concat_tables(self.in_place).cast(mine.schema)
+        return pa.concat_tables([mine, in_place.filter(pc.greater_equal(in_place["ts"], since))])
 
     def discard(self) -> None:
         """Stop this node's session without committing anything (its results were merged)."""

@@ -41,14 +41,15 @@ def take_back(folder: Path, upto: int, number: int) -> None:
     store = CheckpointStore(folder)
     store.drop_after(upto)
     newest = store.latest()
-    if newest is None or _round(newest.path) == number:
+    if newest is None or round_of(newest.path) == number:
         return
     kept = folder / KEPT
     shutil.rmtree(newest.path)
-    if kept.exists() and _round(kept) == number:
+    if kept.exists() and round_of(kept) == number:
         kept.rename(newest.path)
 
 
-def _round(path: Path) -> int | None:
+def round_of(path: Path) -> int | None:
+    """The round the checkpoint at ``path`` belongs to (None: not marked)."""
     marked = path / ROUND
     return int(marked.read_text()) if marked.exists() else None

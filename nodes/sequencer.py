@@ -1,6 +1,7 @@
 """The sequencer of a run over several nodes: which node does what, in which step.
 
-The state is partitioned by key: key ``k`` of every table lives on node ``node_of(k, N)``.
+The state is partitioned by key: key ``k`` of every table lives on node ``node_of(k, N)``
+(of a table of natural keys, row ``k`` on the node of its natural key's ``node_of``).
 The input has one total order (ts), fixed before anything runs, so the nodes need no commit protocol
 (Calvin, SIGMOD 2012): a transaction whose cells all live on one node (*local*) runs there
 as on one host; one that spans nodes (*cross*) runs on every node it touches, each having
@@ -34,7 +35,7 @@ import pyarrow as pa
 from txstream.errors import TopologyError
 from txstream.schedulers.statements import Statements
 from txstream.state.keys import node_of
-from txstream.state.layout import Layout, NodeShare, owners
+from txstream.state.layout import Layout, NodeShare
 from txstream.topologies.api import EventShare, Topology
 
 
@@ -67,13 +68,24 @@ class UnitPlan:
 class Partition:
     """Key ``k`` of every table on node ``node_of(k)`` (`txstream.state.layout.NodeShare`):
     the owner of every cell of the flat state of every key (``layout``), which cells hold
-    distinct sets, and how many other nodes' keys of each table a node has room for."""
+    distinct sets, and how many other nodes' keys of each table a node has room for.
 
-    def __init__(self, layout: Layout, topology: Topology, nodes: int):
+    A table of natural keys (``placed``: the node of each of its rows so far, from
+    ``node_of`` of its natural key) grows: the rows given since are placed (`place`) before
+    a unit that names them is sequenced."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        topology: Topology,
+        nodes: int,
+        placed: dict[str, np.ndarray] | None = None,
+    ):
         self.nodes = nodes
-        self.shares = [NodeShare(node, nodes, layout.sizes) for node in range(nodes)]
+        self.layout = layout
+        self.shares = [NodeShare(node, nodes, layout.sizes, placed) for node in range(nodes)]
         tables = list(layout.sizes)
-        self.owner = np.empty(layout.cells, np.int64)
+        self.owner = np.zeros(layout.cells, np.int64)
         self.is_set = np.zeros(layout.cells, np.bool_)
         self.row = layout.row_of_cell()
         """The (table, key) of every cell, as one number."""
@@ -83,9 +95,24 @@ class Partition:
         distinct = {t.name for t in topology.tables if t.distinct}
         for (table, _), base in layout.bases.items():
             size = layout.sizes[table]
-            self.owner[base : base + size] = owners(size, nodes)[0]
+            owner, _ = self.shares[0].owners(table)
+            self.owner[base : base + len(owner)] = owner
             self.is_set[base : base + size] = table in distinct
             self.table_of_row[self.row[base : base + size]] = tables.index(table)
+
+    def place(self, table: str, owner: np.ndarray) -> None:
+        """The nodes of the next rows of ``table``, a table of natural keys."""
+        first = self.shares[0].placed(table)
+        for share in self.shares:
+            share.place(table, owner)
+        for (name, _), base in self.layout.bases.items():
+            if name == table:
+                self.owner[base + first : base + first + len(owner)] = owner
+
+    def owner_of(self, table: str, keys: np.ndarray) -> np.ndarray:
+        """The node of each of ``keys`` (rows given so far) of ``table``."""
+        owner, _ = self.shares[0].owners(table)
+        return owner[keys]
 
 
 def touched_cells(
@@ -106,8 +133,8 @@ def touched_cells(
 def participants(
     layout: Layout, nodes: int, n: int, txn: np.ndarray, cells: np.ndarray
 ) -> np.ndarray:
-    """A bit per node that takes part in each of ``n`` transactions (`touched_cells`):
-    the owners of its cells, node 0 for a transaction without any."""
+    """A bit per node that takes part in each of ``n`` transactions (`touched_cells`) of
+    tables of dense keys: the owners of its cells, node 0 for a transaction without any."""
     mask = np.zeros(n, np.int64)
     if len(txn):
         _, _, keys = layout.locate(cells)

@@ -4,11 +4,9 @@ nodes that own the keys, and merges what the nodes produced into one output, as 
 on one host writes it (`Job.run` is a session too: start, push everything, close).
 
 Each node is a `NodeTeam` actor placed on its own Ray node. The values one node sends
-another are a step's results, Ray objects that the receiving node's next step takes as
-arguments: the driver never waits for them, Ray starts the step once they exist (small
-ones travel through the driver's process, which owns them; large ones between the nodes'
-object stores). The driver only submits, at most `UNITS_IN_FLIGHT` units ahead of the
-slowest node, and remembers for every node which of its events are whose (global ts) and
+another go from node to node (`NodeTeam.deliver`), never through the driver, which only
+submits every level's steps at once, at most `UNITS_IN_FLIGHT` units ahead of the slowest
+node, and remembers for every node which of its events are whose (global ts) and
 whose outputs count (the event's home node).
 """
 
@@ -43,11 +41,13 @@ from txstream.monitor.metrics import LatencyHistogram
 from txstream.nodes import rounds
 from txstream.nodes.cost import COST, critical_events
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
+from txstream.nodes.member import CONCURRENCY as TEAM_CONCURRENCY
 from txstream.nodes.member import NodeTeam
 from txstream.nodes.sequencer import Partition, Sequencer, UnitPlan, cut, touched_cells
 from txstream.result import Result
-from txstream.state.keys import node_of
+from txstream.state.keys import StreamKeys, node_of, restored_indexes
 from txstream.state.operations import STATUS_NAMES
+from txstream.state.tables import with_keys
 from txstream.topologies.api import conform_events
 
 if TYPE_CHECKING:  # Spark's connector is imported only when Spark stages the input
@@ -72,6 +72,8 @@ RESTART_PAUSE_S = 2.0
 that a node it was placed on is gone."""
 NODES_META = "nodes.json"
 """In the checkpoint folder: the last checkpoint every node took, and what it belongs to."""
+KEYS_FILE = "keys.npz"
+"""In the checkpoint folder: the driver's key indexes as of its last checkpoint."""
 NEVER = 1 << 40
 """A node's own checkpoint interval: nodes checkpoint only when the driver says."""
 
@@ -146,10 +148,13 @@ class NodesSession:
         self.config = plan.config
         self.console = console
         nodes = self.config.nodes
-        self.partition = Partition(plan.layout, plan.topology, nodes)
-        self.sequencer = Sequencer(plan.topology, plan.layout, self.partition)
+        self.keys = StreamKeys(plan.keys, plan.topology.key_columns) if plan.keys else None
+        """The key index of every table of natural keys: the driver turns keys into rows."""
+        self._partition()
         self.teams: list[Any] = []
         self.steps = [0] * nodes
+        self.units_submitted = 0
+        """Units submitted since the start, each a fresh name for its values between nodes."""
         self.latency = LatencyHistogram()
         self.figures = {
             "units": 0,
@@ -211,6 +216,18 @@ class NodesSession:
         self._bar = self._stack.enter_context(
             console.progress(plan.expected_events or 0, "running", self._begin, 0)
         )
+
+    def _partition(self) -> None:
+        """The partition of the keys and the sequencer on it: every row given so far of a
+        table of natural keys on the node of its natural key's ``node_of``."""
+        plan, nodes = self.plan, self.config.nodes
+        placed = {}
+        for table, index in (self.keys.indexes if self.keys else {}).items():
+            placed[table] = node_of(index.keys(), nodes)
+        self.partition = Partition(plan.layout, plan.topology, nodes, placed)
+        self.sequencer = Sequencer(plan.topology, plan.layout, self.partition)
+        self.shipped = [{t: len(o) for t, o in placed.items()} for _ in range(nodes)]
+        """Per node, the rows of each table of natural keys it was told the node of."""
 
     def _open_door(self, name: str) -> None:
         """Outside readers reach the session by ``name`` (`txstream.nodes.front`): a door
@@ -289,6 +306,12 @@ class NodesSession:
                         f"{value}); use another --checkpoint-dir or remove it"
                     )
             self.saved = _Saved(meta["ts"], meta["local"], meta["round"])
+            if self.keys is not None:  # the rows of natural keys as they were then
+                with np.load(self.folder / KEYS_FILE) as saved:
+                    indexes = restored_indexes(self.keys.indexes, saved.__getitem__)
+                self.plan.keys = indexes
+                self.keys = StreamKeys(indexes, self.plan.topology.key_columns)
+                self._partition()
             self.ts = self.done = self._resumed_from = self.saved.ts
             last = meta.get("last_batch_id")
             self._inputs = InputLog(keep=False, last_batch_id=last)
@@ -297,6 +320,7 @@ class NodesSession:
             return
         self.plan.store.clear()  # and the mark of a completed run
         meta_path.unlink(missing_ok=True)
+        (self.folder / KEYS_FILE).unlink(missing_ok=True)
         for old in self.folder.glob("node-*"):
             shutil.rmtree(old)
 
@@ -341,7 +365,7 @@ class NodesSession:
         if source is not events and hasattr(source, "close"):  # staged by Spark for it
             self._stack.callback(source.close)
         size = min(UNIT_EVENTS, self.every) if self.folder is not None else UNIT_EVENTS
-        if staged_by_spark(source):
+        if staged_by_spark(source) and self.keys is None:  # natural keys: rows given here
             units = self._spark_units(source, size)
         else:
             units = (self._read_unit(batch) for batch in source.iter_batches(size))
@@ -381,7 +405,19 @@ class NodesSession:
         """A unit of events the driver has read."""
         plan = self.plan
         events = conform_events(batch, plan.topology.event_schema)
+        if self.keys is not None:
+            events = self.keys.rows(events)
+            self._place()
         return _Unit(events.num_rows, *touched_cells(plan.topology, plan.layout, events), events)
+
+    def _place(self) -> None:
+        """Place the rows the key index gave since the last unit: each on the node of its
+        natural key."""
+        for table, index in self.keys.indexes.items():
+            first = self.partition.shares[0].placed(table)
+            if index.count > first:
+                keys = index.keys(np.arange(first, index.count, dtype=np.int64))
+                self.partition.place(table, node_of(keys, self.config.nodes))
 
     def _spark_units(self, source: SparkSource, size: int) -> Iterator[_Unit]:
         """The units of a Spark source's partitions, each prepared by a Ray task on the
@@ -463,6 +499,26 @@ class NodesSession:
         leaves recovering to the thread that pushes)."""
         if self._result is not None:
             raise UsageError("the session is closed")
+        if self.keys is not None and table in self.keys.indexes:  # by natural key
+            return self.keys.query(
+                table, keys, lambda rows: self._query_placed(table, rows, recover)
+            )
+        return self._query_rows(table, keys, recover)
+
+    def _query_placed(self, table: str, rows: np.ndarray, recover: bool) -> tuple[int, pa.Table]:
+        """`_query_rows` of rows of a table of natural keys; a row that a unit not
+        sequenced yet was given holds no key at the cut (all 0, `LIVE` included)."""
+        placed = rows < self.partition.shares[0].placed(table)
+        w, got = self._query_rows(table, rows[placed], recover)
+        if placed.all():
+            return w, got
+        later = int((~placed).sum())
+        zeros = pa.table({c: pa.array(np.zeros(later, np.int64)) for c in got.column_names})
+        order = np.concatenate([np.flatnonzero(placed), np.flatnonzero(~placed)])
+        return w, pa.concat_tables([got, zeros]).take(pa.array(np.argsort(order)))
+
+    def _query_rows(self, table: str, keys: Any, recover: bool) -> tuple[int, pa.Table]:
+        """`_query` of rows ``keys`` (the keys of a table of dense keys)."""
         size = self.plan.layout.sizes.get(table)
         if size is None:
             tables = ", ".join(self.plan.layout.sizes)
@@ -471,7 +527,7 @@ class NodesSession:
         bad = wanted[(wanted < 0) | (wanted >= size)]
         if len(bad):
             raise UsageError(f"query: key {int(bad[0])} is not a key of {table!r} (0..{size - 1})")
-        owner = node_of(wanted, self.config.nodes)
+        owner = self.partition.owner_of(table, wanted)
         asked = [n for n in range(self.config.nodes) if (owner == n).any()]
         at: list[int] = []  # the cut: events submitted when the questions were
 
@@ -545,13 +601,14 @@ class NodesSession:
         }
         for share, node_id in zip(self.partition.shares, node_ids, strict=True):
             node, output = share.node, None
+            self.shipped[node] = {t: share.placed(t) for t in self.shipped[node]}
             if self.folder is not None:
                 home = self.folder / f"node-{node}"
                 rounds.take_back(home, self.saved.local[node], self.saved.round)
                 options["checkpoint_dir"] = str(home)
                 options["checkpoint_every"] = NEVER  # only when the driver says
                 output = str(home / "output")
-            init = {name: t.take(share.own_keys(name)) for name, t in self.plan.init.items()}
+            init = {name: _own_init(t, share.own_keys(name)) for name, t in self.plan.init.items()}
             team = start_actor(
                 NodeTeam,
                 share,
@@ -561,8 +618,10 @@ class NodesSession:
                 output,
                 label=f"node {node}",
                 node_id=node_id,
+                concurrency_groups=TEAM_CONCURRENCY,
             )
             self.teams.append(team)
+        self._get([team.connect.remote(self.teams) for team in self.teams])
         resumed = self._get([team.resumed_from.remote() for team in self.teams])
         if resumed != self.saved.local:
             raise RuntimeFailure(
@@ -641,6 +700,10 @@ class NodesSession:
         number = self.saved.round + 1
         local = self._ask(lambda: [team.checkpoint.remote(number) for team in self.teams])
         self.saved = _Saved(self.ts, local, number)
+        if self.keys is not None:  # every key the nodes' rows hold (`StreamKeys.arrays`)
+            with open(self.folder / f"{KEYS_FILE}.tmp", "wb") as f:
+                np.savez(f, **self.keys.arrays())
+            (self.folder / f"{KEYS_FILE}.tmp").replace(self.folder / KEYS_FILE)
         meta = {**self._identity(), "ts": self.ts, "local": local, "round": number}
         meta["last_batch_id"] = self._inputs.position(self.ts)["last_batch_id"]
         written = self.folder / f"{NODES_META}.tmp"
@@ -690,41 +753,43 @@ class NodesSession:
         f["exchanged_values"] += unit.exchanged
         f["gathered_units"] += unit.gathered
         f["critical_events"] += critical_events(unit)
-        sent: dict[tuple[int, int], Any] = {}  # (from, to) -> values for the next level
         refs = []
-        for level in unit.steps:
-            received, sent = sent, {}
+        for at, level in enumerate(unit.steps):
             for node, step in enumerate(level):
                 if step is None:
                     continue
-                cells = [c for _, c in step.receive]
-                values = [received.pop((source, node)) for source, _ in step.receive]
                 rows, take = (
                     whole.rows(node, step.events, unit.gathered)
                     if len(step.events)
                     else (None, None)
                 )
-                out = (
-                    self.teams[node]
-                    .step.options(num_returns=max(1, len(step.send)))
-                    .remote(
-                        self.steps[node],
-                        rows,
-                        take,
-                        ts0 + step.events,
-                        unit.home[step.events] == node,
-                        np.concatenate(cells) if cells else np.zeros(0, np.int64),
-                        [c for _, c in step.send],
-                        *values,
-                    )
+                ref = self.teams[node].step.remote(
+                    self.steps[node],
+                    (self.units_submitted, at),
+                    rows,
+                    take,
+                    ts0 + step.events,
+                    unit.home[step.events] == node,
+                    step.receive,
+                    step.send,
+                    self._placed_since(node),
                 )
                 self.steps[node] += 1
                 f["steps"] += 1
-                outs = out if isinstance(out, list) else [out]
-                for (to, _), ref in zip(step.send, outs, strict=False):
-                    sent[(node, to)] = ref
-                refs.append(outs[0])
+                refs.append(ref)
+        self.units_submitted += 1
         return refs
+
+    def _placed_since(self, node: int) -> dict[str, np.ndarray]:
+        """The node of every row of a table of natural keys given since ``node`` was last
+        told (`NodeTeam.step` places them)."""
+        placed = {}
+        for table, shipped in self.shipped[node].items():
+            owner, _ = self.partition.shares[0].owners(table)
+            if len(owner) > shipped:
+                placed[table] = owner[shipped:].copy()
+                self.shipped[node][table] = len(owner)
+        return placed
 
     def _complete(self, unit: tuple[float, int, list]) -> None:
         """Wait for a unit's steps; its events' latency from the moment it was sequenced."""
@@ -738,16 +803,16 @@ class NodesSession:
         nodes' own metrics."""
         results = self._ask(lambda: [team.results.remote() for team in self.teams])
         merged = self._merged([events for events, _, _ in results])
-        state = {}
+        columns: dict[str, dict[str, np.ndarray]] = {}
         for name, first in results[0][1].items():
             size = self.plan.layout.sizes[name]
-            columns = {"key": pa.array(np.arange(size, dtype=np.int64))}
+            columns[name] = {}
             for column in first.column_names[1:]:
-                values = np.empty(size, np.int64)
+                values = np.zeros(size, np.int64)
                 for (_, tables, _), share in zip(results, self.partition.shares, strict=True):
                     values[share.own_keys(name)] = tables[name].column(column).to_numpy()
-                columns[column] = pa.array(values)
-            state[name] = pa.table(columns, schema=first.schema)
+                columns[name][column] = values
+        state = with_keys(self.plan.layout, columns, self.keys.indexes if self.keys else None)
         return merged, state, [m for _, _, m in results]
 
     def _metrics(self, outputs: pa.Table, nodes: list[dict], seconds: float) -> dict:
@@ -789,6 +854,7 @@ class NodesSession:
         if self.folder is not None:
             self.plan.store.mark_complete()
             (self.folder / NODES_META).unlink(missing_ok=True)
+            (self.folder / KEYS_FILE).unlink(missing_ok=True)
             for node in self.folder.glob("node-*"):
                 shutil.rmtree(node)
 
@@ -801,3 +867,9 @@ class NodesSession:
             raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
         except ray.exceptions.RayError as exc:
             raise actor_failure(exc) from exc
+
+
+def _own_init(table: pa.Table, own: np.ndarray) -> pa.Table:
+    """The rows of ``table`` (an init table) among a node's ``own`` rows: those of a table
+    of natural keys given since (a node started again after new keys) hold no init."""
+    return table.take(own[own < table.num_rows])

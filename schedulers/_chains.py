@@ -9,21 +9,22 @@ never waits; the team cannot deadlock.
 from __future__ import annotations
 
 from txstream.schedulers.team._versions import explore_op
+from txstream.schedulers.team.placement import pool_of_row
 from txstream.state._kernels import SET_FULL
 from txstream.state._numba import fetch_add, inline, jit, monotonic_ns, store_release
+from txstream.state.layout import row_of
 from txstream.state.sync import OK, STRIDE, wait_at_least
 
 
 @jit
-def pool_rows(
-    first, end, ops, row_of_cell, row_pool, pools, row_ops, fill, claims, claim_ops, pool_ptr
-):
-    """Work pools: the rows operations first..end-1 touch, grouped by pool, busiest
-    first, with their operation counts. ``row_ops`` (per row, all 0) and ``fill`` (per
-    pool) are scratch; ``row_ops`` is left all 0. Returns the number of rows."""
+def pool_rows(first, end, ops, spans, pools, row_ops, fill, claims, claim_ops, pool_ptr):
+    """Work pools: the rows operations first..end-1 touch (``spans``: `Layout.spans`),
+    grouped by pool, busiest first, with their operation counts. ``row_ops`` (per row,
+    all 0) and ``fill`` (per pool) are scratch; ``row_ops`` is left all 0. Returns the
+    number of rows."""
     n_rows = 0
     for o in range(first, end):
-        r = row_of_cell[ops.cell[o]]
+        r = row_of(ops.cell[o], spans)
         if row_ops[r] == 0:
             claims[n_rows] = r
             n_rows += 1
@@ -31,15 +32,16 @@ def pool_rows(
     # counting sort by pool, then insertion into each pool by descending operations
     pool_ptr[:] = 0
     for i in range(n_rows):
-        pool_ptr[row_pool[claims[i]] + 1] += 1
+        pool_ptr[pool_of_row(claims[i], pools) + 1] += 1
     for p in range(pools):
         pool_ptr[p + 1] += pool_ptr[p]
     for p in range(pools):
         fill[p] = pool_ptr[p]
     for i in range(n_rows):
         r = claims[i]
-        j = fill[row_pool[r]]
-        fill[row_pool[r]] = j + 1
+        p = pool_of_row(r, pools)
+        j = fill[p]
+        fill[p] = j + 1
         claim_ops[j] = r  # rows in pool order, for now
     for i in range(n_rows):
         claims[i] = claim_ops[i]
@@ -82,11 +84,11 @@ def claim_rows(me, begin, end, claims, claim_ops, row_owner, words, counter, quo
 
 
 @jit
-def fill_owners(first, end, ops, row_of_cell, row_owner, owner):
+def fill_owners(first, end, ops, spans, row_owner, owner):
     """The owner of operations first..end-1: the owner of their row (read once here,
     then in ts order by the kernels)."""
     for o in range(first, end):
-        owner[o] = row_owner[row_of_cell[ops.cell[o]]]
+        owner[o] = row_owner[row_of(ops.cell[o], spans)]
 
 
 @jit

@@ -98,8 +98,9 @@ class PoolSeat(NamedTuple):
     size: int
     """Executors in the pool."""
     parties: int
-    row_pool: np.ndarray
-    row_of_cell: np.ndarray
+    pools: int
+    spans: np.ndarray
+    """The layout's spans (`Layout.spans`): the row of each cell."""
     words: np.ndarray
     ready: np.ndarray
     """Per pool, a region of ``capacity`` entries holding queued units + 1."""

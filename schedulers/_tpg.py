@@ -23,8 +23,10 @@ from typing import NamedTuple
 
 import numpy as np
 from txstream.schedulers.team._links import link_batch, txn_fates
+from txstream.schedulers.team.placement import pool_of_row
 from txstream.state._kernels import hash64
 from txstream.state._numba import inline, jit, monotonic_ns, store_release
+from txstream.state.layout import row_of
 from txstream.state.sync import OK, STRIDE, wait_at_least
 
 
@@ -356,14 +358,14 @@ def unit_owner(u, fine, links, units):
 
 
 @jit
-def count_pending(me, first, end, fine, ops, links, units, row_pool, row_of_cell, pool_units):
+def count_pending(me, first, end, fine, ops, links, units, spans, pools, pool_units):
     """Dependencies of the units executor ``me`` owns among operations first..end-1 (TD
     and PD in the batch for an operation; PD from other units for a coarse unit), and
     how many of its units are in each pool (added to ``pool_units``)."""
     for u in range(first, end):
         if not is_unit(u, fine, links, units) or unit_owner(u, fine, links, units) != me:
             continue
-        pool_units[row_pool[row_of_cell[ops.cell[u]]]] += 1
+        pool_units[pool_of_row(row_of(ops.cell[u], spans), pools)] += 1
         n = 0
         if fine:
             if links.chain_prev[u] >= first:
@@ -437,7 +439,7 @@ def _count_or_place(phase, level, o, level_ptr, listed):
 @inline
 def pool_of(o, ops, seat):
     """The pool of operation ``o``'s row (``seat``: `_explore.PoolSeat`)."""
-    return seat.row_pool[seat.row_of_cell[ops.cell[o]]]
+    return pool_of_row(row_of(ops.cell[o], seat.spans), seat.pools)
 
 
 @inline

@@ -304,8 +304,8 @@ class MorphStreamScheduler(SpeculativeScheduler):
             seat.pool_ranks.index(team.rank),
             len(seat.pool_ranks),
             team.parties,
-            self._row_pool,
-            self._row_of_cell,
+            seat.pools,
+            self._spans,
             self.run["words"],
             chunk.ready,
             chunk.dims.operations,
@@ -423,8 +423,8 @@ class MorphStreamScheduler(SpeculativeScheduler):
                     ops,
                     links,
                     units,
-                    self._row_pool,
-                    self._row_of_cell,
+                    self._spans,
+                    team.seat.pools,
                     counted,
                 )
                 for pool in np.flatnonzero(counted):
@@ -539,7 +539,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         )
         compile_for(
             count_pending,
-            *(team.rank, 0, 0, True, ops, links, units, self._row_pool, self._row_of_cell),
+            *(team.rank, 0, 0, True, ops, links, units, self._spans, team.seat.pools),
             np.zeros(team.seat.pools, np.int64),
         )
         compile_for(

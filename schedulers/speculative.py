@@ -22,7 +22,6 @@ from txstream.schedulers.team._links import partition as link_partition
 from txstream.schedulers.team._versions import scratch, undo_aborted_tails
 from txstream.schedulers.team.aborts import Repairs, Speculation, chunk_versions, repair_arrays
 from txstream.schedulers.team.member import Member
-from txstream.schedulers.team.placement import row_pools
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
 from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
@@ -49,11 +48,9 @@ class SpeculativeScheduler(Scheduler):
 
     def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
         super().__init__(config, topology, state, team)
-        nothing = np.zeros(0, np.int64)
-        self._row_of_cell = self._row_pool = nothing
-        self._part = link_partition(nothing, 0, team.parties)
-        self._explores = False
-        """Whether the arrays of exploring are allocated (`_allocate_exploring`)."""
+        self._spans = state.layout.spans()
+        """Where each column's cells and rows begin (`Layout.spans`): a cell's row."""
+        self._part = link_partition(self._spans, team.parties)
         self._repairs: Repairs | None = None
 
     def map_run(self, arrays: dict[str, np.ndarray]) -> None:
@@ -64,13 +61,12 @@ class SpeculativeScheduler(Scheduler):
         )
 
     def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
-        """Room to list the operations this executor links in the chunk; its share of
-        the chunk's operations and reads dealt to the executors that link them, so that
-        each links only its own (`deal_share`; the whole team, one barrier)."""
-        if chunk.dims.operations and not self._explores:
-            self._allocate_exploring()
-        self._part = with_room(self._part, len(ops))
+        """Room to link the chunk (`with_room`: what it holds follows the chunk, not the
+        state); this executor's share of the chunk's operations and reads dealt to the
+        executors that link them, so that each links only its own (`deal_share`; the
+        whole team, one barrier)."""
         team, ptr = self.team, chunk.arrays["dealt_ptr"]
+        self._part = with_room(self._part, len(ops))
         shares = team.shares()
         first_op = sum(c.operations for c in shares[: team.rank])
         first_item = first_op + sum(c.reads for c in shares[: team.rank])
@@ -88,16 +84,6 @@ class SpeculativeScheduler(Scheduler):
             )
         team.barrier(breakdown)
         take_dealt(team.rank, self._part, ptr)
-
-    def _allocate_exploring(self) -> None:
-        """The arrays of exploring, the first time a chunk with operations is explored:
-        several int64 per cell of the state, which a team that only walks chunks in order
-        (morphstream's `auto` on cheap operations) never needs."""
-        layout = self.state.layout
-        self._row_of_cell = layout.row_of_cell()
-        self._part = link_partition(self._row_of_cell, layout.rows, self.team.parties)
-        self._row_pool = row_pools(layout.rows, self.team.seat.pools)
-        self._explores = True
 
     def finish(
         self, chunk: ChunkArrays, ops: OperationShare, first: int, end: int, breakdown: Breakdown

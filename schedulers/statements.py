@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from txstream.errors import TopologyError
+from txstream.state.keys import LIVE
 from txstream.state.layout import Layout
 from txstream.state.operations import Ops
 from txstream.topologies._kernels import (
@@ -123,10 +124,8 @@ class Statements(Transactions):
             f"{self._targets[target][0]!r}; pre_process must reject such events"
         )
 
-    def touched(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(txn, cell)``: every cell each transaction writes or reads (its operations'
-        targets and parametric reads), grouped by transaction in ascending order; what a
-        sequencer needs to know where a transaction's state lives (`txstream.nodes`)."""
+    def operations(self) -> Ops:
+        """Every statement's operations, built into arrays of their own (no chunk's)."""
         ops, reads, width = self.sizes()[:3]
         built = Ops(
             *(np.empty(ops, dtype) for dtype in (np.int64, np.int64, np.int8)),
@@ -137,7 +136,20 @@ class Statements(Transactions):
             txn_ptr=np.empty(self.events.n + 1, np.int64),
         )
         self.build_into(built, 0, 0, 0)
-        txn = np.concatenate([built.txn, np.repeat(built.txn, np.diff(built.dep_ptr))])
-        cell = np.concatenate([built.cell, built.dep_cell])
+        return built
+
+    def touched(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(txn, cell)``: every cell each transaction writes or reads (its operations'
+        targets and parametric reads, and the existence of the keys it creates), grouped
+        by transaction in ascending order; what a sequencer needs to know where a
+        transaction's state lives (`txstream.nodes`)."""
+        built = self.operations()
+        txn = [built.txn, np.repeat(built.txn, np.diff(built.dep_ptr))]
+        cell = [built.cell, built.dep_cell]
+        for table, key, where in self._creates:  # the existence a commit marks (`create`)
+            at = np.flatnonzero((key >= 0) if where is None else (key >= 0) & where)
+            txn.append(at)
+            cell.append(self.layout.cells_of(table, LIVE, key[at]))
+        txn, cell = np.concatenate(txn), np.concatenate(cell)
         order = np.argsort(txn, kind="stable")
         return txn[order], cell[order]

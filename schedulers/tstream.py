@@ -97,8 +97,7 @@ class TStreamScheduler(SpeculativeScheduler):
                     0,
                     len(ops),
                     spec.ops,
-                    self._row_of_cell,
-                    self._row_pool,
+                    self._spans,
                     seat.pools,
                     self._row_ops,
                     self._fill,
@@ -121,7 +120,7 @@ class TStreamScheduler(SpeculativeScheduler):
         team.barrier(breakdown)
         with breakdown.timing("explore"):
             first, stop = _share(len(ops), team.rank, team.parties)
-            fill_owners(first, stop, spec.ops, self._row_of_cell, chunk.row_owner, spec.links.owner)
+            fill_owners(first, stop, spec.ops, self._spans, chunk.row_owner, spec.links.owner)
         team.barrier(breakdown)
 
     def _claim(self, chunk: ChunkArrays, begin: int, end: int, quota: int) -> None:

@@ -5,15 +5,15 @@ Schedulers and kernels work on dense rows only; a chunk's key columns are turned
 before it is handed to the team, in ``ts`` order, so a new key gets the next free row in
 the order the stream first names it, whatever runs the chunk. An index is an open-addressing
 hash table of ``row + 1`` (0: free slot) over the keys held in row order: for int64 keys
-the values, for strings their bytes and offsets, so it costs the key bytes plus 16 to 32
-bytes a key.
+the values, for strings their bytes and offsets, so it costs the key bytes plus 8 bytes and
+its slots (11 to 23 bytes; more in a small table, `SMALL`) a key. Its slots double a step at
+a time (`KeyIndex._translate`), so that no chunk boundary pays for a whole doubling.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -29,19 +29,12 @@ LIVE = "_live"
 """The column of a table of natural keys that is 1 where a key exists (contract §2)."""
 KEYS_PREFIX = "keys-"
 """Names of the arrays of key indexes in a checkpoint (`StreamKeys.arrays`)."""
-MISSING, FULL, UNKNOWN, NULL = -1, -2, -3, -4
+MISSING, FULL, UNKNOWN, NULL, NAMED = -1, -2, -3, -4, -16
 """Rows the kernels give a key that is not in the index (or malformed), one that did not
-fit (`--max-keys`), a dictionary entry not looked up yet, a null key."""
-NO_BITS = np.zeros(0, np.uint8)
-"""The validity bitmap of an array without nulls."""
+fit (`--max-keys`), a dictionary entry not looked up yet, a null key; and below NAMED,
+the entries a chunk names while it is turned into rows (`_named_entries`)."""
 DICTIONARIES = 8
 """String dictionaries whose rows an index keeps (a source's, used again by later chunks)."""
-LOAD = 0.7
-MOVE_STEP = 1 << 17
-"""Rows of the old slots a call puts into the new ones, at least, while the slots double."""
-NO_SLOTS = np.zeros(1, np.int64)
-"""The old slots when none are being taken over: a probe there finds nothing at once."""
-"""Largest share of used slots before the slots double."""
 
 
 # ---------------------------------------------------------------- hashing
@@ -97,15 +90,56 @@ def node_of(keys: pa.Array | np.ndarray, nodes: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- kernels
-# A slot holds ``tag | (row + 1)``: the high bits of the key's hash above the row, so that
-# a probe past other keys rarely reads them (a cache miss each); 0 is a free slot.
+# The slots are an open-addressing table with linear probing and no wrap-around: a key's
+# home is the top bits of its hash, and `PAD` slots past the last home catch the probes
+# that run on. A slot holds ``tag | (row + 1)``, the tag being the hash's high 32 bits, so a
+# probe past other keys rarely reads them (a cache miss each) and a doubling finds a key's
+# new home in its slot alone; 0 is a free slot.
+#
+# A doubling takes the old slots over in slot order, a step each call (`KeyIndex._move`):
+# a step reads them in order and writes the new slots nearly in order, so no chunk pays for
+# all of it nor touches all the new memory at once. A step ends just past a free slot, so a
+# run of keys is either moved whole or not at all: a key whose old home lies before the end
+# of the steps (``done``) is in the new slots, any other in the old ones, which take the
+# keys added there meanwhile: every key is looked for in one place, and the pages of the new
+# slots are first touched in order, a step at a time. The old slots not taken over yet take
+# a share of the new keys as large as theirs, while the steps take a share `MOVE_PER_KEY`
+# times larger: their load rises by at most 1 / `MOVE_PER_KEY` before the last step.
 LOW = (1 << 32) - 1
-"""The bits of a slot that hold ``row + 1``: a table holds fewer than 2^32 - 1 keys."""
+"""The bits of a slot that hold ``row + 1``."""
+LOAD = 0.7
+"""Largest share of used slots before the slots double."""
+SMALL = 1 << 16
+"""Homes up to which the slots double at half `LOAD`: so few stay in the caches at any
+load, and a lookup there costs its probe's branches, fewer the more keys lie at home."""
+PAD = 1 << 12
+"""Slots past the last home, at most: a probe running past them doubles the slots."""
+MAX_BITS = 32
+"""Homes of at most 32 bits: a slot's tag then holds its home in slots of any size."""
+MOVE_PER_KEY = 8
+"""Old slots a call takes over per key it added (at least `MOVE_STEP`): the old slots'
+last steps wait at a load of at most `LOAD` + 1/8, where probes still end soon."""
+MOVE_STEP = 1 << 16
+NOT_MOVING = 1 << 62
+"""``done`` when no slots are being taken over: every home lies before it."""
+NO_SLOTS = np.zeros(1, np.int64)
+NONE_NULL = np.ones(0, bool)
+NO_BYTES = np.zeros(0, np.uint8)
+"""The validity a kernel is given for keys of which none is null."""
+AHEAD = 64
+"""Keys whose slots a kernel reads ahead before it probes them: misses that overlap."""
+AHEAD_FROM = 1 << 18
+"""Slots past which they are read ahead (fewer stay cached, and reading ahead costs more
+than it saves)."""
+MOVE_EVERY = 1 << 12
+"""Keys a kernel adds while slots are taken over before it stops for a step (`_move`)."""
+DONE, LOADED, STEP, ROWS_FULL, BYTES_FULL = range(5)
+"""Why a kernel stopped: every key translated, or the room it lacks (`KeyIndex._translate`)."""
 
 
 @inline
 def _tag(hashed):
-    return np.int64(hashed >> np.uint64(33)) << 32
+    return np.int64(hashed >> np.uint64(32)) << 32
 
 
 @inline
@@ -114,16 +148,38 @@ def _row(slot):
 
 
 @inline
-def _probe_int(slots, keys_by_row, key, hashed):
-    """The slot of ``key`` (of hash ``hashed``), or the free slot where it would go."""
-    mask = len(slots) - 1
+def _home(hashed, shift):
+    return np.int64(hashed >> np.uint64(shift))
+
+
+@inline
+def _probe_int(slots, shift, keys_by_row, key, hashed):
+    """The slot of ``key`` (of hash ``hashed``), or the free slot where it would go; -1 if
+    the probe runs past the last slot. Most keys lie at their home or the slot after it:
+    the two are read and one chosen without a branch, since a branch on where a key lies
+    is mispredicted often and costs more than the probe (a home is followed by a slot)."""
     tag = _tag(hashed)
-    h = np.int64(hashed & np.uint64(mask))
-    while slots[h] != 0:
-        if slots[h] - (slots[h] & LOW) == tag and keys_by_row[_row(slots[h])] == key:
-            break
-        h = (h + 1) & mask
-    return h
+    h = _home(hashed, shift)
+    first, second = slots[h], slots[h + 1]
+    at_home = np.int64(first - (first & LOW) == tag)
+    slot = first * at_home + second * (1 - at_home) * np.int64(second - (second & LOW) == tag)
+    if slot != 0 and keys_by_row[_row(slot)] == key:
+        return h + 1 - at_home
+    while h < len(slots):
+        slot = slots[h]
+        if slot == 0 or (slot - (slot & LOW) == tag and keys_by_row[_row(slot)] == key):
+            return h
+        h += 1
+    return -1
+
+
+@inline
+def _place_int(slots, shift, old, old_shift, done, keys_by_row, key, hashed):
+    """The slots that hold ``key`` or would (the old ones while its old home is not taken
+    over), and its slot there or the free one where it would go (`_probe_int`)."""
+    if _home(hashed, old_shift) >= done:
+        return old, _probe_int(old, old_shift, keys_by_row, key, hashed)
+    return slots, _probe_int(slots, shift, keys_by_row, key, hashed)
 
 
 @inline
@@ -138,129 +194,227 @@ def _same(data, start, end, key_offsets, key_bytes, row):
 
 
 @inline
-def _probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed):
-    mask = len(slots) - 1
+def _probe_bytes(slots, shift, key_offsets, key_bytes, data, start, end, hashed):
     tag = _tag(hashed)
-    h = np.int64(hashed & np.uint64(mask))
-    while slots[h] != 0:
-        if slots[h] - (slots[h] & LOW) == tag and _same(
-            data, start, end, key_offsets, key_bytes, _row(slots[h])
+    h = _home(hashed, shift)
+    while h < len(slots):
+        slot = slots[h]
+        if slot == 0 or (
+            slot - (slot & LOW) == tag
+            and _same(data, start, end, key_offsets, key_bytes, _row(slot))
         ):
-            break
-        h = (h + 1) & mask
-    return h
+            return h
+        h += 1
+    return -1
 
 
 @inline
-def _is_valid(valid, offset, i):
-    """Bit ``offset + i`` of a validity bitmap (an empty one: every value is valid)."""
-    if len(valid) == 0:
-        return True
-    return (valid[(offset + i) >> 3] >> ((offset + i) & 7)) & 1 == 1
+def _place_bytes(slots, shift, old, old_shift, done, key_offsets, key_bytes, data, a, b, hashed):
+    """As `_place_int`, for the string ``data[a:b]``."""
+    if _home(hashed, old_shift) >= done:
+        return old, _probe_bytes(old, old_shift, key_offsets, key_bytes, data, a, b, hashed)
+    return slots, _probe_bytes(slots, shift, key_offsets, key_bytes, data, a, b, hashed)
+
+
+@inline
+def _touch(slots, shift, old, old_shift, done, key_offsets, key_bytes, hashed, depth):
+    """What a probe of a key reads first, ``depth`` loads deep: its home slot (0); if its tag
+    is the key's, where the key its row holds starts (1) and that key's first byte (2)."""
+    if _home(hashed, old_shift) >= done:
+        slot = old[_home(hashed, old_shift)]
+    else:
+        slot = slots[_home(hashed, shift)]
+    if depth == 0 or slot == 0 or slot - (slot & LOW) != _tag(hashed):
+        return slot
+    start = key_offsets[_row(slot)]
+    return start if depth == 1 else key_bytes[start]
 
 
 @jit
-def _gather(entry, valid, offset, entry_rows, out):
-    """``out[i]``: the row of entry ``entry[i]`` of a dictionary (NULL where null); the
-    number of entries not looked up yet (UNKNOWN)."""
-    unknown = 0
-    for i in range(len(out)):
-        if _is_valid(valid, offset, i):
-            out[i] = entry_rows[entry[i]]
-            unknown += out[i] == UNKNOWN
-        else:
-            out[i] = NULL
-    return unknown
-
-
-@jit
-def _find_ints(slots, old, keys_by_row, keys, valid, offset, out):
-    for i in range(len(keys)):
-        if not _is_valid(valid, offset, i):
-            out[i] = NULL
+def _rows_ints(index, keys_by_row, keys, valid, start, out):
+    """The rows of ``keys`` (event by event, each event's key columns in order, its key
+    ``valid`` or not: no mask, none is null) from position ``start``, each missing key
+    added at the next row (FULL past the limit).
+    ``index``: [slots, shift, old slots, old shift, done, count, limit, room, the count
+    at which to stop for a step].
+    Returns (count, the position reached, why it stopped, a sum of what `_touch` read)."""
+    slots, shift, old, old_shift, done, count, limit, room, step = index
+    touched = 0
+    ahead = len(slots) + len(old) > AHEAD_FROM
+    for p in range(start, len(keys)):
+        if ahead and (p - start) % AHEAD == 0:  # each load of a block's keys, then the next
+            for depth in range(2):
+                for q in range(p, min(p + AHEAD, len(keys))):
+                    hashed = _hash_int(keys[q])
+                    touched += _touch(
+                        slots, shift, old, old_shift, done, keys_by_row, NO_BYTES, hashed, depth
+                    )
+        if len(valid) and not valid[p]:
+            out[p] = NULL
             continue
-        hashed = _hash_int(keys[i])
-        slot = slots[_probe_int(slots, keys_by_row, keys[i], hashed)]
-        if slot == 0:  # not there, or not moved from the old slots yet (`KeyIndex._move`)
-            slot = old[_probe_int(old, keys_by_row, keys[i], hashed)]
-        out[i] = _row(slot)
-
-
-@jit
-def _add_ints(slots, old, keys_by_row, count, limit, keys, out):
-    """Rows of ``keys`` in order, each missing one added at the next row (FULL past
-    ``limit`` rows); returns the new count."""
-    for i in range(len(keys)):
-        hashed = _hash_int(keys[i])
-        h = _probe_int(slots, keys_by_row, keys[i], hashed)
-        slot = slots[h]
-        if slot == 0:
-            slot = old[_probe_int(old, keys_by_row, keys[i], hashed)]
+        key = keys[p]
+        hashed = _hash_int(key)
+        table, h = _place_int(slots, shift, old, old_shift, done, keys_by_row, key, hashed)
+        if h < 0:
+            return count, p, LOADED, touched
+        slot = table[h]
         if slot == 0:
             if count == limit:
-                out[i] = FULL
+                out[p] = FULL
                 continue
-            keys_by_row[count] = keys[i]
+            if count == len(keys_by_row):
+                return count, p, ROWS_FULL, touched
+            if count >= room:
+                return count, p, LOADED, touched
+            if count == step:
+                return count, p, STEP, touched
+            keys_by_row[count] = key
             count += 1
-            slot = slots[h] = _tag(hashed) | count
-        out[i] = _row(slot)
-    return count
+            slot = table[h] = _tag(hashed) | count
+        out[p] = _row(slot)
+    return count, len(keys), DONE, touched
 
 
 @jit
-def _find_strings(slots, old, key_offsets, key_bytes, offsets, data, out):
-    for i in range(len(out)):
-        start, end = offsets[i], offsets[i + 1]
-        hashed = _hash_bytes(data, start, end)
-        slot = slots[_probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed)]
-        if slot == 0:
-            slot = old[_probe_bytes(old, key_offsets, key_bytes, data, start, end, hashed)]
-        out[i] = _row(slot) if end > start else MISSING
-
-
-@jit
-def _add_strings(slots, old, key_offsets, key_bytes, count, limit, offsets, data, out):
-    """As `_add_ints`, for strings (an empty one is malformed: MISSING, not added)."""
-    for i in range(len(out)):
-        start, end = offsets[i], offsets[i + 1]
-        if end == start:
-            out[i] = MISSING
+def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, cached, start, out):
+    """As `_rows_ints` for strings, given as the ``entry`` of every key (-1: null) among
+    distinct strings (``offsets``, ``data``, their ``hashes``) whose rows are ``cached``
+    (UNKNOWN: not looked up yet). An empty string is malformed (MISSING)."""
+    slots, shift, old, old_shift, done, count, limit, room, step = index
+    touched = 0
+    ahead = len(slots) + len(old) > AHEAD_FROM
+    for p in range(start, len(entry)):
+        if ahead and (p - start) % AHEAD == 0:  # each load of a block's keys, then the next
+            for depth in range(3):
+                for q in range(p, min(p + AHEAD, len(entry))):
+                    e = entry[q]
+                    if e >= 0 and cached[e] == UNKNOWN:
+                        touched += _touch(
+                            slots,
+                            shift,
+                            old,
+                            old_shift,
+                            done,
+                            key_offsets,
+                            key_bytes,
+                            hashes[e],
+                            depth,
+                        )
+        e = entry[p]
+        if e < 0:
+            out[p] = NULL
             continue
-        hashed = _hash_bytes(data, start, end)
-        h = _probe_bytes(slots, key_offsets, key_bytes, data, start, end, hashed)
-        slot = slots[h]
-        if slot == 0:
-            slot = old[_probe_bytes(old, key_offsets, key_bytes, data, start, end, hashed)]
+        if cached[e] != UNKNOWN:
+            out[p] = cached[e]
+            continue
+        a, b = offsets[e], offsets[e + 1]
+        if a == b:
+            out[p] = cached[e] = MISSING
+            continue
+        hashed = hashes[e]
+        table, h = _place_bytes(
+            slots, shift, old, old_shift, done, key_offsets, key_bytes, data, a, b, hashed
+        )
+        if h < 0:
+            return count, p, LOADED, touched
+        slot = table[h]
         if slot == 0:
             if count == limit:
-                out[i] = FULL
+                out[p] = FULL
                 continue
+            if count + 1 == len(key_offsets):
+                return count, p, ROWS_FULL, touched
             used = key_offsets[count]
-            for j in range(end - start):
-                key_bytes[used + j] = data[start + j]
-            key_offsets[count + 1] = used + end - start
+            if used + b - a > len(key_bytes):
+                return count, p, BYTES_FULL, touched
+            if count >= room:
+                return count, p, LOADED, touched
+            if count == step:
+                return count, p, STEP, touched
+            for k in range(b - a):
+                key_bytes[used + k] = data[a + k]
+            key_offsets[count + 1] = used + b - a
             count += 1
-            slot = slots[h] = _tag(hashed) | count
+            slot = table[h] = _tag(hashed) | count
+        out[p] = cached[e] = _row(slot)
+    return count, len(entry), DONE, touched
+
+
+@inline
+def _slot_int(slots, shift, old, old_shift, done, keys_by_row, key, hashed):
+    """The slot holding ``key``; 0 if none does."""
+    table, h = _place_int(slots, shift, old, old_shift, done, keys_by_row, key, hashed)
+    return table[h] if h >= 0 else 0
+
+
+@jit
+def _found_ints(slots, shift, old, old_shift, done, keys_by_row, keys, valid, at, hashes, out):
+    """The rows of ``keys`` (NULL where not ``valid``; empty: none is null); False at the
+    first key missing. The positions of the keys that are not null are listed (into ``at``)
+    and their keys hashed (into ``hashes``) before any is probed: no probe waits for a
+    multiply or a branch on a null, mispredicted as often as nulls are mixed in, and the
+    loads of several probes overlap."""
+    n = len(keys)
+    if len(valid):
+        n = 0
+        for i in range(len(keys)):
+            out[i] = NULL
+            at[n] = i
+            n += np.int64(valid[i])
+        for j in range(n):
+            hashes[j] = _hash_int(keys[at[j]])
+    else:
+        for i in range(n):
+            hashes[i] = _hash_int(keys[i])
+    for j in range(n):
+        i = at[j] if len(valid) else j
+        slot = _slot_int(slots, shift, old, old_shift, done, keys_by_row, keys[i], hashes[j])
+        if slot == 0:
+            return False
         out[i] = _row(slot)
-    return count
+    return True
 
 
 @jit
-def _move_ints(slots, keys_by_row, first, end):
-    """Put the keys of rows ``first..end-1`` into ``slots`` (read in row order: no misses
-    but the slots' own)."""
-    for row in range(first, end):
-        hashed = _hash_int(keys_by_row[row])
-        slots[_probe_int(slots, keys_by_row, keys_by_row[row], hashed)] = _tag(hashed) | (row + 1)
+def _find_ints(slots, shift, old, old_shift, done, keys_by_row, keys, out):
+    for i in range(len(keys)):
+        hashed = _hash_int(keys[i])
+        slot = _slot_int(slots, shift, old, old_shift, done, keys_by_row, keys[i], hashed)
+        out[i] = _row(slot) if slot != 0 else MISSING
 
 
 @jit
-def _move_strings(slots, key_offsets, key_bytes, first, end):
-    for row in range(first, end):
-        start, stop = key_offsets[row], key_offsets[row + 1]
-        hashed = _hash_bytes(key_bytes, start, stop)
-        h = _probe_bytes(slots, key_offsets, key_bytes, key_bytes, start, stop, hashed)
-        slots[h] = _tag(hashed) | (row + 1)
+def _find_strings(slots, shift, old, old_shift, done, key_offsets, key_bytes, offsets, data, out):
+    for i in range(len(out)):
+        a, b = offsets[i], offsets[i + 1]
+        hashed = _hash_bytes(data, a, b)
+        table, h = _place_bytes(
+            slots, shift, old, old_shift, done, key_offsets, key_bytes, data, a, b, hashed
+        )
+        slot = table[h] if h >= 0 else 0
+        out[i] = _row(slot) if slot != 0 and a != b else MISSING
+
+
+@jit
+def _take_over(old, done, end, slots, shift):
+    """Put the keys of the old slots from ``done`` on into ``slots``, up to ``end`` and on
+    to just past a free slot; returns where it stopped (-1: a probe ran past the last
+    slot). A key's new home is the top bits of its tag."""
+    bits = 64 - shift
+    p = done
+    while p < len(old):
+        slot = old[p]
+        p += 1
+        if slot != 0:
+            h = ((slot >> 32) & LOW) >> (MAX_BITS - bits)
+            while h < len(slots) and slots[h] != 0:
+                h += 1
+            if h == len(slots):
+                return -1
+            slots[h] = slot
+        elif p >= end:
+            break
+    return p
 
 
 # ---------------------------------------------------------------- the index
@@ -270,15 +424,15 @@ class KeyIndex:
     def __init__(self, table: str, key_type: str, limit: int):
         if key_type not in NATURAL:
             raise ValueError(f"a key index holds int64 or string keys, not {key_type!r}")
-        if limit >= LOW:
-            raise UsageError(f"--max-keys must be below {LOW}")
+        if limit >= LOAD * (1 << MAX_BITS):
+            raise UsageError(f"--max-keys must be below {int(LOAD * (1 << MAX_BITS))}")
         self.table, self.key_type, self.limit = table, key_type, limit
         self.count = 0
-        self._slots = np.zeros(16, np.int64)
-        self._old = NO_SLOTS
-        """The slots `_slots` are taking over, a `MOVE_STEP` of rows a call (`_reserve`)."""
-        self._moved = self._moving = 0
-        """Rows put into `_slots` so far, of the first `_moving` (the old slots' keys)."""
+        self._slots, self._shift = _slots(4)
+        self._old, self._old_shift = NO_SLOTS, 63
+        """The slots `_slots` are taking over (`_move`), and the shift of their homes."""
+        self._done = NOT_MOVING
+        """The old slots taken over so far: those before this."""
         self._keys = np.zeros(16, np.int64)
         """int64 keys by row, or string offsets (``count + 1`` used)."""
         self._bytes = np.zeros(64 if key_type == STRING else 0, np.uint8)
@@ -319,61 +473,79 @@ class KeyIndex:
 
     def rows(self, columns: list[pa.ChunkedArray | pa.Array]) -> list[pa.ChunkedArray]:
         """The rows of the keys in ``columns`` (of one chunk, in ``ts`` order), as int64
-        columns with the same nulls and chunks; a missing key is given the next row in the
-        order of first appearance, event by event and, within an event, column by column.
+        columns with the same nulls; a missing key is given the next row in the order of
+        first appearance, event by event and, within an event, column by column.
         A malformed key (an empty string) gets -1. RuntimeFailure past `limit` keys.
         Strings are looked up once per distinct string (per dictionary entry)."""
-        looked = [self._look_up(column) for column in columns]
-        if any(len(column.missing) for column in looked):
-            positions = [column.missing for column in looked]
-            order = np.argsort(
-                np.concatenate([m * len(looked) + i for i, m in enumerate(positions)]),
-                kind="stable",
-            )
-            keys = pa.concat_arrays([column.keys() for column in looked])
-            added = self._add(keys.take(pa.array(order)))
+        pieces = [_pieces(column, self.key_type) for column in columns]
+        n = sum(len(piece) for piece in pieces[0]) if pieces else 0
+        out = np.empty((len(columns), n), np.int64)
+        if not self._known(pieces, out):
+            if self.key_type == INT64:
+                keys = [np.concatenate([_ints(p) for p in column] or [[]]) for column in pieces]
+                valid = [_valid_or_none(column) for column in pieces]
+                added = self._translate(_interleaved(keys), _masks(valid))
+            else:
+                added = self._rows_of_entries(pieces)
             if (added == FULL).any():
                 raise RuntimeFailure(
                     f"table {self.table!r}: more than {self.limit} keys (--max-keys {self.limit})"
                 )
-            rows_in_order = np.empty(len(order), np.int64)
-            rows_in_order[order] = added
-            start = 0
-            for column in looked:
-                column.found(rows_in_order[start : start + len(column.missing)])
-                start += len(column.missing)
-        return [column.arrow() for column in looked]
+            out[:] = added.reshape(n, len(columns)).T
+        return [pa.chunked_array([_with_nulls(out[i], column)]) for i, column in enumerate(pieces)]
 
-    def _look_up(self, column: pa.ChunkedArray | pa.Array) -> _Looked:
-        """The rows of one key column's keys that the index holds (MISSING for others)."""
-        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-        looked = _Looked(chunks, self.key_type)
-        for i, piece in enumerate(chunks):
-            rows = looked.piece(i)
-            value_type = piece.type.value_type if pa.types.is_dictionary(piece.type) else piece.type
-            if pa.types.is_null(value_type):
-                rows[:] = NULL
-            elif self.key_type == INT64:
-                keys = _conformed(piece, INT64, "events")
-                _find_ints(
-                    self._slots, self._old, self._keys, _ints(keys), *_validity_bits(keys), rows
-                )
-                looked.note_missing(i, keys)
-            else:
-                encoded = _dictionary_encoded(piece)
-                valid, offset = _validity_bits(encoded)
-                entries = encoded.dictionary
-                entry = np.frombuffer(encoded.indices.buffers()[1], np.int32)
-                entry = entry[encoded.offset : encoded.offset + len(encoded)]
-                cached = self._entry_rows(entries)
-                if _gather(entry, valid, offset, cached, rows):  # entries not looked up yet
-                    wanted = np.zeros(len(entries), bool)
-                    wanted[entry[rows == UNKNOWN]] = True
-                    wanted = np.flatnonzero(wanted)
-                    cached[wanted] = self.find(entries.take(pa.array(wanted)))
-                    _gather(entry, valid, offset, cached, rows)
-                looked.note_missing(i, entries, entry, cached)
-        return looked
+    def _known(self, pieces: list[list[pa.Array]], out: np.ndarray) -> bool:
+        """Fill ``out`` (a row of it per column) with the rows of the keys if the index
+        holds every one: a lookup alone, piece by piece, that stops at the first missing key
+        (for strings, a gather from the rows of their dictionary's entries)."""
+        where = (self._slots, self._shift, self._old, self._old_shift, self._done)
+        for column, rows in zip(pieces, out, strict=True):
+            at = 0
+            for piece in column:
+                got, at = rows[at : at + len(piece)], at + len(piece)
+                valid = _valid(piece) if piece.null_count else NONE_NULL
+                if self.key_type == INT64:
+                    listed = np.empty(len(piece), np.int64)
+                    hashes = np.empty(len(piece), np.uint64)
+                    keys = _ints(piece)
+                    if not _found_ints(*where, self._keys, keys, valid, listed, hashes, got):
+                        return False
+                else:
+                    known = self._entry_rows(piece.dictionary)
+                    if _gather(_indices(piece), valid, known, got):
+                        return False
+        return True
+
+    def _rows_of_entries(self, pieces: list[list[pa.DictionaryArray]]) -> np.ndarray:
+        """The rows of dictionary-encoded string columns (`_interleaved`), their
+        dictionaries' entries looked up once (and kept for later chunks, `_entry_rows`).
+        Of a dictionary (a source's may serve many chunks) only the entries the chunk names
+        are taken."""
+        entry, named, taken, rows_found, first = [], [], [], [], 0
+        for column in pieces:
+            local = []
+            for piece in column:
+                rows = self._entry_rows(piece.dictionary)
+                numbers = np.empty(len(piece), np.int32)
+                used = np.empty(len(piece), np.int64)
+                found = np.empty(len(piece), np.int64)
+                valid = _valid(piece) if piece.null_count else NONE_NULL
+                n = _named_entries(_indices(piece), valid, rows, first, numbers, used, found)
+                local.append(numbers)
+                named.append(_conformed(piece.dictionary.take(used[:n]), STRING, "events"))
+                taken.append((rows, used[:n]))
+                rows_found.append(found[:n])
+                first += n
+            entry.append(np.concatenate(local or [np.zeros(0, np.int32)]))
+        every = np.concatenate(rows_found or [[]]).astype(np.int64)
+        entries = pa.concat_arrays(named) if named else pa.array([], pa.large_string())
+        try:
+            return self._translate(_interleaved(entry), entries=entries, cached=every)
+        finally:  # the rows found replace the marks `_named_entries` left
+            at = 0
+            for rows, used in taken:
+                rows[used] = every[at : at + len(used)]
+                at += len(used)
 
     def _entry_rows(self, entries: pa.Array) -> np.ndarray:
         """The rows of a dictionary's entries, UNKNOWN where not looked up yet. A source's
@@ -391,11 +563,11 @@ class KeyIndex:
         """The row of every key, MISSING if it has none (or is null or malformed)."""
         keys = _conformed(keys, self.key_type, "keys")
         out = np.empty(len(keys), np.int64)
+        where = (self._slots, self._shift, self._old, self._old_shift, self._done)
         if self.key_type == INT64:
-            _find_ints(self._slots, self._old, self._keys, _ints(keys), *_validity_bits(keys), out)
+            _find_ints(*where, self._keys, _ints(keys), out)
         else:
-            buffers = _string_buffers(keys)
-            _find_strings(self._slots, self._old, self._keys, self._bytes, *buffers, out)
+            _find_strings(*where, self._keys, self._bytes, *_string_buffers(keys), out)
         out[~_valid(keys)] = MISSING
         return out
 
@@ -432,171 +604,211 @@ class KeyIndex:
         self.add_init(keys, f"checkpoint keys of {self.table!r}")
 
     def _add(self, keys: pa.Array) -> np.ndarray:
-        """Rows of ``keys`` (valid ones), adding the missing ones in order."""
+        """Rows of ``keys`` (one column, without nulls), adding the missing ones in order."""
         keys = _conformed(keys, self.key_type, "keys")
-        self._reserve(len(keys), _string_bytes(keys) if self.key_type == STRING else 0)
-        out = np.empty(len(keys), np.int64)
         if self.key_type == INT64:
-            self.count = _add_ints(
-                self._slots, self._old, self._keys, self.count, self.limit, _ints(keys), out
-            )
-        else:
-            offsets, data = _string_buffers(keys)
-            self.count = _add_strings(
+            return self._translate(_ints(keys), _masks([None]))
+        entry = np.arange(len(keys), dtype=np.int32)
+        return self._translate(entry, entries=keys, cached=np.full(len(keys), UNKNOWN))
+
+    def _translate(
+        self,
+        keys: np.ndarray,
+        valid: np.ndarray | None = None,
+        entries: pa.Array | None = None,
+        cached: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Rows of int64 ``keys`` (with their ``valid`` mask), or of the string ``entries``
+        that ``keys`` point to (-1: null), each event's keys one after the other, adding
+        the missing ones in order: a kernel runs until done or out of room, which is made
+        before it goes on, and while slots are taken over it stops for a step every
+        `MOVE_EVERY` keys it adds, so that the old slots never take many keys between steps.
+        Then the old slots are taken over a step further."""
+        out = np.empty(keys.shape, np.int64)
+        if entries is not None:
+            offsets, data = _string_buffers(entries)
+            room_bytes = int(offsets[-1] - offsets[0]) if len(entries) else 0
+            hashes = np.empty(len(entries), np.uint64)
+            _hash_strings(offsets, data, hashes)
+        moved, start, stopped = self.count, 0, LOADED
+        while stopped != DONE:
+            index = (
                 self._slots,
+                self._shift,
                 self._old,
-                self._keys,
-                self._bytes,
+                self._old_shift,
+                self._done,
                 self.count,
                 self.limit,
-                offsets,
-                data,
-                out,
+                _room(self._shift),
+                self.count + MOVE_EVERY if self._done < len(self._old) else -1,
             )
+            if entries is None:
+                got = _rows_ints(index, self._keys, keys, valid, start, out)
+            else:
+                got = _rows_strings(
+                    index, self._keys, self._bytes, offsets, data, hashes, keys, cached, start, out
+                )
+            self.count, start, stopped, _ = got
+            if stopped == LOADED:  # the last doubling's steps all taken
+                self._double()
+                moved = self.count
+            elif stopped == STEP:
+                self._move(MOVE_PER_KEY * (self.count - moved))
+                moved = self.count
+            elif stopped == ROWS_FULL:  # room for every key of the call
+                self._keys = _grown(self._keys, self.count + 2 + keys.size - start)
+            elif stopped == BYTES_FULL:
+                self._bytes = _grown(self._bytes, int(self._keys[self.count]) + room_bytes)
+        self._move(max(MOVE_STEP, MOVE_PER_KEY * (self.count - moved)))
         return out
 
-    def _reserve(self, keys: int, key_bytes: int) -> None:
-        """Room for ``keys`` more keys of ``key_bytes`` bytes: arrays grow to a quarter more
-        than needed; past `LOAD`, the slots double, taking the old ones' keys over a few
-        calls (`_move`)."""
-        wanted = min(self.count + keys, self.limit) + 1
-        if wanted > len(self._keys):
-            self._keys = _grown(self._keys, wanted)
-        if self.key_type == STRING:
-            used = int(self._keys[self.count])
-            if used + key_bytes > len(self._bytes):
-                self._bytes = _grown(self._bytes, used + key_bytes)
-        if wanted > LOAD * len(self._slots):
-            self._move(self._moving)  # the last doubling's move is done first
-            slots = len(self._slots)
-            while wanted > LOAD * slots:
-                slots *= 2
-            self._old, self._slots = self._slots, np.zeros(slots, np.int64)
-            self._moved, self._moving = 0, self.count
-        # the next doubling comes once as many keys were added as the old slots held:
-        # moving two rows per key added finishes first
-        self._move(max(MOVE_STEP, 2 * keys))
+    def _double(self) -> None:
+        """Slots twice as many, taking the present ones over in steps (`_move`), the
+        last doubling's first."""
+        self._move(len(self._old))
+        self._old, self._old_shift = self._slots, self._shift
+        self._slots, self._shift = _slots(65 - self._shift)
+        self._done = 0
 
     def _move(self, step: int) -> None:
-        """Put the next ``step`` rows of the old slots into the slots: a doubling costs
-        each chunk a share, not one chunk all of it (the old slots are looked in
-        meanwhile, and keep every key they had)."""
-        end = min(self._moved + step, self._moving)
-        if self._moved < end:
-            if self.key_type == INT64:
-                _move_ints(self._slots, self._keys, self._moved, end)
-            else:
-                _move_strings(self._slots, self._keys, self._bytes, self._moved, end)
-        self._moved = end
-        if end == self._moving:
-            self._old = NO_SLOTS
+        """Take the old slots over ``step`` slots further (on to a free one)."""
+        if self._done >= len(self._old):
+            return
+        done = _take_over(self._old, self._done, self._done + step, self._slots, self._shift)
+        if done < 0:
+            raise RuntimeFailure(f"table {self.table!r}: the key index overflowed its slots")
+        self._done = done
+        if done == len(self._old):
+            self._old, self._old_shift, self._done = NO_SLOTS, 63, NOT_MOVING
+
+
+def _slots(bits: int) -> tuple[np.ndarray, int]:
+    """Free slots for homes of ``bits`` bits, and the shift that gives a hash's home."""
+    if bits > MAX_BITS:
+        raise RuntimeFailure(f"a key index of more than 2^{MAX_BITS} slots")
+    shift = 64 - bits
+    return np.zeros((1 << bits) + _pad(shift), np.int64), shift
+
+
+def _room(shift: int) -> int:
+    """Keys the slots of homes past ``shift`` hold before they double."""
+    homes = 1 << (64 - shift)
+    return int((LOAD if homes > SMALL else LOAD / 2) * homes)
+
+
+def _pad(shift: int) -> int:
+    return min(PAD, 1 << (64 - shift))
 
 
 def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
-    bigger = np.zeros(max(wanted + wanted // 4, 16), array.dtype)
-    bigger[: len(array)] = array
-    return bigger
+    """``array`` with room for ``wanted`` items and a 64th more, resized in place: a large
+    array is remapped, not copied, so growing costs only its new room (zeroed), and a chunk
+    grows it by about what it adds rather than another by much more."""
+    array.resize(max(wanted + wanted // 64, 16), refcheck=False)
+    return array
 
 
-class _Looked:
-    """One key column of a chunk while `KeyIndex.rows` turns it into rows: the rows of
-    its pieces (Arrow chunks) end to end, and its missing keys, which get theirs."""
+@jit
+def _gather(indices, valid, entry_rows, out):
+    """``out[i]``: the row of dictionary entry ``indices[i]`` (NULL where not ``valid``;
+    empty: none is null); how many entries were not looked up yet (UNKNOWN). A null reads
+    entry 0 and is then masked: no branch on a null, mispredicted as often as nulls are
+    mixed in (and a null's index may point anywhere)."""
+    unknown = 0
+    if len(valid) == 0:
+        for i in range(len(out)):
+            out[i] = entry_rows[indices[i]]
+            unknown += out[i] == UNKNOWN
+        return unknown
+    if len(entry_rows) == 0:
+        out[:] = NULL
+        return 0
+    for i in range(len(out)):
+        v = np.int64(valid[i])
+        row = entry_rows[indices[i] * v]
+        out[i] = NULL + (row - NULL) * v
+        unknown += np.int64(row == UNKNOWN) * v
+    return unknown
 
-    def __init__(self, chunks: list[pa.Array], key_type: str):
-        self.chunks, self.key_type = chunks, key_type
-        self.starts = np.cumsum([0, *(len(c) for c in chunks)])
-        self.rows = np.empty(int(self.starts[-1]), np.int64)
-        self._missing: list[np.ndarray] = []
-        self._keys: list[pa.Array] = []
-        self._entries: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def piece(self, i: int) -> np.ndarray:
-        """The rows of chunk ``i``."""
-        return self.rows[self.starts[i] : self.starts[i + 1]]
+@jit
+def _named_entries(indices, valid, entry_rows, first, local, used, found):
+    """The entries of a dictionary that a column names, each once, numbered from
+    ``first`` in order of first use: ``local[i]``, the number of key ``i`` (-1: null);
+    ``used``, the entries; ``found``, their rows known so far. An entry numbered is marked
+    in ``entry_rows`` by its number (`NAMED` - number, to be replaced by its row), so that
+    the columns sharing a dictionary share its numbers (``valid`` empty: no key is null).
+    Returns how many are new."""
+    n = 0
+    for i in range(len(indices)):
+        if len(valid) and not valid[i]:
+            local[i] = -1
+            continue
+        e = indices[i]
+        if entry_rows[e] <= NAMED:
+            local[i] = NAMED - entry_rows[e]
+            continue
+        used[n], found[n] = e, entry_rows[e]
+        local[i] = first + n
+        entry_rows[e] = NAMED - local[i]
+        n += 1
+    return n
 
-    def note_missing(
-        self,
-        i: int,
-        keys: pa.Array,
-        entry: np.ndarray | None = None,
-        cached: np.ndarray | None = None,
-    ) -> None:
-        """Note the missing keys of chunk ``i``: its ``keys``, or its dictionary ``keys``
-        with the ``entry`` of every event and the ``cached`` rows of its entries."""
-        local = np.flatnonzero(self.piece(i) == MISSING)
-        if not len(local):
-            return
-        self._missing.append(local + self.starts[i])
-        at = local if entry is None else entry[local]
-        self._keys.append(_conformed(keys.take(pa.array(at)), self.key_type, "events"))
-        if entry is not None:
-            self._entries.append((cached, entry[local]))
 
-    @cached_property
-    def missing(self) -> np.ndarray:
-        """Positions of the missing keys, in order."""
-        return np.concatenate(self._missing) if self._missing else np.zeros(0, np.int64)
+def _indices(column: pa.DictionaryArray) -> np.ndarray:
+    """The int32 indices of a dictionary array (`_dictionary_encoded`), without copying."""
+    indices = np.frombuffer(column.indices.buffers()[1], np.int32)
+    return indices[column.offset : column.offset + len(column)]
 
-    def keys(self) -> pa.Array:
-        """The missing keys, in order."""
-        if not self._keys:
-            return pa.array([], pa.int64() if self.key_type == INT64 else pa.large_string())
-        return pa.concat_arrays(self._keys)
 
-    def found(self, rows: np.ndarray) -> None:
-        """The rows the missing keys were given (kept for their dictionary entries too)."""
-        self.rows[self.missing] = rows
-        start = 0
-        for cached, entries in self._entries:
-            given = rows[start : start + len(entries)]
-            cached[entries[given >= 0]] = given[given >= 0]
-            start += len(entries)
+def _with_nulls(rows: np.ndarray, pieces: list[pa.Array]) -> pa.Array:
+    """``rows`` (C-contiguous, not copied) as an int64 array with the nulls of the key
+    column ``pieces``."""
+    valid = _valid_or_none(pieces)
+    bits = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(pa.int64(), len(rows), [bits, pa.py_buffer(rows)])
 
-    def arrow(self) -> pa.ChunkedArray:
-        """The rows as int64 chunks with the column's nulls."""
-        out = []
-        for i, chunk in enumerate(self.chunks):
-            valid, offset = _validity_bits(chunk)
-            data = np.empty(offset + len(chunk), np.int64)
-            data[offset:] = self.piece(i)
-            bitmap = chunk.buffers()[0] if len(valid) else None
-            buffers = [bitmap, pa.py_buffer(data)]
-            out.append(pa.Array.from_buffers(pa.int64(), len(chunk), buffers, offset=offset))
-        return pa.chunked_array(out, pa.int64())
+
+def _interleaved(columns: list[np.ndarray]) -> np.ndarray:
+    """Columns of one chunk as one array, event by event: the order new keys get rows."""
+    return np.stack(columns, axis=1).ravel() if columns else np.zeros(0, np.int64)
+
+
+def _masks(valid: list[np.ndarray | None]) -> np.ndarray:
+    """The validity of key columns, `_interleaved` (empty when none has nulls)."""
+    if all(v is None for v in valid):
+        return NONE_NULL
+    n = len(next(v for v in valid if v is not None))
+    return _interleaved([np.ones(n, bool) if v is None else v for v in valid])
 
 
 # ---------------------------------------------------------------- Arrow columns
-def _validity_bits(array: pa.Array) -> tuple[np.ndarray, int]:
-    """(validity bitmap, offset of the array's first bit) of an array; an empty bitmap
-    when it has no nulls."""
-    if array.null_count == 0 or pa.types.is_null(array.type):
-        return NO_BITS, 0
-    return np.frombuffer(array.buffers()[0], np.uint8), array.offset
+def _pieces(column: pa.ChunkedArray | pa.Array, key_type: str) -> list[pa.Array]:
+    """A key column's chunks, each as int64 (`_conformed`) or as a dictionary array
+    (`_dictionary_encoded`): the chunks of a source share its dictionaries, which are
+    looked up once; merging them would hash every entry again."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if key_type == INT64:
+        return [_conformed(chunk, INT64, "events") for chunk in chunks]
+    return [_dictionary_encoded(chunk) for chunk in chunks]
 
 
-def _dictionary_encoded(column: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
-    """A string key column as one dictionary array (its chunks' dictionaries unified);
-    SchemaError if it holds no strings."""
-    chunks = column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column])
-    value_type = chunks.type.value_type if pa.types.is_dictionary(chunks.type) else chunks.type
+def _dictionary_encoded(piece: pa.Array) -> pa.DictionaryArray:
+    """A string key array as a dictionary array with int32 indices; SchemaError if it holds
+    no strings."""
+    value_type = piece.type.value_type if pa.types.is_dictionary(piece.type) else piece.type
     if pa.types.is_null(value_type):
         return pa.DictionaryArray.from_arrays(
-            pa.nulls(len(chunks), pa.int32()), pa.array([], pa.string())
+            pa.nulls(len(piece), pa.int32()), pa.array([], pa.string())
         )
     if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)):
         raise SchemaError(f"events: key of type {value_type}, expected string")
-    if not pa.types.is_dictionary(chunks.type):
-        chunks = pc.dictionary_encode(chunks)
-    if chunks.num_chunks == 0:
-        return pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
-    if chunks.num_chunks > 1:
-        chunks = chunks.unify_dictionaries()
-    encoded = pa.concat_arrays(chunks.chunks) if chunks.num_chunks > 1 else chunks.chunk(0)
-    if encoded.indices.type != pa.int32():
-        encoded = pa.DictionaryArray.from_arrays(
-            encoded.indices.cast(pa.int32()), encoded.dictionary
-        )
-    return encoded
+    if not pa.types.is_dictionary(piece.type):
+        piece = pc.dictionary_encode(piece)
+    if piece.indices.type != pa.int32():
+        piece = pa.DictionaryArray.from_arrays(piece.indices.cast(pa.int32()), piece.dictionary)
+    return piece
 
 
 def _conformed(keys: pa.Array | pa.ChunkedArray, key_type: str, label: str) -> pa.Array:
@@ -631,9 +843,20 @@ def _ints(keys: pa.Array) -> np.ndarray:
 
 
 def _valid(keys: pa.Array) -> np.ndarray:
+    """Where ``keys`` are not null, from the validity bitmap."""
     if keys.null_count == 0:
         return np.ones(len(keys), bool)
-    return keys.is_valid().to_numpy(zero_copy_only=False)
+    if pa.types.is_null(keys.type):
+        return np.zeros(len(keys), bool)
+    bits = np.unpackbits(np.frombuffer(keys.buffers()[0], np.uint8), bitorder="little")
+    return bits[keys.offset : keys.offset + len(keys)].view(bool)
+
+
+def _valid_or_none(pieces: list[pa.Array]) -> np.ndarray | None:
+    """Where the key column ``pieces`` are not null; None when none is."""
+    if not any(piece.null_count for piece in pieces):
+        return None
+    return np.concatenate([_valid(piece) for piece in pieces])
 
 
 def _string_buffers(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -642,11 +865,6 @@ def _string_buffers(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.frombuffer(buffers[1], np.int64)[keys.offset : keys.offset + len(keys) + 1]
     data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
     return np.ascontiguousarray(offsets), data
-
-
-def _string_bytes(keys: pa.Array) -> int:
-    offsets, _ = _string_buffers(keys)
-    return int(offsets[-1] - offsets[0]) if len(offsets) else 0
 
 
 # ---------------------------------------------------------------- a stream's keys

@@ -7,6 +7,8 @@ Names carry the creating pid, so segments left by a killed run can be swept.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import secrets
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 PREFIX = "txstream_"
+_LIBC = ctypes.CDLL(None, use_errno=True)
 _CREATED_HERE: set[str] = set()
 """Segments this process created: attaching to one of them (executors run as threads)
 must leave the resource tracker's registration for the owner's unlink. Such an executor
@@ -65,6 +68,17 @@ class SharedArray:
     def attach(cls, handle: ArrayHandle) -> SharedArray:
         """Attach to an existing segment (actor side); never unlinks it."""
         return cls(attach_segment(handle.name), handle, owner=False)
+
+    def unmap_pages(self) -> None:
+        """Let go of this mapping's pages; the segment keeps them, and a later access maps
+        them again. A process counts a page once per mapping of it: the owner, idle while
+        executors of this process (threads, each with its mapping) run, would hold the
+        state twice in its resident set."""
+        # the array's own buffer, page-aligned as a mapping starts, through libc's madvise
+        # (SharedMemory keeps its mmap object private)
+        address = ctypes.c_void_p(self.array.ctypes.data)
+        if _LIBC.madvise(address, ctypes.c_size_t(self._shm.size), mmap.MADV_DONTNEED) != 0:
+            raise OSError(ctypes.get_errno(), "madvise failed")
 
     def close(self) -> None:
         """Unlink the segment (owner only), then detach.

@@ -91,6 +91,11 @@ class SharedState:
         for array in self._arrays:
             array.close()
 
+    def unmap_pages(self) -> None:
+        """Let go of this mapping's pages of values (`SharedArray.unmap_pages`): the
+        driver's, while a team runs."""
+        self._arrays[0].unmap_pages()
+
     def __enter__(self) -> SharedState:
         return self
 

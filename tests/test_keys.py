@@ -22,8 +22,6 @@ from local_engine import run_local
 from naive import KV_KINDS, MAX, run_natural_model
 from txstream import Job, ThreadTransport
 from txstream.cli.main import main
-from txstream.config import RunConfig
-from txstream.engine.plan import plan
 from txstream.errors import RuntimeFailure, SchemaError, TopologyError, UsageError
 from txstream.state.keys import FULL, MISSING, KeyIndex, key_hash, node_of
 from txstream.state.layout import Layout
@@ -68,6 +66,44 @@ def test_int64_keys_of_any_value_and_growth_through_rehashes():
     assert index.find(pa.array(keys)).tolist() == list(range(len(keys)))
     assert index.keys().to_pylist() == keys.tolist()
     assert index.nbytes <= 48 * len(keys)
+
+
+@pytest.mark.parametrize("key_type", ["int64", "string"])
+def test_keys_arriving_while_the_slots_double_keep_their_rows(key_type):
+    # two key columns with nulls, chunk after chunk: every key keeps the row of its first
+    # appearance (event by event, column by column), and is found whichever slots hold it
+    rng = np.random.default_rng(7)
+    index, model, moving = KeyIndex("t", key_type, 1 << 20), {}, False
+    for _ in range(25):
+        n = int(rng.integers(1, 24_000))
+        first, second = rng.integers(0, 400_000, (2, n))
+        null = rng.random(n) < 0.3
+        columns = (
+            [pa.array(first), pa.array(second, mask=null)]
+            if key_type == "int64"
+            else [
+                pa.array([f"k{x}" for x in first]).dictionary_encode(),
+                pa.array([None if m else f"k{x}" for x, m in zip(second, null, strict=True)]),
+            ]
+        )
+        got = [column.to_pylist() for column in index.rows(columns)]
+        # again, every key known: looked up (or gathered) without adding
+        assert [column.to_pylist() for column in index.rows(columns)] == got
+        for i in range(n):
+            for key, row, missing in (
+                (first[i], got[0][i], False),
+                (second[i], got[1][i], null[i]),
+            ):
+                if missing:
+                    assert row is None
+                    continue
+                key = int(key) if key_type == "int64" else f"k{key}"
+                assert row == model.setdefault(key, len(model))
+        known = list(model)
+        assert index.find(pa.array(known)).tolist() == list(range(len(known)))
+        moving |= 0 < index._done < len(index._old)
+    assert moving and len(index) == len(model)
+    assert index.keys().to_pylist() == list(model)
 
 
 def test_a_table_past_its_limit_fails_naming_it():
@@ -409,13 +445,6 @@ def test_deletes_and_existence_need_a_table_that_declares_them():
             pre_process=lambda e: None,
             state_access=lambda e, t: None,
         )
-
-
-def test_several_nodes_refuse_natural_keys(tmp_path):
-    _, init = generate("sl", WorkloadSpec(events=10, keys=10, key_type="string"))
-    config = RunConfig(topology="sl", nodes=2, transport="threads")
-    with pytest.raises(UsageError, match="natural keys run on one node"):
-        plan(config, init, tmp_path / "out")
 
 
 def test_the_command_line_generates_and_runs_sl_on_string_ids(tmp_path, capsys):

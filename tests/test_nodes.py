@@ -163,6 +163,22 @@ def test_equals_serial(cluster, case, data):
     assert_same_run(got, state, want.events, want.state)
 
 
+@pytest.mark.parametrize("key_type", ["string", "int64"])
+def test_natural_keys_over_nodes_equal_serial(cluster, key_type):
+    """SL on string or sparse int64 ids over two nodes, a tenth of the events opening
+    accounts and assets not in the init state: each new key gets its row in ts order at
+    the driver and lives on the node of its key's `node_of`; outputs and the state (live
+    keys, sorted by key) equal serial on one host."""
+    spec = WorkloadSpec(events=4000, keys=300, key_type=key_type, new_keys=0.1, seed=3)
+    events, init = generate("sl", spec)
+    want = run_local("sl", events, init)
+    options = ("--nodes", "2", "--punctuation-interval", "97")
+    proc, got, state, metrics = _run_on_nodes(cluster, "sl", events, init, *options)
+    assert proc.returncode == 0, proc.stderr
+    assert_same_run(got, state, want.events, want.state)
+    assert state["accounts"].num_rows > 300 and metrics["nodes"]["cross"] > 0
+
+
 @pytest.mark.parametrize("share", [0, 100])
 def test_cross_node_share(cluster, share):
     """SL transfers between accounts of node 0 and assets of node 1 cross two nodes;
@@ -326,6 +342,27 @@ def test_a_node_holds_its_own_keys_and_room_for_others():
         share.hold("accounts", np.arange(len(others) + 1))
 
 
+def test_a_node_holds_the_rows_of_its_natural_keys_as_they_are_placed():
+    """A table of natural keys: row r on the node its placement says (`node_of` of the
+    key, at the driver), in the node's rows in the order placed; room for all its keys
+    (any key may hash to it), then for other nodes' keys; rows grow as they are placed."""
+    placed = {"accounts": np.array([1, 0, 1, 2]), "assets": np.array([0, 1])}
+    share = NodeShare(1, 3, {"accounts": 10, "assets": 8}, placed)
+    layout = Layout.of(topologies.get("sl", "string").tables, share.sizes, share)
+    assert layout.stored == {"accounts": 20, "assets": 16}
+    assert layout.keys("accounts").tolist() == [0, 2]
+    base = layout.bases[("accounts", "balance")]
+    assert (layout.cells_of("accounts", "balance", np.array([2, 0])) - base).tolist() == [1, 0]
+    share.place("accounts", np.array([2, 1, 1]))
+    assert layout.keys("accounts").tolist() == [0, 2, 5, 6]
+    assert share.others("accounts", np.array([3, 4, 5])).tolist() == [True, True, False]
+    share.hold("accounts", np.array([1, 4]))
+    got = layout.cells_of("accounts", "balance", np.array([6, 4, 1]))
+    assert (got - base).tolist() == [3, 11, 10]
+    with pytest.raises(RuntimeFailure, match="rows placed"):
+        share.place("accounts", np.zeros(4, np.int64))
+
+
 def _sl_schema() -> pa.Schema:
     return topologies.get("sl").event_schema
 
@@ -368,13 +405,23 @@ def _sl_command(tmp_path: Path, events: pa.Table, init: dict, *options: str) -> 
 
 
 def _checkpointed_run(
-    tmp_path: Path, address: str, nodes: int, seed: int, source: str = "arrow", keys: int = 20_000
+    tmp_path: Path,
+    address: str,
+    nodes: int,
+    seed: int,
+    source: str = "arrow",
+    keys: int = 20_000,
+    key_type: str = "dense",
 ):
     """40,000 SL events on ``keys`` keys (theta 0.99 if few) on disk, the `txstream run`
     command over ``nodes`` nodes with a checkpoint every 2,000 events, reading with
-    ``source``, and the reference result."""
+    ``source``, and the reference result. Natural keys (``key_type``): a tenth of the
+    events open new ones."""
     theta = 0.99 if keys < 1000 else 0.2
-    spec = WorkloadSpec(events=40_000, keys=keys, theta=theta, seed=seed)
+    new_keys = 0.1 if key_type != "dense" else 0.0
+    spec = WorkloadSpec(
+        events=40_000, keys=keys, theta=theta, seed=seed, key_type=key_type, new_keys=new_keys
+    )
     events, init = generate("sl", spec)
     command = _sl_command(
         tmp_path,
@@ -435,11 +482,18 @@ def test_a_lost_node_with_sparks_executor_is_recovered_from_the_checkpoints(tmp_
 
 
 def _lose_a_node_mid_run(
-    address: str, lose: Callable[[list[int]], None], source: str, tmp_path, keys: int = 20_000
+    address: str,
+    lose: Callable[[list[int]], None],
+    source: str,
+    tmp_path,
+    keys: int = 20_000,
+    key_type: str = "dense",
 ) -> dict:
     """`_checkpointed_run` over 3 nodes, ``lose`` called with the nodes' pids once node 2
     took two checkpoints; the run must end well, recovered, and equal serial. Its metrics."""
-    command, want = _checkpointed_run(tmp_path, address, 3, seed=5, source=source, keys=keys)
+    command, want = _checkpointed_run(
+        tmp_path, address, 3, seed=5, source=source, keys=keys, key_type=key_type
+    )
     out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -470,6 +524,17 @@ def test_a_node_killed_during_a_run_on_hot_keys_is_recovered_once(local_cluster,
     metrics = _lose_a_node_mid_run(local_cluster.address, kill, "arrow", tmp_path, keys=200)
     assert len(metrics["recoveries"]) == 1
     assert metrics["nodes"]["gathered_units"] == metrics["nodes"]["units"]
+
+
+def test_a_node_killed_during_a_run_on_natural_keys_is_recovered(local_cluster, tmp_path):
+    """String ids, new ones opened as the run goes: a node's process killed mid-run, every
+    node goes back to the last checkpoint and the driver's key index to the one saved with
+    it; the units since are run again, and the run equals serial."""
+
+    def kill(teams: list[int]) -> None:
+        os.kill(max(teams), signal.SIGKILL)
+
+    _lose_a_node_mid_run(local_cluster.address, kill, "arrow", tmp_path, key_type="string")
 
 
 SESSION = """
@@ -511,6 +576,40 @@ def test_a_session_over_nodes_answers_queries_at_a_cut_of_every_node(cluster, tm
     assert got["w"] == half and got["events"] == events.num_rows
     want = run_local("sl", events.slice(0, half), init).state["accounts"].to_pylist()
     assert got["rows"] == [want[k] for k in (7, 0, 5, 3)]
+
+
+NATURAL_SESSION = """
+import json, sys
+import pyarrow.parquet as pq
+from txstream import Job
+events = pq.read_table(sys.argv[1])
+init = {t: pq.read_table(f"{sys.argv[2]}/{t}.parquet") for t in ("accounts", "assets")}
+half, asked = events.num_rows // 2, json.loads(sys.argv[4])
+job = Job("sl", address=sys.argv[3], nodes=2, progress=False, punctuation_interval=500)
+with job.start(init) as session:
+    session.push(events.slice(0, half))
+    w, rows = session.query("accounts", asked)
+    _, every = session.query("accounts")
+    session.close()
+print(json.dumps({"w": w, "rows": rows.to_pylist(), "every": every.to_pylist()}))
+"""
+
+
+def test_a_session_over_nodes_is_queried_by_natural_key(cluster, tmp_path):
+    """`Job.start` over two nodes on string ids: a query by id (a missing one left out)
+    reads the nodes that own them as of the events pushed before it; a query of every key
+    gives the live ones sorted by key, as on one host."""
+    spec = WorkloadSpec(events=4000, keys=200, key_type="string", new_keys=0.1, seed=4)
+    events, init = generate("sl", spec)
+    write_workload(tmp_path, events, init)
+    half = events.num_rows // 2
+    want = run_local("sl", events.slice(0, half), init).state["accounts"].to_pylist()
+    opened = [r["key"] for r in want if r["key"] not in set(init["accounts"]["key"].to_pylist())]
+    asked = [opened[0], "nobody", want[7]["key"], want[3]["key"]]
+    got = _session_script(NATURAL_SESSION, tmp_path, cluster, json.dumps(asked))
+    by_key = {r["key"]: r for r in want}
+    assert got["w"] == half and got["every"] == want
+    assert got["rows"] == [by_key[k] for k in asked if k in by_key]
 
 
 OUTPUTS = """
@@ -648,10 +747,12 @@ def test_a_session_over_nodes_applies_each_micro_batch_once_across_a_lost_driver
     assert_same_run(pq.read_table(out / "events"), state, want.events, want.state)
 
 
-def test_a_killed_driver_resumes_from_the_checkpoints_every_node_took(cluster, tmp_path):
+@pytest.mark.parametrize("key_type", ["dense", "string"])
+def test_a_killed_driver_resumes_from_the_checkpoints_every_node_took(cluster, tmp_path, key_type):
     """The driver (`txstream run`) killed mid-run: the same command run again continues
-    from the last checkpoint every node took and equals serial."""
-    command, want = _checkpointed_run(tmp_path, cluster, 2, seed=6)
+    from the last checkpoint every node took (of natural keys, with the key index saved
+    with it) and equals serial."""
+    command, want = _checkpointed_run(tmp_path, cluster, 2, seed=6, key_type=key_type)
     out, checkpoints = tmp_path / "out", tmp_path / "checkpoints"
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -22,17 +22,23 @@ from txstream.schedulers.team._links import (
     HOT,
     LINK_STATS,
     Links,
-    Partition,
     deal_share,
     forget_chunk,
     link_batch,
+    partition,
     take_dealt,
 )
 from txstream.schedulers.team._versions import Fates, Versions, find_affected
+from txstream.schedulers.team.placement import row_pools
 from txstream.state.operations import Ops
 
 CELLS = 6
-ROW_OF_CELL = np.array([c // 2 for c in range(CELLS)], np.int64)  # rows of two columns
+SPANS = np.array([(0, 2, 0), (2, 2, 2), (4, 2, 2)], np.int64)
+"""A table of one column and one of two, two keys each (`Layout.spans`)."""
+ROW_OF_CELL = np.array([0, 1, 2, 3, 2, 3], np.int64)
+LARGE_SPANS = np.array([(0, 2, 0), (2, 2, 2), (4, 1 << 20, 2)], np.int64)
+"""The same rows of the same cells in a state far larger than a chunk's tables: linking
+hashes cells and rows (`partition`'s ``direct`` is false)."""
 
 
 @st.composite
@@ -70,11 +76,11 @@ def _ops(txns, cell, reads, cond) -> Ops:
     )
 
 
-def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None, share_cuts=None):
+def _link(ops: Ops, op_cuts: list[int], parties: int, share_cuts=None, spans=SPANS):
     """Deal every executor's share of the chunk (``share_cuts``: where each executor's
     operations begin, then the end; default: even), then link every batch with
-    ``parties`` executors (one after the other: each writes only its rows). Returns the
-    links and, per batch, the summed statistics."""
+    ``parties`` executors (one after the other: each writes only its rows) over the
+    state of ``spans``. Returns the links and, per batch, the summed statistics."""
     n, r = len(ops.txn), len(ops.dep_cell)
     links = Links(
         *(
@@ -84,23 +90,9 @@ def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None, share_cuts=
             for name in Links._fields
         )
     )
-    part_of = row_pool[ROW_OF_CELL] if row_pool is not None else ROW_OF_CELL % parties
-    parts = [
-        Partition(
-            part_of,
-            ROW_OF_CELL,
-            np.full(CELLS, -1, np.int64),
-            np.full(CELLS, -1, np.int64),
-            np.zeros(CELLS, np.int64),
-            np.zeros(CELLS, np.int64),
-            np.zeros(n, np.int64),
-            np.zeros(2, np.int64),
-            np.zeros(parties, np.int64),
-            np.zeros(parties, np.int64),
-            np.zeros(parties, np.int64),
-        )
-        for _ in range(parties)
-    ]
+    part_of = row_pools(len(set(ROW_OF_CELL)), parties)[ROW_OF_CELL]
+    parts = [partition(spans, parties, n) for _ in range(parties)]
+    assert all(p.direct == (spans is SPANS and CELLS <= n * 3 // 2) for p in parts)
     if share_cuts is None:
         share_cuts = [n * e // parties for e in range(parties + 1)]
     dealt = np.full(n + r, -(10**9), np.int64)
@@ -130,7 +122,7 @@ def _link(ops: Ops, op_cuts: list[int], parties: int, row_pool=None, share_cuts=
     for part in parts:
         assert (part.cursor == part.stop).all()  # every item linked
         forget_chunk(part)
-        assert (part.last == -1).all() and (part.last_row == -1).all()
+        assert (part.cells[:, 0] == -1).all() and (part.rows[:, 0] == -1).all()
     return links, stats
 
 
@@ -226,7 +218,8 @@ def test_links_equal_their_definitions(batch, parties, data):
     inner = sorted(
         data.draw(st.lists(st.integers(0, n), min_size=parties - 1, max_size=parties - 1))
     )
-    links, stats = _link(ops, op_cuts, parties, share_cuts=[0, *inner, n])
+    spans = data.draw(st.sampled_from((SPANS, LARGE_SPANS)), label="spans")
+    links, stats = _link(ops, op_cuts, parties, share_cuts=[0, *inner, n], spans=spans)
     want = _naive_links(txns, cell, reads, op_cuts)
     for name in ("chain_prev", "chain_next", "dep_prev", "head", "row_next", "read_op"):
         assert getattr(links, name).tolist() == want[name], name
@@ -359,9 +352,7 @@ def test_fine_strata_and_dependency_counts_equal_their_definitions(batch, partie
         assert strata == 1 + max(want.values())
         counted = np.zeros(1, np.int64)
         for me in range(parties):
-            count_pending(
-                me, first, end, True, ops, links, units, np.zeros(3, np.int64), ROW_OF_CELL, counted
-            )
+            count_pending(me, first, end, True, ops, links, units, SPANS, 1, counted)
         assert {o: int(units.pending[o]) for o in range(first, end)} == {
             o: len(p) for o, p in preds.items()
         }

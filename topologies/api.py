@@ -16,7 +16,7 @@ when the topology is built; the engine calls them from its kernels.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numba
@@ -778,6 +778,17 @@ class Topology:
         for name in self.key_columns:
             schema = schema.set(schema.get_field_index(name), pa.field(name, pa.int64()))
         return schema
+
+    def on_rows(self) -> Topology:
+        """The topology as it gets events whose key columns are rows already (`engine_schema`):
+        what a node of a run over several runs, the driver holding the key index."""
+        if not self.key_columns:
+            return self
+        columns = {
+            name: INT if name in self.key_columns else typ
+            for name, typ in self.event_columns.items()
+        }
+        return replace(self, event_columns=columns, key_columns={})
 
     def check_event_schema(self, schema: pa.Schema) -> None:
         """Raise :class:`SchemaError` unless every declared event column has a usable type."""

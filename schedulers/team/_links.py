@@ -18,9 +18,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from txstream.schedulers.team.placement import row_pools
+from txstream.schedulers.team.placement import pool_of_row, row_pools
+from txstream.state._kernels import hash64
 from txstream.state._numba import inline, jit
 from txstream.state.chunk import ChunkDims
+from txstream.state.layout import cell_rows, row_of
 from txstream.state.segments import ArraySpec
 
 
@@ -65,24 +67,33 @@ LINK_ARRAYS = {
 
 
 class Partition(NamedTuple):
-    """One executor's private view of which cells it links, and its scratch."""
+    """One executor's private view of which cells it links, and its scratch. What it
+    holds of the cells and rows of a chunk is in hash tables sized to the chunk, so that
+    its cost follows the chunk, not the state (a state no larger than a table is its own
+    hash: ``direct``)."""
 
-    part: np.ndarray
-    """Executor linking each cell: the owner of its row."""
-    row: np.ndarray
-    """Row of each cell."""
-    last: np.ndarray
-    """Per cell: last operation linked so far in the chunk (-1)."""
-    last_row: np.ndarray
-    """Per row: last operation linked so far in the chunk (-1)."""
-    batch_len: np.ndarray
-    """Per cell: operations on it so far in the batch (valid once one is)."""
+    spans: np.ndarray
+    """The layout's spans (`Layout.spans`): the row of each cell (`row_of`)."""
+    direct: bool
+    """Every cell is below the tables' size: a cell, or a row, is its own slot, and
+    `row_of_cell` and `owner_of_cell` hold every cell's."""
+    row_of_cell: np.ndarray
+    """``direct``: the row of every cell (else empty)."""
+    owner_of_cell: np.ndarray
+    """``direct``: the executor linking every cell (else empty)."""
+    cells: np.ndarray
+    """Per slot: a cell linked in the chunk (-1: free), its last operation linked so
+    far, its operations so far in the batch (valid once one is)."""
+    rows: np.ndarray
+    """Per slot: a row linked in the chunk (-1: free), its last operation linked so far."""
     touched: np.ndarray
-    """Cells this executor linked in the chunk (to reset `last`)."""
+    """Slots of `cells` taken in the chunk (to free them)."""
+    touched_rows: np.ndarray
+    """Slots of `rows` taken in the chunk."""
     mine: np.ndarray
     """The operations this executor linked in the chunk, in ts order."""
     counts: np.ndarray
-    """[0] cells in `touched`, [1] operations in `mine`."""
+    """[0] slots in `touched`, [1] operations in `mine`, [2] slots in `touched_rows`."""
     cursor: np.ndarray
     """Per executor that dealt items to this one: its next item to link (`take_dealt`)."""
     stop: np.ndarray
@@ -101,18 +112,25 @@ def deal_arrays(dims: ChunkDims) -> list[ArraySpec]:
     ]
 
 
-def partition(row_of_cell: np.ndarray, rows: int, parties: int) -> Partition:
-    """A fresh partition of cells by row over ``parties`` executors."""
-    cells = len(row_of_cell)
+def partition(spans: np.ndarray, parties: int, operations: int = 0) -> Partition:
+    """A partition of the cells of ``spans`` (`Layout.spans`) by row over ``parties``
+    executors, with room for a chunk of ``operations`` operations: tables of a power of
+    two slots, over 1.5 per operation, or one per cell if there are fewer cells."""
+    cells = int((spans[:, 0] + spans[:, 1]).max(initial=0))
+    direct = cells <= operations + operations // 2
+    slots = 1 << (cells if direct else operations + operations // 2).bit_length()
+    row = cell_rows(spans, cells) if direct else np.zeros(0, np.int64)
     return Partition(
-        part=row_pools(rows, parties)[row_of_cell] if cells else np.zeros(0, np.int64),
-        row=row_of_cell,
-        last=np.full(cells, -1, np.int64),
-        last_row=np.full(rows, -1, np.int64),
-        batch_len=np.zeros(cells, np.int64),
-        touched=np.zeros(cells, np.int64),
-        mine=np.zeros(0, np.int64),
-        counts=np.zeros(2, np.int64),
+        spans=spans,
+        direct=direct,
+        row_of_cell=row,
+        owner_of_cell=row_pools(int(row.max(initial=-1)) + 1, parties)[row],
+        cells=np.full((slots, 3), -1, np.int64),
+        rows=np.full((slots, 2), -1, np.int64),
+        touched=np.zeros(operations, np.int64),
+        touched_rows=np.zeros(operations, np.int64),
+        mine=np.zeros(operations, np.int64),
+        counts=np.zeros(3, np.int64),
         cursor=np.zeros(parties, np.int64),
         stop=np.zeros(parties, np.int64),
         dealing=np.zeros(parties, np.int64),
@@ -120,10 +138,35 @@ def partition(row_of_cell: np.ndarray, rows: int, parties: int) -> Partition:
 
 
 def with_room(part: Partition, operations: int) -> Partition:
-    """``part``, with room to list a chunk of ``operations`` operations (before a chunk)."""
+    """``part``, with room to link a chunk of ``operations`` operations (before a chunk)."""
     if len(part.mine) >= operations:
         return part
-    return part._replace(mine=np.zeros(int(operations * 1.5) + 1, np.int64))
+    return partition(part.spans, len(part.cursor), int(operations * 1.5) + 1)
+
+
+@inline
+def _slot(table, key, direct):
+    """The slot of ``key`` in ``table`` (`Partition.cells` or `rows`), or the free slot
+    where it goes."""
+    mask = len(table) - 1
+    h = (key if direct else hash64(key)) & mask
+    while table[h, 0] >= 0 and table[h, 0] != key:
+        h = (h + 1) & mask
+    return h
+
+
+@inline
+def _row(cell, part):
+    """The row of ``cell``."""
+    return part.row_of_cell[cell] if part.direct else row_of(cell, part.spans)
+
+
+@inline
+def _owner(cell, part):
+    """The executor linking ``cell``: the owner of its row."""
+    if part.direct:
+        return part.owner_of_cell[cell]
+    return pool_of_row(row_of(cell, part.spans), len(part.cursor))
 
 
 TD, PD, CROSS, HEADS, HOT = range(5)
@@ -143,9 +186,9 @@ def deal_share(first, end, first_item, ops, part, links, dealt, ptr):
     parties = len(ptr) - 1
     ptr[:] = 0
     for o in range(first, end):
-        ptr[part.part[ops.cell[o]] + 1] += 1
+        ptr[_owner(ops.cell[o], part) + 1] += 1
         for k in range(ops.dep_ptr[o], ops.dep_ptr[o + 1]):
-            ptr[part.part[ops.dep_cell[k]] + 1] += 1
+            ptr[_owner(ops.dep_cell[k], part) + 1] += 1
     ptr[0] = first_item
     at = part.dealing
     for e in range(parties):
@@ -153,11 +196,11 @@ def deal_share(first, end, first_item, ops, part, links, dealt, ptr):
         at[e] = ptr[e]
     for o in range(first, end):
         for k in range(ops.dep_ptr[o], ops.dep_ptr[o + 1]):
-            e = part.part[ops.dep_cell[k]]
+            e = _owner(ops.dep_cell[k], part)
             links.read_op[k] = o
             dealt[at[e]] = -1 - k
             at[e] += 1
-        e = part.part[ops.cell[o]]
+        e = _owner(ops.cell[o], part)
         dealt[at[e]] = o
         at[e] += 1
 
@@ -175,8 +218,7 @@ def link_batch(me, first, end, ops, part, links, dealt, values, stats):
     """Link operations first..end-1 (one batch, after every earlier batch of the chunk)
     whose cells executor ``me`` owns, from the items dealt to it (`deal_share`), and list
     them (`Partition.mine`); add their statistics to ``stats`` (`TD` ...)."""
-    n_touched = part.counts[0]
-    n_mine = part.counts[1]
+    n_touched, n_mine, n_rows = part.counts[0], part.counts[1], part.counts[2]
     for e in range(len(part.cursor)):  # ranks deal in ts order
         i = part.cursor[e]
         while i < part.stop[e]:
@@ -190,13 +232,12 @@ def link_batch(me, first, end, ops, part, links, dealt, values, stats):
             else:
                 if x >= end:
                     break
-                n_touched, n_mine = _link_operation(
-                    me, x, first, ops, part, links, stats, n_touched, n_mine
+                n_touched, n_mine, n_rows = _link_operation(
+                    me, x, first, ops, part, links, stats, n_touched, n_mine, n_rows
                 )
             i += 1
         part.cursor[e] = i
-    part.counts[0] = n_touched
-    part.counts[1] = n_mine
+    part.counts[0], part.counts[1], part.counts[2] = n_touched, n_mine, n_rows
 
 
 @inline
@@ -204,7 +245,8 @@ def _link_read(k, o, first, ops, part, links, values, stats):
     """Read ``k`` of operation ``o``: its writer in the chunk so far (PD, listed among the
     writer's successors when in the batch), or the cell's value."""
     d = ops.dep_cell[k]
-    q = part.last[d]
+    h = _slot(part.cells, d, part.direct)
+    q = part.cells[h, 1] if part.cells[h, 0] >= 0 else -1
     links.dep_prev[k] = q
     links.pd_next[k] = -1
     if q < 0:
@@ -213,53 +255,63 @@ def _link_read(k, o, first, ops, part, links, values, stats):
         links.pd_next[k] = links.pd_head[q]
         links.pd_head[q] = k
         stats[PD] += 1
-        if part.row[d] != part.row[ops.cell[o]]:
+        if _row(d, part) != _row(ops.cell[o], part):
             stats[CROSS] += 1
 
 
 @inline
-def _link_operation(me, o, first, ops, part, links, stats, n_touched, n_mine):
+def _link_operation(me, o, first, ops, part, links, stats, n_touched, n_mine, n_rows):
     """Operation ``o``: its previous operation on the cell (TD) and its row's unit. The
-    counts of `Partition.touched` and `Partition.mine` after it."""
+    counts of `Partition.touched`, `Partition.mine` and `Partition.touched_rows` after
+    it."""
     c = ops.cell[o]
-    r = part.row[c]
+    h = _slot(part.cells, c, part.direct)
+    if part.cells[h, 0] < 0:
+        part.cells[h, 0] = c
+        part.cells[h, 1] = -1
+        part.touched[n_touched] = h
+        n_touched += 1
     part.mine[n_mine] = o
-    p = part.last[c]
+    p = part.cells[h, 1]
     links.chain_prev[o] = p
     links.chain_next[o] = -1
     links.owner[o] = me
     links.pd_head[o] = -1
     links.row_next[o] = -1
-    if p < 0:
-        part.touched[n_touched] = c
-        n_touched += 1
-    else:
+    if p >= 0:
         links.chain_next[p] = o
     if p >= first:
         stats[TD] += 1
-        part.batch_len[c] += 1
+        part.cells[h, 2] += 1
     else:
-        part.batch_len[c] = 1
-    stats[HOT] = max(stats[HOT], part.batch_len[c])
-    part.last[c] = o
-    rp = part.last_row[r]
+        part.cells[h, 2] = 1
+    stats[HOT] = max(stats[HOT], part.cells[h, 2])
+    part.cells[h, 1] = o
+    r = _row(c, part)
+    g = _slot(part.rows, r, part.direct)
+    if part.rows[g, 0] < 0:
+        part.rows[g, 0] = r
+        part.rows[g, 1] = -1
+        part.touched_rows[n_rows] = g
+        n_rows += 1
+    rp = part.rows[g, 1]
     if rp >= first:
         links.row_next[rp] = o
         links.head[o] = links.head[rp]
     else:
         links.head[o] = o
         stats[HEADS] += 1
-    part.last_row[r] = o
-    return n_touched, n_mine + 1
+    part.rows[g, 1] = o
+    return n_touched, n_mine + 1, n_rows
 
 
 @jit
 def forget_chunk(part):
-    """After a chunk: the cells linked are free again (``last`` all -1), none listed."""
+    """After a chunk: the tables are free again, nothing listed."""
     for i in range(part.counts[0]):
-        c = part.touched[i]
-        part.last[c] = -1
-        part.last_row[part.row[c]] = -1
+        part.cells[part.touched[i], 0] = -1
+    for i in range(part.counts[2]):
+        part.rows[part.touched_rows[i], 0] = -1
     part.counts[:] = 0
 
 

@@ -4,7 +4,7 @@ Executors are grouped in *pools* (contract §4 `--placement`): shared-nothing gi
 executor its own pool, shared-per-socket one pool per socket, shared-everything one
 pool for all. A row (one key of one table) belongs to the pool its hash points to;
 the executors of a pool share its rows' work as their scheduler decides. Every
-scheduler places rows through `row_pools`, so hashing lives in one place.
+scheduler places rows through `pool_of_row`, so hashing lives in one place.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from txstream.state._kernels import hash64
-from txstream.state._numba import jit
+from txstream.state._numba import inline, jit
 
 
 @dataclass(frozen=True)
@@ -61,14 +61,20 @@ def seats(placement: str | None, sockets: list[int]) -> list[Seat]:
     ]
 
 
+@inline
+def pool_of_row(row, pools):
+    """The pool of ``row``: spread by hash, so hot keys land on different pools."""
+    return hash64(row) % pools
+
+
 @jit
 def _fill_row_pools(pools, out):
     for row in range(len(out)):
-        out[row] = hash64(row) % pools
+        out[row] = pool_of_row(row, pools)
 
 
 def row_pools(rows: int, pools: int) -> np.ndarray:
-    """The pool of every row: spread by hash, so hot keys land on different pools."""
+    """The pool of every row (`pool_of_row`)."""
     out = np.empty(rows, np.int64)
     _fill_row_pools(pools, out)
     return out
