@@ -440,6 +440,7 @@ class Session:
             cores=self.plan.cores,
             recoveries=self.recoveries,
             checkpoints=self._checkpoints.report() if self._checkpoints else None,
+            table_rows={name: table.num_rows for name, table in tables.items()},
             config={
                 **self.config.as_dict(),
                 "pushed": self._pushed,
@@ -538,7 +539,7 @@ class Session:
             checkpoint_seconds=writer.seconds if writer else 0.0,
             checkpoint_age_s=None if newest is None else max(0.0, time.time() - newest),
             recoveries=len(self.recoveries),
-            rows=dict(self.plan.layout.sizes),
+            rows=engine.state.rows(),
             decisions=team["decisions"],
             ready=ready,
         )

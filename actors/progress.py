@@ -32,6 +32,7 @@ import ray
 from txstream import schedulers
 from txstream.actors.punctuation import Chunk, ChunkSizer, Punctuator
 from txstream.cluster.transport import LocalActor, get, wait_all
+from txstream.monitor.metrics import SizeHistogram
 from txstream.state.checkpoints import CheckpointBuffer, CheckpointBufferHandle
 from txstream.state.keys import KeyIndex, StreamKeys, dense_keys
 from txstream.state.shared import ArrayHandle
@@ -133,7 +134,7 @@ class ProgressController:
         self._sizer = ChunkSizer(config.latency_target_ms / 1e3, config.max_chunk_events)
         self._in_flight: deque[_InFlight] = deque()
         self._seq = 0
-        self._chunk_sizes: list[int] = []
+        self._chunk_sizes = SizeHistogram()
         self._started = time.time()
 
     # ---------------------------------------------------------------- input (in order)
@@ -198,16 +199,15 @@ class ProgressController:
         if self._failure is not None:
             raise self._failure
         executors = get([e.flush.remote() for e in self.executors], self.config.timeout_s)
-        sizes = np.asarray(self._chunk_sizes or [0])
-        p = self._punctuator
+        sizes, p = self._chunk_sizes, self._punctuator
         return {
             "events": p.ts,
             "executors": executors,
             "cpu_s": round(time.thread_time() - cpu_start + self._reaper_cpu_s, 3),
             "chunks": {
-                "count": len(self._chunk_sizes),
-                "events_p50": int(np.median(sizes)),
-                "events_max": int(sizes.max()),
+                "count": sizes.count,
+                "events_p50": sizes.median(),
+                "events_max": sizes.max,
             },
             "punctuations": {"by_count": p.count_cuts, "by_time": p.time_cuts},
         }
@@ -318,7 +318,7 @@ class ProgressController:
         with self._cond:
             self._in_flight.append(_InFlight(self._seq, chunk.ts0, chunk.size, time.time(), calls))
             self._cond.notify_all()
-        self._chunk_sizes.append(chunk.size)
+        self._chunk_sizes.add(chunk.size)
         self._seq += 1
 
     def _reap(self) -> None:
@@ -381,9 +381,8 @@ class ProgressController:
     def live(self, bounds: tuple[int, ...]) -> dict:
         """The chunks handed to the team so far, as histogram buckets at ``bounds``
         (events), with their sum and count: what the run's live metrics read."""
-        sizes = np.sort(np.asarray(self._chunk_sizes, np.int64))
-        buckets = np.searchsorted(sizes, np.asarray(bounds), side="right")
-        return {"buckets": buckets.tolist(), "sum": int(sizes.sum()), "count": len(sizes)}
+        buckets, count = self._chunk_sizes.buckets(bounds)
+        return {"buckets": buckets, "sum": self._chunk_sizes.sum, "count": count}
 
     def query(self, table: str, keys: list | None) -> tuple[int, pa.Table]:
         """A table's rows as of the watermark (see `SnapshotRing.query`); of a table of

@@ -103,6 +103,9 @@ class Engine:
         )
         self.launches = 0
         """Teams launched so far (a recovery launches another)."""
+        self.launched: tuple[int, int, Any, Any] = (0, 0, None, None)
+        """The team launched last as one value: (launches, its first event, its Sink, its
+        ProgressController), for readers on other threads (a scrape) to take as a whole."""
         self._stack = ExitStack()
         self._actors: list = []
         self._pids: list[int] = []
@@ -194,8 +197,9 @@ class Engine:
         self.first_ts = ts
         """The first event of the team launched last."""
         self._sync.array[:] = 0
-        self.live_before += self.live.array
-        self.live.array[:] = 0
+        published = self.live.array.copy()
+        self.live.array[:] = 0  # a scrape meanwhile reads less, never twice (`LiveTeam`)
+        self.live_before = self.live_before + published
         if self.snapshots is not None:
             self.snapshots.reset(self.state.values, ts)
         self.watermark.reset(ts)
@@ -280,6 +284,7 @@ class Engine:
         # on (a full collection over it would stop every thread of the run for a while)
         gc.freeze()
         self.running = self.controller.run.remote(feeders)
+        self.launched = (self.launches + 1, ts, sink, self.controller)
         self.launches += 1
 
     def _known_as(self, role: str) -> dict[str, str]:

@@ -33,8 +33,10 @@ class LiveTeam:
     def __init__(self, engine: Engine):
         self.engine = engine
         self._launch = 0
+        self._team: tuple[Any, Any] = (None, None)  # the Sink and ProgressController counted
         self._last: dict[str, Any] | None = None  # the current team's last answers
         self._before: dict[str, Any] = _nothing()  # what the teams before it counted
+        self._rows = np.zeros(engine.live.handle.shape)  # the executors' rows read last
         self._lock = threading.Lock()  # scrapes and Ray's metrics read at the same time
 
     def read(self, ask: bool = True) -> dict[str, Any] | None:
@@ -47,14 +49,16 @@ class LiveTeam:
 
     def _read(self, ask: bool) -> dict[str, Any] | None:
         engine = self.engine
-        if engine.launches != self._launch:
-            self._new_team(engine.launches)
+        launch, first_ts, sink, controller = engine.launched
+        if launch != self._launch:
+            self._new_team(launch, first_ts, (sink, controller))
         answers = self._ask() if ask else None
         if answers is not None:
             self._last = answers
         if self._last is None:
             return None
-        rows = engine.live_before + engine.live.array
+        # counters only grow: a launch moving the rows into `live_before` is read as less
+        rows = self._rows = np.maximum(self._rows, engine.live_before + engine.live.array)
         width = len(LIVE_EXECUTOR)
         decisions: dict[str, dict[str, int]] = {}
         if rows[0, width:].any():  # a scheduler that makes choices
@@ -66,41 +70,44 @@ class LiveTeam:
         }
 
     def _ask(self) -> dict[str, Any] | None:
-        engine = self.engine
-        if engine.sink is None or engine.controller is None:
+        sink, controller = self._team  # not the engine's: it may be launching the next one
+        if sink is None:
             return None
         try:
-            sink, chunks = get(
+            counts, chunks = get(
                 [
-                    engine.sink.live.remote(LATENCY_BOUNDS),
-                    engine.controller.live.remote(CHUNK_BOUNDS),
+                    sink.live.remote(LATENCY_BOUNDS),
+                    controller.live.remote(CHUNK_BOUNDS),
                 ],
                 SCRAPE_TIMEOUT_S,
             )
         except Exception:  # a dead or stopped team: the next one answers
             return None
-        latency = Histogram(sink["latency_buckets"], sink["latency_sum"], sink["latency_count"])
+        latency = Histogram(
+            counts["latency_buckets"], counts["latency_sum"], counts["latency_count"]
+        )
         return {
-            "statuses": {name: sink[name] for name in STATUS_NAMES},
-            "reasons": sink["reasons"],
+            "statuses": {name: counts[name] for name in STATUS_NAMES},
+            "reasons": counts["reasons"],
             "latency": latency,
             "chunks": Histogram(chunks["buckets"], chunks["sum"], chunks["count"]),
         }
 
-    def _new_team(self, launch: int) -> None:
-        """A recovery's team: its predecessors' latency observations and chunks are kept,
-        their decisions are those of the committed outputs before its first event."""
+    def _new_team(self, launch: int, first_ts: int, team: tuple[Any, Any]) -> None:
+        """A recovery's ``team`` (its Sink and ProgressController): its predecessors'
+        latency observations and chunks are kept, their decisions are those of the
+        committed outputs before its first event."""
         before = self._before if self._last is None else _added(self._before, self._last)
         if launch > 1 or self.engine.plan.resume is not None:
-            before["statuses"], before["reasons"] = self._committed_outcomes()
-        self._before, self._last, self._launch = before, None, launch
+            before["statuses"], before["reasons"] = self._committed_outcomes(first_ts)
+        self._before, self._last, self._launch, self._team = before, None, launch, team
 
-    def _committed_outcomes(self) -> tuple[dict[str, int], dict[str, int]]:
+    def _committed_outcomes(self, first_ts: int) -> tuple[dict[str, int], dict[str, int]]:
         """Events by status and rejected events by reason in the committed outputs before
-        the team's first event."""
-        engine = self.engine
-        parts = [p for p in engine.plan.output.parts() if part_first_ts(p.name) < engine.first_ts]
-        schema = output_schema(engine.plan.topology)
+        the event ``first_ts``."""
+        plan = self.engine.plan
+        parts = [p for p in plan.output.parts() if part_first_ts(p.name) < first_ts]
+        schema = output_schema(plan.topology)
         rows = read_events(parts, schema, ["status", "reason"])
         statuses = dict.fromkeys(STATUS_NAMES, 0)
         for count in pc.value_counts(rows.column("status")).to_pylist():

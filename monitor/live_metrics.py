@@ -147,7 +147,12 @@ class RunCollector(Collector):
             operations.add_metric([*self.labels.values(), str(rank)], row[len(ACTIVITIES)])
         yield seconds
         yield operations
-        rows = self._family(GaugeMetricFamily, "txstream_table_rows", "rows per table", ["table"])
+        rows = self._family(
+            GaugeMetricFamily,
+            "txstream_table_rows",
+            "rows per table (of a table of natural keys, the keys that exist)",
+            ["table"],
+        )
         for table, count in f.rows.items():
             rows.add_metric([*self.labels.values(), table], count)
         yield rows

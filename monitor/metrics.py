@@ -105,6 +105,42 @@ class LatencyHistogram:
         return sparse_percentile_ms(bins, self.counts[bins], q)
 
 
+class SizeHistogram:
+    """Sizes (events per chunk) counted as they come, in log-spaced bins: memory bounded
+    however long the run, a scrape's buckets read without sorting anything. Every power
+    of 2 is an edge (exact buckets there), 64 bins between two: the median to ~1%."""
+
+    EDGES = np.unique(np.round(2.0 ** (np.arange(31 * 64 + 1) / 64)).astype(np.int64))
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(len(self.EDGES) + 1, np.int64)
+        self.sum = 0
+        self.count = 0
+        self.max = 0
+
+    def add(self, size: int) -> None:
+        """Count one ``size``."""
+        self.counts[np.searchsorted(self.EDGES, size)] += 1
+        self.sum += size
+        self.count += 1
+        self.max = max(self.max, size)
+
+    def buckets(self, bounds: tuple[int, ...]) -> tuple[list[int], int]:
+        """Sizes at most each of ``bounds`` (ascending; exact at powers of 2), and all of
+        them: a Prometheus histogram's buckets and count, from one reading of the counts
+        (a scrape reads while sizes are counted on another thread)."""
+        below = np.cumsum(self.counts)
+        ends = np.searchsorted(self.EDGES, np.asarray(bounds), side="right")
+        return [int(below[i - 1]) if i else 0 for i in ends], int(below[-1])
+
+    def median(self) -> int:
+        """The median size (its bin's upper edge, at most the largest); 0 without any."""
+        if not self.count:
+            return 0
+        i = int(np.searchsorted(np.cumsum(self.counts), (self.count + 1) // 2))
+        return min(int(self.EDGES[min(i, len(self.EDGES) - 1)]), self.max)
+
+
 class Timeline:
     """Events out and their latency over the run, in bins whose width follows the run's
     length: they start at `FIRST_BIN_S` and double (neighbours merged) whenever the run
@@ -250,11 +286,13 @@ def session_metrics(
     cores: list[tuple[int, int]],
     recoveries: list[dict],
     checkpoints: dict | None,
+    table_rows: dict[str, int],
     config: dict,
 ) -> dict[str, Any]:
     """metrics.json of a session: the engine's part (`run_metrics`) with the Coordinator's
     report, start-up and console phases, each executor's socket and cores, recoveries,
-    checkpoints and the configuration."""
+    checkpoints, the rows of every table at the end (of a table of natural keys, the keys
+    that exist) and the configuration."""
     return {
         **run_metrics(summary, run_info, seconds),
         "coordinator": coordinator,
@@ -266,5 +304,6 @@ def session_metrics(
         ],
         "recoveries": recoveries,
         "checkpoints": checkpoints,
+        "table_rows": table_rows,
         "config": config,
     }

@@ -99,6 +99,9 @@ def _summary(m: dict[str, Any]) -> str:
         ("latency", f"p50 {latency.get('p50')} ms, p99 {latency.get('p99')} ms"),
         ("resumed at event", f"{(m.get('config') or {}).get('resumed_from') or 0:,}"),
     ]
+    if m.get("table_rows"):  # of a table of natural keys, the keys that exist at the end
+        tables = ", ".join(f"{name} {rows:,}" for name, rows in m["table_rows"].items())
+        rows.append(("rows per table", tables))
     cells = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f"<table>{cells}</table>"
 

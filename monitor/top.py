@@ -70,7 +70,8 @@ def parse(text: str, at: float) -> Scrape:
                 scrape.samples.setdefault(sample.name, {})[labels] = sample.value
     except ValueError as exc:
         raise UsageError(f"top: not Prometheus metrics: {exc}") from exc
-    if "txstream_events_pushed_total" not in scrape.samples:
+    # any of a run's samples, not a given one: a starting run serves only up and ready
+    if not any(name.startswith("txstream_") for name in scrape.samples):
         raise UsageError("top: these are not the metrics of a txstream run")
     return scrape
 
@@ -143,7 +144,7 @@ def figures(now: Scrape, before: Scrape | None) -> Figures:
         ready=_ready(now),
         latency_ms=_quantiles_ms(latency.items()),
     )
-    if before is None or now.at <= before.at:
+    if before is None or now.at <= before.at or "txstream_events_total" not in before.samples:
         return shown
     dt = now.at - before.at
     decided = now.value("txstream_events_total", 0.0) - before.value("txstream_events_total", 0.0)

@@ -118,6 +118,21 @@ class SharedState:
                 base = self.layout.bases[(table.name, LIVE)]
                 self.values[base : base + init[table.name].num_rows] = 1
 
+    def rows(self) -> dict[str, int]:
+        """Rows of every table as the state stands: of a table of natural keys, the keys
+        that exist (its `LIVE` cells at 1: a row the index has not given, or whose key was
+        deleted, holds 0); of a table of dense keys, all of them."""
+        layout = self.layout
+        out = {}
+        for table, size in layout.sizes.items():
+            base = layout.bases.get((table, LIVE))
+            if base is None:
+                out[table] = size
+            else:
+                live = self.values[base : base + layout.stored[table]]
+                out[table] = int(np.count_nonzero(live == 1))
+        return out
+
     def write(self, cells: np.ndarray, values: np.ndarray) -> None:
         """Overwrite ``cells`` outside a kernel (no team running), marked as written."""
         self.values[cells] = values

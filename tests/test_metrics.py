@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -19,12 +20,22 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from conftest import actor_processes
 from prometheus_client.parser import text_string_to_metric_families
 from txstream import Job
 from txstream.errors import UsageError
-from txstream.monitor.live_metrics import Figures, Histogram, RunCollector, bounded_reasons
+from txstream.monitor.live_metrics import (
+    CHUNK_BOUNDS,
+    Figures,
+    Histogram,
+    RunCollector,
+    bounded_reasons,
+)
+from txstream.monitor.metrics import SizeHistogram
+from txstream.monitor.report import render
 from txstream.topologies.generators import WorkloadSpec, generate
 
 SCRAPE_MS = 500
@@ -77,12 +88,22 @@ def wait_for(check: Callable[[], bool], what: str, seconds: float = 60) -> None:
 def test_metrics_equal_the_sessions_own_counts_and_health_answers(tmp_path):
     events, init = generate("gs", WorkloadSpec(events=6000, keys=300, abort_ratio=0.1, seed=2))
     port = free_port()
-    job = Job("gs", source="arrow", scheduler="morphstream", executors=2, metrics_port=port)
+    job = Job(
+        "gs",
+        source="arrow",
+        scheduler="morphstream",
+        executors=2,
+        transport="threads",  # without Ray
+        metrics_port=port,
+    )
     with job.start(init, output=tmp_path / "out") as session:
         session.push(events)
         session.flush()
         got = samples(port)
+        text = http(f"http://127.0.0.1:{port}/metrics")[1]
         statuses = output_statuses(session)
+        assert f'txstream_up{{run="run-{os.getpid()}",topology="gs"}} 1.0' in text
+        assert not _answers_on(_outward_address(), port)  # 127.0.0.1 only by default
         assert http(f"http://127.0.0.1:{port}/healthz")[0] == 200
         assert http(f"http://127.0.0.1:{port}/readyz")[0] == 200
         assert http(f"http://127.0.0.1:{port}/state")[0] == 404  # metrics and health only
@@ -119,6 +140,105 @@ def test_metrics_equal_the_sessions_own_counts_and_health_answers(tmp_path):
     assert got["txstream_recoveries_total", ()] == 0
     with pytest.raises(urllib.error.URLError):  # the port is free again once closed
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+
+
+def _outward_address() -> str:
+    """This host's address on its way out (not the loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: it only picks the route
+        return probe.getsockname()[0]
+
+
+def _answers_on(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_metrics_host_chooses_where_they_are_served_and_a_starting_run_is_not_ready(
+    tmp_path,
+):
+    """``--metrics-host`` opens the metrics to other hosts (here: on every address); while
+    the team starts, ``/readyz`` answers 503 and ``/healthz`` 200."""
+    _, init = generate("sl", WorkloadSpec(events=10, keys=10, seed=1))
+    port, outward = free_port(), _outward_address()
+    assert outward != "127.0.0.1"
+    job = Job(
+        "sl",
+        source="arrow",
+        transport="threads",
+        metrics_port=port,
+        metrics_host="0.0.0.0",
+        progress=False,
+    )
+    answers: list[tuple[int, int]] = []
+    started = threading.Event()
+
+    def probe() -> None:
+        while not started.is_set():
+            try:
+                answers.append((http(f"{url}/readyz")[0], http(f"{url}/healthz")[0]))
+            except OSError:  # not listening yet
+                time.sleep(0.01)
+
+    url = f"http://{outward}:{port}"
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        with job.start(init, output=tmp_path / "out"):
+            started.set()
+            prober.join()
+            assert http(f"{url}/readyz")[0] == 200
+    finally:
+        started.set()
+        prober.join()
+    assert (503, 200) in answers, answers
+
+
+def test_chunk_sizes_are_counted_as_they_come_in_bounded_memory():
+    sizes = SizeHistogram()
+    drawn = np.random.default_rng(3).integers(1, 2_000_000, 20_000)
+    for size in drawn:
+        sizes.add(int(size))
+    buckets, count = sizes.buckets(CHUNK_BOUNDS)
+    assert buckets == np.searchsorted(np.sort(drawn), CHUNK_BOUNDS, side="right").tolist()
+    assert count == sizes.count == len(drawn) and sizes.sum == drawn.sum()
+    assert sizes.max == drawn.max() and sizes.counts.nbytes < 20_000
+    assert sizes.median() == pytest.approx(np.median(drawn), rel=0.012)
+    assert SizeHistogram().median() == 0
+
+
+def test_a_table_of_natural_keys_counts_the_keys_that_exist(tmp_path):
+    """Keys created and deleted: ``txstream_table_rows`` is the keys that exist while the
+    session runs, and metrics.json and the report say so at the end."""
+    init = {"kv": pa.table({"key": ["a", "b", "c"], "value": pa.array([1, 2, 3], pa.int64())})}
+    rows = [("put", "d"), ("put", "e"), ("delete", "a"), ("put", "f"), ("delete", "e")]
+    rows += [("delete", "zz"), ("put", "a")]  # a missing key deleted; a deleted one again
+    events = pa.table(
+        {
+            "event_id": pa.array(range(len(rows)), pa.int64()),
+            "kind": [kind for kind, _ in rows],
+            "key": [key for _, key in rows],
+            "value": pa.array([5] * len(rows), pa.int64()),
+            "other": pa.array([None] * len(rows), pa.string()),
+        }
+    )
+    port = free_port()
+    job = Job("kv_topology:string_keys", source="arrow", metrics_port=port, progress=False)
+    with job.start(init, output=tmp_path / "out") as session:
+        session.push(events.slice(0, 5))
+        session.flush()
+        assert samples(port)["txstream_table_rows", (("table", "kv"),)] == 4  # b c d f
+        session.push(events.slice(5))
+        session.flush()
+        assert samples(port)["txstream_table_rows", (("table", "kv"),)] == 5  # and a
+        result = session.close()
+    assert result.state["kv"].column("key").to_pylist() == ["a", "b", "c", "d", "f"]
+    assert result.metrics["table_rows"] == {"kv": 5}
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["table_rows"] == {"kv": 5}
+    assert "<th>rows per table</th><td>kv 5</td>" in render(result.metrics)
 
 
 def test_rejections_are_counted_by_reason_with_few_labels():
@@ -159,11 +279,58 @@ def test_a_port_in_use_or_out_of_range_is_one_line(tmp_path):
         port = taken.getsockname()[1]
         with pytest.raises(UsageError, match=f"--metrics-port {port}: the port is in use"):
             Job("sl", source="arrow", metrics_port=port, progress=False).start(init)
-    for bad in ("0", "65536", "x"):
-        cli = [sys.executable, "-m", "txstream", "run", "sl", "--metrics-port", bad]
+    for bad in (["0"], ["65536"], ["x"], ["9464", "--nodes", "2"]):
+        cli = [sys.executable, "-m", "txstream", "run", "sl", "--metrics-port", *bad]
         cli += ["--input", "i", "--init-state", "s", "--output", str(tmp_path / "o")]
         proc = subprocess.run(cli, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "--nodes N > 1 takes none" in proc.stderr  # one host's session is served
+
+
+def _decided(got: dict[tuple[str, tuple], float]) -> float:
+    return sum(v for (name, _), v in got.items() if name == "txstream_events_total")
+
+
+def test_a_recovery_counts_every_event_once(tmp_path):
+    """A session fed in slices and scraped between them, whose Coordinator is SIGKILLed
+    mid-stream: no scrape counts more events than are decided, and at the end the events
+    by status are the session's own counts, each event once."""
+    events, init = generate("sl", WorkloadSpec(events=24000, keys=500, abort_ratio=0.05, seed=6))
+    port = free_port()
+    job = Job(
+        "sl",
+        source="arrow",
+        transport="ray",
+        scheduler="tstream",
+        executors=2,
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+        checkpoint_every=1,
+        metrics_port=port,
+        progress=False,
+        timeout_s=120,
+    )
+    size, killed = 400, False
+    with job.start(init, output=tmp_path / "out") as session:
+        for start in range(0, events.num_rows, size):
+            session.push(events.slice(start, size))
+            if not killed and start >= events.num_rows // 3:
+                (coordinator,) = actor_processes("Coordinator", wait_s=0)
+                os.kill(coordinator, signal.SIGKILL)
+                killed = True
+            got = samples(port)
+            if got["txstream_ready", ()] == 1:
+                assert _decided(got) <= got["txstream_watermark_events", ()], start
+            time.sleep(0.02)
+        session.flush()
+        wait_for(lambda: samples(port)["txstream_ready", ()] == 1, "ready after the flush")
+        got = samples(port)
+        statuses = output_statuses(session)
+        result = session.close()
+    assert len(result.metrics["recoveries"]) == 1
+    assert _decided(got) == got["txstream_watermark_events", ()] == events.num_rows
+    for status in ("committed", "aborted", "rejected"):
+        assert got["txstream_events_total", (("status", status),)] == statuses[status]
+        assert statuses[status] == result.metrics[status]
 
 
 # ----------------------------------------------------------------- a real Prometheus
@@ -342,6 +509,13 @@ def test_prometheus_reads_a_session_on_ray_through_rays_endpoint(
         promql = 'sum by (status) (ray_txstream_events_total{run="on-ray"})'
         want = {(("status", s),): float(n) for s, n in told["statuses"].items()}
         wait_for(lambda: _subset(want, query(api, promql)), "the counts through Ray", 120)
+        ray_latency = 'sum(ray_txstream_latency_seconds_count{run="on-ray"})'
+        wait_for(lambda: query(api, ray_latency) == {(): 5000.0}, "latencies through Ray", 60)
+        by_bound = 'sum by (le) (ray_txstream_latency_seconds_bucket{run="on-ray"})'
+        buckets = query(api, by_bound)
+        ordered = [buckets[(("le", le),)] for le in sorted_bounds(buckets)]
+        assert ordered == sorted(ordered) and ordered[-1] == 5000.0, buckets
+        assert 0 < query(api, f"histogram_quantile(0.99, {by_bound})")[()] < 60
         session.stdin.write("close\n")
         session.stdin.flush()
         out, err = session.communicate(timeout=120)
@@ -350,6 +524,11 @@ def test_prometheus_reads_a_session_on_ray_through_rays_endpoint(
         if session.poll() is None:
             session.kill()
             session.wait(30)
+
+
+def sorted_bounds(buckets: dict[tuple, float]) -> list[str]:
+    """The ``le`` labels of a histogram's buckets, ascending (``+Inf`` last)."""
+    return sorted((dict(labels)["le"] for labels in buckets), key=float)
 
 
 def _subset(want: dict, got: dict) -> bool:

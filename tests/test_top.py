@@ -302,6 +302,12 @@ def test_quantiles_interpolate_within_buckets_as_prometheus_does():
     assert quantile(0.99, [(0.1, 0.0), (float("inf"), 10.0)]) == pytest.approx(0.1)
 
 
+def test_a_starting_run_is_shown_not_ready():
+    starting = 'txstream_up{run="r",topology="sl"} 1.0\ntxstream_ready{run="r",topology="sl"} 0.0\n'
+    shown = figures(parse(starting, at=1.0), parse(starting, at=0.0))
+    assert (shown.run, shown.ready, shown.watermark, shown.rate_eps) == ("r", False, None, None)
+
+
 def test_metrics_of_another_program_are_refused():
     with pytest.raises(Exception, match="not the metrics of a txstream run"):
         parse("# TYPE up gauge\nup 1\n", at=0.0)
