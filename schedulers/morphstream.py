@@ -31,6 +31,7 @@ The team's placement decides who may run a unit: its row's pool's executors.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -149,8 +150,6 @@ class MorphStreamScheduler(SpeculativeScheduler):
         self._view: ChunkView | None = None
         self._ordered = False
         """This chunk is walked in order by executor 0 (module docstring)."""
-        self._alone_next = False
-        """The decision model gives the next chunk to one executor (`alone_next`)."""
         self._alone_seen = 0.0
         """Chunks executor 0 ran alone, as of the history this executor holds."""
         self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
@@ -166,13 +165,19 @@ class MorphStreamScheduler(SpeculativeScheduler):
     def takes_statements(self, statements: Statements, whole: bool) -> bool:
         """Whether the chunk is walked in order (the whole team decides, `_walk_in_order`);
         if so, executor 0 runs it from the statements when it holds them all."""
-        self._alone_next = self._walk_in_order()
-        self._ordered = self._alone_next or self.team.alone
+        self._ordered = self._walk_in_order() or self.team.alone
         return self.from_statements(statements, self._ordered and whole)
 
     def alone_next(self) -> bool:
-        """Executor 0, after a chunk: whether the decision model gave it to one executor."""
-        return self.team.rank == 0 and self._alone_next
+        """Executor 0, after a chunk: whether the decision model gives the next one to one
+        executor, from the history with this chunk's measurements in, as far as executor 0
+        knows them (the team folds them at the next chunk's decision: `_walk_in_order`),
+        so that the ProgressController's next dispatch already follows this chunk."""
+        if self.team.rank != 0 or self._fixed.explore != "auto":
+            return False
+        history = replace(self._history)
+        self._fold(history, self._explore_ns, self.team.parties)
+        return executors_for(history, self.thresholds, self.team.parties) == 1
 
     def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """A chunk not walked in order: dealt to the executors that link it
@@ -206,10 +211,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
                 self._last = None
         walked.failed, walked.transactions = int(totals[ABORTED]), int(totals[WALKED])
         walked.operations = int(totals[WALKED_OPS])
-        for last in (self._last, walked):
-            if last is not None and last.transactions:
-                last.explore_s = float(totals[EXPLORE_NS]) / 1e9
-                self._history.update(last, self.thresholds.memory)
+        self._fold(self._history, float(totals[EXPLORE_NS]), team.parties if team.alone else 1)
         self._last, self._explore_ns = None, 0
         self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
         if team.alone:
@@ -217,6 +219,15 @@ class MorphStreamScheduler(SpeculativeScheduler):
             self._alone_seen = float(shared[0])
             self._history.save(shared[1:])
         return executors_for(self._history, self.thresholds, team.parties) == 1
+
+    def _fold(self, history: History, explore_ns: float, parties: int) -> None:
+        """Fold what was measured since the last decision into ``history``: the batch last
+        explored (``explore_ns`` x ``parties``: the team's sum, where only one executor's
+        share of it is known) or the chunks executor 0 walked in order (``explore_ns``)."""
+        for last, scale in ((self._last, parties), (self._walked, 1)):
+            if last is not None and last.transactions:
+                last.explore_s = explore_ns * scale / 1e9
+                history.update(last, self.thresholds.memory)
 
     def batches_in_step(self) -> bool:
         """A chunk walked in order needs no waits between its batches."""

@@ -155,6 +155,10 @@ def test_auto_walks_cheap_operations_in_order_with_serials_results():
     assert walked.events.equals(serial.events) and walked.state == serial.state
     decisions, batches = walked.metrics["decisions"], walked.metrics["batches"]["count"]
     assert 0 < decisions["explore"]["ordered"] < batches  # the first chunk built its graph
+    # what the first chunk measured is asked for before the second is dispatched: that one
+    # already runs on executor 0 alone, which waits at no barrier
+    chunks = walked.metrics["batches"]["chunks"]
+    assert chunks[0]["breakdown_s"]["sync"] > 0 and chunks[1]["breakdown_s"]["sync"] == 0
     assert sum(decisions["explore"].values()) == batches
     columns = walked.metrics["decision_batches"]
     walked_failed = [
