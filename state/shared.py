@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 PREFIX = "txstream_"
-_CREATED_HERE: dict[str, shared_memory.SharedMemory] = {}
-"""Segments this process created, by name: attaching to one of them (executors run as
-threads) must leave the resource tracker's registration for the owner's unlink; a
-`SharedArray` attached to one shares the owner's mapping (a second mapping of the same
-pages would count them twice in the process's RSS)."""
+_CREATED_HERE: set[str] = set()
+"""Segments this process created: attaching to one of them (executors run as threads)
+must leave the resource tracker's registration for the owner's unlink. Such an executor
+maps the segment again rather than sharing the owner's mapping: the owner unmapping it at
+a stop must not pull the pages from under a kernel still running."""
 
 
 @dataclass(frozen=True)
@@ -40,13 +40,10 @@ class SharedArray:
         shm: shared_memory.SharedMemory,
         handle: ArrayHandle,
         owner: bool,
-        shared_mapping: bool = False,
     ):
         self._shm = shm
         self.handle = handle
         self.owner = owner
-        self._shared_mapping = shared_mapping
-        """The mapping is the owner's of this process: closing it is the owner's."""
         self.array: np.ndarray = np.ndarray(handle.shape, handle.dtype, buffer=shm.buf)
 
     @classmethod
@@ -67,9 +64,6 @@ class SharedArray:
     @classmethod
     def attach(cls, handle: ArrayHandle) -> SharedArray:
         """Attach to an existing segment (actor side); never unlinks it."""
-        mapped = _CREATED_HERE.get(handle.name)
-        if mapped is not None:
-            return cls(mapped, handle, owner=False, shared_mapping=True)
         return cls(attach_segment(handle.name), handle, owner=False)
 
     def close(self) -> None:
@@ -80,8 +74,6 @@ class SharedArray:
         mapping then goes away with the last view, but the name is gone already.
         """
         self.array = np.empty(0)
-        if self._shared_mapping:
-            return
         if self.owner:
             unlink_segment(self._shm)
         try:
@@ -93,7 +85,7 @@ class SharedArray:
 def create_segment(name: str, nbytes: int) -> shared_memory.SharedMemory:
     """A new zeroed segment; this process unlinks it (`unlink_segment`)."""
     shm = shared_memory.SharedMemory(name=name, create=True, size=max(1, nbytes))
-    _CREATED_HERE[name] = shm
+    _CREATED_HERE.add(name)
     return shm
 
 
@@ -109,7 +101,7 @@ def attach_segment(name: str) -> shared_memory.SharedMemory:
 
 def unlink_segment(shm: shared_memory.SharedMemory) -> None:
     """Remove a segment's name (its memory goes with the last mapping)."""
-    _CREATED_HERE.pop(shm.name, None)
+    _CREATED_HERE.discard(shm.name)
     try:
         shm.unlink()
     except FileNotFoundError:

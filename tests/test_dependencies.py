@@ -10,6 +10,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from txstream.cluster import ray_private
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +24,7 @@ def _project() -> dict:
 def _declared() -> dict[str, Requirement]:
     project = _project()
     lines = [*project["dependencies"], *sum(project["optional-dependencies"].values(), [])]
-    return {req.name.lower(): req for req in map(Requirement, lines)}
+    return {canonicalize_name(req.name): req for req in map(Requirement, lines)}
 
 
 def _pins() -> dict[str, str]:
@@ -33,7 +34,7 @@ def _pins() -> dict[str, str]:
         if line:
             name, _, pinned = line.partition("==")
             assert pinned, f"constraints.txt pins exact versions only: {line}"
-            pins[name.lower()] = pinned
+            pins[canonicalize_name(name)] = pinned
     return pins
 
 

@@ -165,20 +165,29 @@ def test_equals_serial(cluster, case, data):
 
 @pytest.mark.parametrize("share", [0, 100])
 def test_cross_node_share(cluster, share):
-    """SL transfers between even accounts and odd assets cross two nodes; between even
-    ones, none do: the run says how many crossed, and equals serial. Every cross transfer
-    on so few keys would be a level of its own: the unit is gathered on one node instead
-    (three levels); with none crossing, it runs where its keys live."""
+    """SL transfers between accounts of node 0 and assets of node 1 cross two nodes;
+    between keys of node 0 alone, none do: the run says how many crossed, and equals
+    serial. Every cross transfer on so few keys would be a level of its own: the unit is
+    gathered on one node instead (three levels); with none crossing, it runs where its keys
+    live."""
     n = 400
     crossing = [i * 100 < share * n for i in range(n)]
+    home = node_of(np.arange(10, dtype=np.int64), 2)
+    ours, theirs = np.flatnonzero(home == 0).tolist(), np.flatnonzero(home == 1).tolist()
+    assert len(ours) >= 2 and theirs
+
+    def key(i: int, cross: bool) -> int:
+        keys = theirs if cross else ours
+        return keys[i % len(keys)]
+
     rows = [
         {
             "event_id": i,
             "kind": "transfer",
-            "account": (2 * i) % 10,
-            "asset": (2 * i + (1 if cross else 0)) % 10,
-            "dst_account": (2 * i + 4) % 10,
-            "dst_asset": (2 * i + 2 + (1 if cross else 0)) % 10,
+            "account": key(i, False),
+            "asset": key(i, cross),
+            "dst_account": key(i + 1, False),
+            "dst_asset": key(i + 1, cross),
             "amount": 1 + i % 7,
             "asset_amount": 1 + i % 5,
         }
@@ -262,7 +271,8 @@ def test_a_node_with_little_room_for_other_nodes_keys_runs_units_in_smaller_step
     assert_same_run(got, state, want.events, want.state)
     assert metrics["nodes"]["units"] > 1  # all 600 events were pushed as one unit
     # each node holds its own keys of both tables and 2 rows each for other nodes' keys
-    held = [2 * (len(range(node, 40, NODES)) + 2) for node in range(NODES)]
+    home = node_of(np.arange(40, dtype=np.int64), NODES)
+    held = [2 * (int((home == node).sum()) + 2) for node in range(NODES)]
     assert [n["rows"] for n in metrics["nodes"]["per_node"]] == held
 
 

@@ -14,7 +14,7 @@ from txstream.state.tables import SharedState
 
 
 class _Table:
-    name, columns, init_min = "t", ("balance",), None
+    name, columns, state_columns, key, init_min = "t", ("balance",), ("balance",), "dense", None
 
 
 def _state(cells: int) -> SharedState:
