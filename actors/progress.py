@@ -110,6 +110,11 @@ class ProgressController:
         as it answered for the last chunk reaped; only where chunks go whole to it). None
         until its first answer, which the second chunk waits for: a chunk dispatched
         before it would keep the whole team at its barriers."""
+        self._first_walk = (
+            schedulers.get(config.scheduler).first_walk_events(config) if self._whole else 0
+        )
+        """Events of the first chunk, which executor 0 runs alone (0: the team does;
+        `Scheduler.first_walk_events`)."""
         self._cpus: tuple[set[int], set[int]] | None = None
         """Where the dispatch loop and its reaper run while the team works, and while
         executor 0 runs alone (off its core, as beside one executor); set by `run`."""
@@ -267,12 +272,21 @@ class ProgressController:
                 get(self.sink.commit_at.remote(flush), self.config.timeout_s)
                 flushed = flush
             while self._room():
-                chunk = p.take(self._sizer.limit(p.pending))
+                chunk = self._take()
                 if chunk is None:
                     break
                 self._dispatch(chunk)
             if ending and p.pending == 0:
                 return
+
+    def _take(self) -> Chunk | None:
+        """The next chunk as the sizer bounds it; the first no longer than the first walk
+        (`_first_walk`), its first batch cut there if need be."""
+        p = self._punctuator
+        limit = self._sizer.limit(p.pending)
+        if self._seq == 0 and self._first_walk:
+            return p.take(min(limit, self._first_walk), split=True)
+        return p.take(limit)
 
     def _room(self) -> bool:
         """Whether the team can take one more chunk: fewer than `CHUNKS_IN_FLIGHT` are in
@@ -331,7 +345,7 @@ class ProgressController:
         checkpoint = self._checkpoint_after(chunk)
         events = chunk.events if self.keys is None else self.keys.rows(chunk.events)
         calls = []
-        alone = self._whole and bool(self._alone)
+        alone = self._whole and bool(self._alone or (self._seq == 0 and self._first_walk))
         self._pin(alone)
         executors = self.executors[:1] if alone else self.executors
         for executor, (first, end) in zip(

@@ -19,7 +19,8 @@ executors_for`, from the time per operation measured so far), `auto` walks a who
 in order instead: executor 0 runs its batches one by one with serial's kernel, the others
 only pre- and post-process their shares; no graph is built. On threads executor 0 gets
 every chunk whole (`whole_chunks`) and walks it from the statements, as serial does, and
-the next chunks go to it alone (`alone_next`): its peers step aside, idle in their calls'
+the next chunks go to it alone (`alone_next`; the first, small, always:
+`first_walk_events`): its peers step aside, idle in their calls'
 queues, so the feeders get the other core; it keeps measuring, and the history it folds
 alone is handed to them in shared memory when the team is called back. Exploring, the
 team links and explores the operations executor 0 built. The time per operation is
@@ -86,6 +87,10 @@ their transaction, strata, merged rows, cyclic groups, the ns it spent exploring
 previous batch (or walking chunks in order since), and the transactions that aborted,
 the transactions and the operations of that walk."""
 STATS = WALKED_OPS + 1
+FIRST_WALK_EVENTS = 256
+"""Events of the first chunk, walked by executor 0 alone with ``--explore auto`` on threads
+(`first_walk_events`): enough to time an operation, few enough that at costly operations
+(10 us, three per event) the walk costs the team a few milliseconds more than a graph."""
 
 
 class ChunkView(NamedTuple):
@@ -162,11 +167,21 @@ class MorphStreamScheduler(SpeculativeScheduler):
         and explores the chunk's operations wherever they were built."""
         return config.explore == "auto"
 
+    @classmethod
+    def first_walk_events(cls, config: RunConfig) -> int:
+        """With ``--explore auto``: until an operation is timed, the team cannot tell
+        whether a graph pays, and a first graph costs several times the walk of its chunk
+        at cheap operations; so executor 0 walks a small first chunk alone."""
+        return FIRST_WALK_EVENTS if config.explore == "auto" else 0
+
     def takes_statements(self, statements: Statements, whole: bool) -> bool:
         """Whether the chunk is walked in order (the whole team decides, `_walk_in_order`);
         if so, executor 0 runs it from the statements when it holds them all."""
         self._ordered = self._walk_in_order() or self.team.alone
-        return self.from_statements(statements, self._ordered and whole)
+        # the warm-up's empty chunk makes the walk's kernel too, which `warm_up` loads
+        warming = statements.events.n == 0 and self._fixed.explore == "auto"
+        taken = self.from_statements(statements, (self._ordered or warming) and whole)
+        return taken and self._ordered
 
     def alone_next(self) -> bool:
         """Executor 0, after a chunk: whether the decision model gives the next one to one
@@ -559,6 +574,13 @@ class MorphStreamScheduler(SpeculativeScheduler):
             *(self._level_ptr, self._listed(seat)),
         )
         compile_for(add_to, seat.words, 0, 0)
+        if self.direct is not None:  # a walk from the statements (`takes_statements`)
+            direct, waited = self.direct, np.zeros(ABORT_NS + 1, np.int64)
+            compile_for(
+                direct.kernel,
+                *(0, 0, *direct.tables, state, udf, direct.scratch, chunk.outcomes, waited),
+            )
+            self.direct = None
         share = chunk.operations()
         compile_for(
             run_transactions,

@@ -16,6 +16,7 @@ from txstream.schedulers.decision import (
     decide,
     executors_for,
 )
+from txstream.schedulers.morphstream import FIRST_WALK_EVENTS
 from txstream.topologies.generators import WorkloadSpec, generate
 
 TH = Thresholds()
@@ -154,19 +155,20 @@ def test_auto_walks_cheap_operations_in_order_with_serials_results():
     serial = run_local("sl", events, init, scheduler="serial")
     assert walked.events.equals(serial.events) and walked.state == serial.state
     decisions, batches = walked.metrics["decisions"], walked.metrics["batches"]["count"]
-    assert 0 < decisions["explore"]["ordered"] < batches  # the first chunk built its graph
-    # what the first chunk measured is asked for before the second is dispatched: that one
-    # already runs on executor 0 alone, which waits at no barrier
-    chunks = walked.metrics["batches"]["chunks"]
-    assert chunks[0]["breakdown_s"]["sync"] > 0 and chunks[1]["breakdown_s"]["sync"] == 0
+    assert decisions["explore"]["ordered"] > 1
+    # nothing is timed before the first chunk: executor 0 walks a small one alone, at no
+    # barrier, and the second is dispatched once it answered
+    chunks, columns = walked.metrics["batches"]["chunks"], walked.metrics["decision_batches"]
+    assert chunks[0]["events"] == FIRST_WALK_EVENTS and chunks[0]["breakdown_s"]["sync"] == 0
+    assert columns["explore"][0] == "ordered"
     assert sum(decisions["explore"].values()) == batches
-    columns = walked.metrics["decision_batches"]
     walked_failed = [
         f for e, f in zip(columns["explore"], columns["failed"], strict=True) if e == "ordered"
     ]
     assert sum(walked_failed) > 0  # aborts counted in the walk too
     costly = run_local("sl", events, init, scheduler="morphstream", udf_cost_us=1, **options)
-    assert costly.metrics["decisions"]["explore"]["ordered"] == 0
+    assert costly.metrics["decisions"]["explore"]["ordered"] == 1  # the first chunk only
+    assert costly.events.equals(serial.events) and costly.state == serial.state
 
 
 def test_auto_decides_from_the_measured_graph_of_each_batch():
