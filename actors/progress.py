@@ -114,7 +114,7 @@ class ProgressController:
             schedulers.get(config.scheduler).first_walk_events(config) if self._whole else 0
         )
         """Events of the first chunk, which executor 0 runs alone (0: the team does;
-        `Scheduler.first_walk_events`)."""
+        `Scheduler.first_walk_events`); the sizer learns the team's rate from the next."""
         self._cpus: tuple[set[int], set[int]] | None = None
         """Where the dispatch loop and its reaper run while the team works, and while
         executor 0 runs alone (off its core, as beside one executor); set by `run`."""
@@ -393,7 +393,8 @@ class ProgressController:
                     self._cond.notify_all()
                 return
             done = time.time()
-            self._sizer.observe(oldest.size, done - max(oldest.dispatched, previous_end))
+            if oldest.seq or not self._first_walk:  # (the first walk is one executor's)
+                self._sizer.observe(oldest.size, done - max(oldest.dispatched, previous_end))
             previous_end = done
             with self._cond:
                 self._in_flight.popleft()
