@@ -306,19 +306,18 @@ class MorphStreamScheduler(SpeculativeScheduler):
         the statements, if it takes them), timed and counted as an exploration is."""
         if self.direct is not None:
             spent = self.run_direct(chunk, begin, end, breakdown)
-            offsets = self.direct.statements.operation_offsets()
+            operations = self.direct.statements.operations_in(begin, end)
         else:
             spent = self.run_in_order(chunk, ops, begin, end, breakdown)
-            offsets = ops.txn_ptr
-        first, stop = int(offsets[begin]), int(offsets[end])
+            operations = int(ops.txn_ptr[end]) - int(ops.txn_ptr[begin])
         failed = int(np.count_nonzero(chunk.status[begin:end] == ABORTED_STATUS))
         self._explore_ns += spent
         walked = self._walked
         walked.transactions += end - begin
-        walked.operations += stop - first
+        walked.operations += operations
         walked.failed += failed
         if end > begin:
-            batch = BatchStats(end - begin, stop - first, 0, 0, 0, 0, 0, 0, explore=ORDERED)
+            batch = BatchStats(end - begin, operations, 0, 0, 0, 0, 0, 0, explore=ORDERED)
             batch.failed, batch.explore_s = failed, spent / 1e9
             self._log.add(batch)
 
