@@ -19,6 +19,7 @@ readers, when the session is named).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -107,9 +108,21 @@ class ProgressController:
         self._remote = not all(isinstance(e, LocalActor) for e in executors)
         self._whole = not self._remote and schedulers.get(config.scheduler).whole_chunks(config)
         """Executor 0 gets every chunk whole (`Scheduler.whole_chunks`)."""
-        self._alone = False
+        self._alone: bool | None = None
         """Executor 0 runs the next chunks alone, its peers idle (`Scheduler.alone_next`,
-        as it answered for the last chunk reaped; only where chunks go whole to it)."""
+        as it answered for the last chunk reaped; only where chunks go whole to it). None
+        until its first answer, which the second chunk waits for: a chunk dispatched
+        before it would keep the whole team at its barriers."""
+        self._first_walk = (
+            schedulers.get(config.scheduler).first_walk_events(config) if self._whole else 0
+        )
+        """Events of the first chunk, which executor 0 runs alone (0: the team does;
+        `Scheduler.first_walk_events`); the sizer learns the team's rate from the next."""
+        self._cpus: tuple[set[int], set[int]] | None = None
+        """Where the dispatch loop and its reaper run while the team works, and while
+        executor 0 runs alone (off its core, as beside one executor); set by `run`."""
+        self._pinned_alone = False
+        self._reaper_tid: int | None = None
         self.sink = sink
         self._handles = (watermark, snapshots)
         self.layout = layout
@@ -177,15 +190,19 @@ class ProgressController:
 
     # ---------------------------------------------------------------- the dispatch loop
     @ray.method(concurrency_group="run")
-    def run(self, cpus: set[int] | None = None) -> dict:
+    def run(self, cpus: set[int] | None = None, alone_cpus: set[int] | None = None) -> dict:
         """Dispatch every pushed event until `close`; returns what each executor reports.
         Raises the root cause if an executor fails. With ``cpus``, the dispatch loop and
-        its reaper run there (as threads: the calling thread is pinned)."""
+        its reaper run there (as threads: the calling thread is pinned); with
+        ``alone_cpus``, there while executor 0 runs chunks alone (`_pin`)."""
         if cpus:
             os.sched_setaffinity(0, cpus)
+        if alone_cpus:
+            self._cpus = (os.sched_getaffinity(0), alone_cpus)
         cpu_start = time.thread_time()  # this thread's and the reaper's: not the team's
         reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         reaper.start()
+        self._reaper_tid = reaper.native_id
         try:
             self._dispatch_until_closed()
             with self._cond:
@@ -229,7 +246,7 @@ class ProgressController:
                     arrived = p.ts + p.pending
                     flush = self._flush_through if self._flush_through > flushed else 0
                     flush = flush if arrived >= flush else 0
-                    room = len(self._in_flight) < CHUNKS_IN_FLIGHT
+                    room = self._room()
                     # the team has nothing to do: waiting for a cut would only add latency
                     idle = not self._in_flight and p.pending > 0
                     # the end: cut the open batch and hand out the rest as room appears
@@ -258,13 +275,44 @@ class ProgressController:
             if flush:
                 get(self.sink.commit_at.remote(flush), self.config.timeout_s)
                 flushed = flush
-            while len(self._in_flight) < CHUNKS_IN_FLIGHT:
-                chunk = p.take(self._sizer.limit(p.pending))
+            while self._room():
+                chunk = self._take()
                 if chunk is None:
                     break
                 self._dispatch(chunk)
             if ending and p.pending == 0:
                 return
+
+    def _take(self) -> Chunk | None:
+        """The next chunk as the sizer bounds it; the first no longer than the first walk
+        (`_first_walk`), its first batch cut there if need be."""
+        p = self._punctuator
+        limit = self._sizer.limit(p.pending)
+        if self._seq == 0 and self._first_walk:
+            return p.take(min(limit, self._first_walk), split=True)
+        return p.take(limit)
+
+    def _room(self) -> bool:
+        """Whether the team can take one more chunk: fewer than `CHUNKS_IN_FLIGHT` are in
+        flight, and, where chunks go whole to executor 0, it answered whether it runs the
+        next alone (`_alone`)."""
+        if self._whole and self._alone is None and self._in_flight:
+            return False
+        return len(self._in_flight) < CHUNKS_IN_FLIGHT
+
+    def _pin(self, alone: bool) -> None:
+        """Executor 0 running alone leaves its peers' cores idle: the dispatch loop and
+        its reaper move there, off executor 0's core, as they run beside one executor
+        (the feeders otherwise share its core now and then); back when the team works."""
+        if self._cpus is None or alone == self._pinned_alone:
+            return
+        team_cpus, alone_cpus = self._cpus
+        cpus = alone_cpus if alone else team_cpus
+        os.sched_setaffinity(0, cpus)
+        if self._reaper_tid is not None:
+            with contextlib.suppress(OSError):  # (the reaper ended: a failure)
+                os.sched_setaffinity(self._reaper_tid, cpus)
+        self._pinned_alone = alone
 
     def _may_read(self, step: int, room: bool) -> bool:
         """Whether the source is read one ``step`` further (`READ_AHEAD`); ``room``: the
@@ -301,7 +349,8 @@ class ProgressController:
         checkpoint = self._checkpoint_after(chunk)
         events = chunk.events if self.keys is None else self.keys.rows(chunk.events)
         calls = []
-        alone = self._whole and self._alone
+        alone = self._whole and bool(self._alone or (self._seq == 0 and self._first_walk))
+        self._pin(alone)
         executors = self.executors[:1] if alone else self.executors
         for executor, (first, end) in zip(
             executors, share_bounds(chunk.size, len(executors), self._whole), strict=True
@@ -348,7 +397,8 @@ class ProgressController:
                     self._cond.notify_all()
                 return
             done = time.time()
-            self._sizer.observe(oldest.size, done - max(oldest.dispatched, previous_end))
+            if oldest.seq or not self._first_walk:  # (the first walk is one executor's)
+                self._sizer.observe(oldest.size, done - max(oldest.dispatched, previous_end))
             previous_end = done
             with self._cond:
                 self._in_flight.popleft()

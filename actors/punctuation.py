@@ -108,11 +108,14 @@ class Punctuator:
             self.punctuate()
             self.time_cuts += 1
 
-    def take(self, limit: int) -> Chunk | None:
+    def take(self, limit: int, split: bool = False) -> Chunk | None:
         """The longest run of closed batches of at most ``limit`` events (at least one
-        batch), or None if no batch is closed."""
+        batch), or None if no batch is closed. With ``split``, a first batch of more than
+        ``limit`` events is cut after ``limit`` (a punctuation added, none moved)."""
         if not self._ends:
             return None
+        if split and self._ends[0] - self.ts > limit:
+            self._ends.appendleft(self.ts + limit)
         ends = [self._ends.popleft()]
         while self._ends and self._ends[0] - self.ts <= limit:
             ends.append(self._ends.popleft())

@@ -280,10 +280,12 @@ class Engine:
             )
         self._pids = pids if transport.separate_processes else []
         feeders = None if pin else spare_cpus(plan.cores)
+        # where they run while executor 0 runs chunks alone (`Scheduler.alone_next`)
+        beside_first = None if pin else spare_cpus(plan.cores[:1])
         # what start-up built lives as long as the run: the collector skips it from now
         # on (a full collection over it would stop every thread of the run for a while)
         gc.freeze()
-        self.running = self.controller.run.remote(feeders)
+        self.running = self.controller.run.remote(feeders, beside_first)
         self.launched = (self.launches + 1, ts, sink, self.controller)
         self.launches += 1
 

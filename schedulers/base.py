@@ -203,6 +203,14 @@ class Scheduler(ABC):
         breakdown.abort += waited[ABORT_NS] / 1e9
         return returned, spent
 
+    @classmethod
+    def first_walk_events(cls, config: RunConfig) -> int:
+        """Events of a first chunk that executor 0 walks alone where chunks go whole to it
+        (`whole_chunks`), its peers stepped aside, so that its operations are timed before
+        the team decides how many executors work (`alone_next`); 0 (default): the first
+        chunk goes to the whole team."""
+        return 0
+
     def alone_next(self) -> bool:
         """Whether the next chunks may go to executor 0 alone, its peers stepping aside
         (`Member.alone`): asked of executor 0 after each chunk, where chunks go whole to

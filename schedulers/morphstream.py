@@ -19,7 +19,8 @@ executors_for`, from the time per operation measured so far), `auto` walks a who
 in order instead: executor 0 runs its batches one by one with serial's kernel, the others
 only pre- and post-process their shares; no graph is built. On threads executor 0 gets
 every chunk whole (`whole_chunks`) and walks it from the statements, as serial does, and
-the next chunks go to it alone (`alone_next`): its peers step aside, idle in their calls'
+the next chunks go to it alone (`alone_next`; the first, small, always:
+`first_walk_events`): its peers step aside, idle in their calls'
 queues, so the feeders get the other core; it keeps measuring, and the history it folds
 alone is handed to them in shared memory when the team is called back. Exploring, the
 team links and explores the operations executor 0 built. The time per operation is
@@ -31,6 +32,7 @@ The team's placement decides who may run a unit: its row's pool's executors.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -85,6 +87,10 @@ their transaction, strata, merged rows, cyclic groups, the ns it spent exploring
 previous batch (or walking chunks in order since), and the transactions that aborted,
 the transactions and the operations of that walk."""
 STATS = WALKED_OPS + 1
+FIRST_WALK_EVENTS = 256
+"""Events of the first chunk, walked by executor 0 alone with ``--explore auto`` on threads
+(`first_walk_events`): enough to time an operation, few enough that at costly operations
+(10 us, three per event) the walk costs the team a few milliseconds more than a graph."""
 
 
 class ChunkView(NamedTuple):
@@ -149,8 +155,6 @@ class MorphStreamScheduler(SpeculativeScheduler):
         self._view: ChunkView | None = None
         self._ordered = False
         """This chunk is walked in order by executor 0 (module docstring)."""
-        self._alone_next = False
-        """The decision model gives the next chunk to one executor (`alone_next`)."""
         self._alone_seen = 0.0
         """Chunks executor 0 ran alone, as of the history this executor holds."""
         self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
@@ -163,16 +167,32 @@ class MorphStreamScheduler(SpeculativeScheduler):
         and explores the chunk's operations wherever they were built."""
         return config.explore == "auto"
 
+    @classmethod
+    def first_walk_events(cls, config: RunConfig) -> int:
+        """With ``--explore auto``: until an operation is timed, the team cannot tell
+        whether a graph pays, and a first graph costs several times the walk of its chunk
+        at cheap operations; so executor 0 walks a small first chunk alone."""
+        return FIRST_WALK_EVENTS if config.explore == "auto" else 0
+
     def takes_statements(self, statements: Statements, whole: bool) -> bool:
         """Whether the chunk is walked in order (the whole team decides, `_walk_in_order`);
         if so, executor 0 runs it from the statements when it holds them all."""
-        self._alone_next = self._walk_in_order()
-        self._ordered = self._alone_next or self.team.alone
-        return self.from_statements(statements, self._ordered and whole)
+        self._ordered = self._walk_in_order() or self.team.alone
+        # the warm-up's empty chunk makes the walk's kernel too, which `warm_up` loads
+        warming = statements.events.n == 0 and self._fixed.explore == "auto"
+        taken = self.from_statements(statements, (self._ordered or warming) and whole)
+        return taken and self._ordered
 
     def alone_next(self) -> bool:
-        """Executor 0, after a chunk: whether the decision model gave it to one executor."""
-        return self.team.rank == 0 and self._alone_next
+        """Executor 0, after a chunk: whether the decision model gives the next one to one
+        executor, from the history with this chunk's measurements in, as far as executor 0
+        knows them (the team folds them at the next chunk's decision: `_walk_in_order`),
+        so that the ProgressController's next dispatch already follows this chunk."""
+        if self.team.rank != 0 or self._fixed.explore != "auto":
+            return False
+        history = replace(self._history)
+        self._fold(history, self._explore_ns, self.team.parties)
+        return executors_for(history, self.thresholds, self.team.parties) == 1
 
     def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """A chunk not walked in order: dealt to the executors that link it
@@ -206,10 +226,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
                 self._last = None
         walked.failed, walked.transactions = int(totals[ABORTED]), int(totals[WALKED])
         walked.operations = int(totals[WALKED_OPS])
-        for last in (self._last, walked):
-            if last is not None and last.transactions:
-                last.explore_s = float(totals[EXPLORE_NS]) / 1e9
-                self._history.update(last, self.thresholds.memory)
+        self._fold(self._history, float(totals[EXPLORE_NS]), team.parties if team.alone else 1)
         self._last, self._explore_ns = None, 0
         self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
         if team.alone:
@@ -217,6 +234,15 @@ class MorphStreamScheduler(SpeculativeScheduler):
             self._alone_seen = float(shared[0])
             self._history.save(shared[1:])
         return executors_for(self._history, self.thresholds, team.parties) == 1
+
+    def _fold(self, history: History, explore_ns: float, parties: int) -> None:
+        """Fold what was measured since the last decision into ``history``: the batch last
+        explored (``explore_ns`` x ``parties``: the team's sum, where only one executor's
+        share of it is known) or the chunks executor 0 walked in order (``explore_ns``)."""
+        for last, scale in ((self._last, parties), (self._walked, 1)):
+            if last is not None and last.transactions:
+                last.explore_s = explore_ns * scale / 1e9
+                history.update(last, self.thresholds.memory)
 
     def batches_in_step(self) -> bool:
         """A chunk walked in order needs no waits between its batches."""
@@ -280,19 +306,18 @@ class MorphStreamScheduler(SpeculativeScheduler):
         the statements, if it takes them), timed and counted as an exploration is."""
         if self.direct is not None:
             spent = self.run_direct(chunk, begin, end, breakdown)
-            offsets = self.direct.statements.operation_offsets()
+            operations = self.direct.statements.operations_in(begin, end)
         else:
             spent = self.run_in_order(chunk, ops, begin, end, breakdown)
-            offsets = ops.txn_ptr
-        first, stop = int(offsets[begin]), int(offsets[end])
+            operations = int(ops.txn_ptr[end]) - int(ops.txn_ptr[begin])
         failed = int(np.count_nonzero(chunk.status[begin:end] == ABORTED_STATUS))
         self._explore_ns += spent
         walked = self._walked
         walked.transactions += end - begin
-        walked.operations += stop - first
+        walked.operations += operations
         walked.failed += failed
         if end > begin:
-            batch = BatchStats(end - begin, stop - first, 0, 0, 0, 0, 0, 0, explore=ORDERED)
+            batch = BatchStats(end - begin, operations, 0, 0, 0, 0, 0, 0, explore=ORDERED)
             batch.failed, batch.explore_s = failed, spent / 1e9
             self._log.add(batch)
 
@@ -548,6 +573,13 @@ class MorphStreamScheduler(SpeculativeScheduler):
             *(self._level_ptr, self._listed(seat)),
         )
         compile_for(add_to, seat.words, 0, 0)
+        if self.direct is not None:  # a walk from the statements (`takes_statements`)
+            direct, waited = self.direct, np.zeros(ABORT_NS + 1, np.int64)
+            compile_for(
+                direct.kernel,
+                *(0, 0, *direct.tables, state, udf, direct.scratch, chunk.outcomes, waited),
+            )
+            self.direct = None
         share = chunk.operations()
         compile_for(
             run_transactions,

@@ -50,7 +50,6 @@ class Statements(Transactions):
         super().__init__(events, layout)
         self._counts: tuple[int, ...] | None = None
         self._per_event = np.zeros(0, np.int32)
-        self._offsets: np.ndarray | None = None
 
     def _emit(self, *args: Any, **kw: Any) -> None:
         super()._emit(*args, **kw)
@@ -75,14 +74,11 @@ class Statements(Transactions):
         ops, reads, txn_ops, op_reads = self._counts
         return Sizes(ops, reads, self._width, txn_ops, op_reads)
 
-    def operation_offsets(self) -> np.ndarray:
-        """Per event, how many operations the events before it emit (and, last, all of
-        them): an event range's operations, as a built chunk's ``txn_ptr`` gives them."""
-        if self._offsets is None:
-            self.sizes()
-            self._offsets = np.zeros(self.events.n + 1, np.int64)
-            np.cumsum(self._per_event, out=self._offsets[1:])
-        return self._offsets
+    def operations_in(self, begin: int, end: int) -> int:
+        """How many operations events ``begin..end-1`` emit, as a built chunk's
+        ``txn_ptr`` gives them (a sum over the batch: a walk asks once per batch)."""
+        self.sizes()
+        return int(self._per_event[begin:end].sum(dtype=np.int64))
 
     def build_into(self, out: Ops, first_txn: int, first_op: int, first_read: int) -> None:
         """All statements as operations in (txn, statement, list) order, written into

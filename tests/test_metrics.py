@@ -124,7 +124,7 @@ def test_metrics_equal_the_sessions_own_counts_and_health_answers(tmp_path):
         got["txstream_executor_seconds_total", (("activity", "useful"), ("executor", r))]
         for r in "01"
     ]
-    assert all(seconds > 0 for seconds in busy)
+    assert busy[0] > 0  # executor 1 may step aside for every chunk (`executors_for`)
     operations = sum(got["txstream_executor_operations_total", (("executor", r),)] for r in "01")
     assert operations == result.metrics["operations"]
     decided = result.metrics["decisions"]

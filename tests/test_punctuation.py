@@ -124,6 +124,16 @@ def test_take_hands_out_one_batch_larger_than_the_limit_rather_than_none():
     assert p.closed == 20
 
 
+def test_take_with_split_cuts_a_first_batch_larger_than_the_limit_and_moves_no_cut():
+    p = Punctuator(10, None)
+    _feed(p, [25])
+    chunk = p.take(3, split=True)
+    assert (chunk.size, chunk.batch_ends.tolist(), _ts(chunk)) == (3, [3], [0, 1, 2])
+    assert p.take(100).batch_ends.tolist() == [7, 17]  # the count cuts at 10 and 20 stay
+    p.punctuate()
+    assert p.take(100, split=True).batch_ends.tolist() == [5]
+
+
 def test_take_splits_pushes_mid_batch_with_their_arrivals():
     p = Punctuator(4, None, start_ts=100)
     p.add(_rows(100, 3), 1.0)

@@ -43,6 +43,8 @@ def test_two_executors_equal_serial(hot_gs, scheduler, placement):
         sockets=2,
         punctuation_interval=10240,
         progress=False,
+        # operations of 1 us: morphstream explores graphs (cheaper ones, executor 0 walks)
+        udf_cost_us=1.0 if scheduler == "morphstream" else 0.0,
     ).run(events, init)
     assert_same_run(run.events, run.state, serial.events, serial.state)
     assert run.events.equals(serial.events)  # reasons too, not only their presence
