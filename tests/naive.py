@@ -379,6 +379,32 @@ def _validate_kv(row: dict) -> None:
         raise Rejected("value out of domain")
 
 
+def _natural_outcomes(
+    events: pa.Table,
+    tables: dict[str, dict],
+    outputs: tuple[str, ...],
+    check: Callable[[dict], None],
+    apply: Callable[[dict, NaturalTxn], dict | None],
+) -> list[dict]:
+    """Each event in ts order, ``check``ed (Rejected) then ``apply``d as one transaction on
+    ``tables`` (Aborted undoes it): its outcome and ``outputs``."""
+    out = []
+    for ts, row in enumerate(events.to_pylist()):
+        result = {"ts": ts, "event_id": row["event_id"], "status": "committed", "reason": None}
+        result |= dict.fromkeys(outputs)
+        try:
+            check(row)
+            txn = NaturalTxn(tables)
+            result |= apply(row, txn) or {}
+            txn.commit()
+        except Rejected as e:
+            result |= {"status": "rejected", "reason": str(e)}
+        except Aborted as e:
+            result |= {"status": "aborted", "reason": str(e)}
+        out.append(result)
+    return out
+
+
 def run_natural_model(
     topology: str, events: pa.Table, init: dict[str, pa.Table]
 ) -> tuple[pa.Table, dict[str, pa.Table]]:
@@ -392,20 +418,13 @@ def run_natural_model(
             rows = init[name].to_pylist()
             tables[name] = {r["key"]: {c: r[c] for c in NATURAL_TABLES[name]} for r in rows}
     outputs = ("value",) if kv else OUTPUT_COLUMNS[topology]
-    out = []
-    for ts, row in enumerate(events.to_pylist()):
-        result = {"ts": ts, "event_id": row["event_id"], "status": "committed", "reason": None}
-        result |= dict.fromkeys(outputs)
-        try:
-            _validate_kv(row) if kv else validate(topology, row, None)
-            txn = NaturalTxn(tables)
-            result |= (_kv if kv else APPLY[topology])(row, txn)
-            txn.commit()
-        except Rejected as e:
-            result |= {"status": "rejected", "reason": str(e)}
-        except Aborted as e:
-            result |= {"status": "aborted", "reason": str(e)}
-        out.append(result)
+    out = _natural_outcomes(
+        events,
+        tables,
+        outputs,
+        _validate_kv if kv else lambda row: validate(topology, row, None),
+        _kv if kv else APPLY[topology],
+    )
     key_type = next(iter(init.values())).schema.field("key").type
     state = {}
     for name, rows in tables.items():
@@ -504,19 +523,7 @@ def run_payments_model(
     their reasons, and the accounts that exist at the end, sorted by id."""
     rows = init["accounts"].to_pylist() if "accounts" in init else []
     tables = {"accounts": {r["key"]: {"balance": Decimal(r["balance"])} for r in rows}}
-    out = []
-    for ts, row in enumerate(events.to_pylist()):
-        result = {"ts": ts, "event_id": row["event_id"], "status": "committed", "reason": None}
-        try:
-            _validate_payment(row)
-            txn = NaturalTxn(tables)
-            _payment(row, txn)
-            txn.commit()
-        except Rejected as e:
-            result |= {"status": "rejected", "reason": str(e)}
-        except Aborted as e:
-            result |= {"status": "aborted", "reason": str(e)}
-        out.append(result)
+    out = _natural_outcomes(events, tables, (), _validate_payment, _payment)
     accounts = tables["accounts"]
     keys = sorted(accounts)
     state = pa.table(

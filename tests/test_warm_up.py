@@ -59,7 +59,10 @@ def test_no_kernel_is_loaded_after_warm_up(monkeypatch, scheduler, options):
         **options,
     )
     metrics = job.run(events, init).metrics
-    assert metrics["redone_operations"] > 0  # the repair path ran
+    if scheduler == "tstream" or options:  # graphs: the repair path ran
+        assert metrics["redone_operations"] > 0
+    else:  # auto on cheap operations: chunks walked in order, nothing to repair
+        assert metrics["decisions"]["explore"]["ordered"] > 0
     late = {k: n for k, n in _signatures().items() if n > warmed.get(k, 0)}
     assert late == {}
 
