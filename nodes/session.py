@@ -216,12 +216,12 @@ class NodesSession:
         self._outcomes: tuple[dict[str, int], dict[str, int]] | None = None
         """The nodes' events by status and rejection reason last read (`_figures`)."""
         self._pushed_high = 0
-        self._metrics: MetricsServer | None = None
+        self._server: MetricsServer | None = None
         begin = time.perf_counter()
         try:
             # first: a port in use fails at once
             collector = RunCollector(plan.label, self.config.topology, self._figures)
-            self._metrics = serve_metrics(self.config, collector, self._alive, self._ready, console)
+            self._server = serve_metrics(self.config, collector, self._alive, self._ready, console)
             self._stack.enter_context(
                 ray_session(self.config.address, job_config, phase=console.phase)
             )
@@ -436,9 +436,9 @@ class NodesSession:
         self._running = False
         if failed:
             self._failure = self._failure or RuntimeFailure("the session failed")
-        if self._metrics is not None:  # first: a scrape asks the nodes
-            self._metrics.close()
-            self._metrics = None
+        if self._server is not None:  # first: a scrape asks the nodes
+            self._server.close()
+            self._server = None
         self._stack.close()
         if failed or self.plan.own_output:
             self.plan.discard_unused()
@@ -690,6 +690,7 @@ class NodesSession:
             "progress": False,
             "checkpoint_dir": None,
             "checkpoint_every": None,
+            "metrics_port": None,  # the driver serves the run's
         }
         for share, node_id in zip(self.partition.shares, node_ids, strict=True):
             node, output = share.node, None
