@@ -289,10 +289,6 @@ class RunConfig:
                 "--metrics-port must be between 1 and 65535",
             ),
             (bool(self.metrics_host.strip()), "--metrics-host must not be empty"),
-            (
-                self.nodes == 1 or self.metrics_port is None,
-                "--metrics-port serves one host's session: --nodes N > 1 takes none",
-            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -49,7 +49,7 @@ from txstream.errors import ActorDied, RuntimeFailure, TxstreamError, UsageError
 from txstream.monitor.console import Console, ProgressBar
 from txstream.monitor.live_metrics import Figures, RunCollector
 from txstream.monitor.metrics import session_metrics
-from txstream.monitor.metrics_server import MetricsServer
+from txstream.monitor.metrics_server import MetricsServer, serve_metrics
 from txstream.monitor.ray_metrics import RayMetricsExport, metrics_agent_running
 from txstream.result import Result
 from txstream.state.keys import dense_keys
@@ -182,7 +182,10 @@ class Session:
         if plan.resume:  # said at once, not only in the summary at the end
             self.console.note(f"resuming from {plan.resume.path} at event {self.resumed_from:,}")
         try:
-            self._metrics = self._serve_metrics()  # first: a port in use fails at once
+            # first: a port in use fails at once
+            self._metrics = serve_metrics(
+                self.config, self._collector, self._alive, self._ready, self.console
+            )
             begin = time.perf_counter()
             self._engine = Engine(plan, self.console, transport, job_config)
             self._live = LiveTeam(self._engine)
@@ -493,17 +496,6 @@ class Session:
             self.plan.discard_unused()
 
     # ---------------------------------------------------------------- health
-    def _serve_metrics(self) -> MetricsServer | None:
-        """The live metrics and health at ``--metrics-port``, if asked for."""
-        cfg = self.config
-        if cfg.metrics_port is None:
-            return None
-        server = MetricsServer(
-            cfg.metrics_host, cfg.metrics_port, self._collector, self._alive, self._ready
-        )
-        self.console.note(f"metrics at {server.url}")
-        return server
-
     def _alive(self) -> bool:
         """Whether the session goes on (it has not failed)."""
         return self._failure is None

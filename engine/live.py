@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 from txstream.actors.executor import DECISIONS, output_schema
 from txstream.cluster.transport import get
@@ -108,13 +109,18 @@ class LiveTeam:
         plan = self.engine.plan
         parts = [p for p in plan.output.parts() if part_first_ts(p.name) < first_ts]
         schema = output_schema(plan.topology)
-        rows = read_events(parts, schema, ["status", "reason"])
-        statuses = dict.fromkeys(STATUS_NAMES, 0)
-        for count in pc.value_counts(rows.column("status")).to_pylist():
-            statuses[count["values"]] = count["counts"]
-        rejected = rows.filter(pc.equal(rows.column("status"), "rejected")).column("reason")
-        reasons = {c["values"]: c["counts"] for c in pc.value_counts(rejected).to_pylist()}
-        return statuses, reasons
+        return outcomes(read_events(parts, schema, ["status", "reason"]))
+
+
+def outcomes(rows: pa.Table) -> tuple[dict[str, int], dict[str, int]]:
+    """Events by status and rejected events by reason among output ``rows`` (of columns
+    ``status`` and ``reason`` at least)."""
+    statuses = dict.fromkeys(STATUS_NAMES, 0)
+    for count in pc.value_counts(rows.column("status")).to_pylist():
+        statuses[count["values"]] = count["counts"]
+    rejected = rows.filter(pc.equal(rows.column("status"), "rejected")).column("reason")
+    reasons = {c["values"]: c["counts"] for c in pc.value_counts(rejected).to_pylist()}
+    return statuses, reasons
 
 
 def _nothing() -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The HTTP endpoint of a run's metrics and health (``--metrics-port``): ``/metrics`` in
 Prometheus' format, ``/healthz`` (200 while the run is alive) and ``/readyz`` (200 while
-its team runs, 503 while it starts or recovers), for Prometheus and for a supervisor that
-restarts a dead run. It serves metrics and health only, never the state."""
+its team, or its nodes, run; 503 while it starts or recovers), for Prometheus and for a
+supervisor that restarts a dead run. It serves metrics and health only, never the state."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
-from txstream.config import metrics_url
+from txstream.config import RunConfig, metrics_url
 from txstream.errors import UsageError
+from txstream.monitor.console import Console
 
 SHUTDOWN_POLL_S = 0.05
 """How often the serving thread looks whether to stop: a session's close waits for it (a
@@ -66,6 +67,23 @@ class MetricsServer:
             self._server.shutdown()
             self._thread.join()
         self._server.server_close()
+
+
+def serve_metrics(
+    config: RunConfig,
+    collector: Collector,
+    alive: Callable[[], bool],
+    ready: Callable[[], bool],
+    console: Console,
+) -> MetricsServer | None:
+    """A run's live metrics and health at ``--metrics-port``, if asked for: what a session
+    on one host and the driver of a run over several nodes serve alike, each giving its
+    ``collector`` (a `RunCollector` of its figures) and its ``alive`` and ``ready``."""
+    if config.metrics_port is None:
+        return None
+    server = MetricsServer(config.metrics_host, config.metrics_port, collector, alive, ready)
+    console.note(f"metrics at {server.url}")
+    return server
 
 
 def _server_class(host: str) -> type[ThreadingHTTPServer]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,8 @@ from txstream.actors.executor import output_schema
 from txstream.cluster.topology import keep_freed_memory
 from txstream.cluster.transport import ThreadTransport
 from txstream.config import RunConfig
+from txstream.connectors.outputs import part_first_ts, read_events
+from txstream.engine.live import outcomes
 from txstream.engine.plan import plan
 from txstream.errors import RuntimeFailure
 from txstream.monitor.console import Console
@@ -90,6 +93,11 @@ class NodeTeam:
         """Output rows (global ts) of the events run in place whose home is this node."""
         self.in_place_written = 0
         """Of `in_place`, those written beside a checkpoint."""
+        self.statuses: Counter[str] = Counter()
+        self.reasons: Counter[str] = Counter()
+        """Of the events whose home is this node, those counted so far (`outcomes`)."""
+        self._counted_parts: set[str] = set()
+        self._counted_in_place = 0
         self.peers: list[Any] = []
         """Every node's team (`connect`), this one's included."""
         self._mail: dict[tuple[int, int, int], np.ndarray] = {}
@@ -305,6 +313,31 @@ class NodeTeam:
             return mine
         in_place = pa.concat_tables(self.in_place).cast(mine.schema)
         return pa.concat_tables([mine, in_place.filter(pc.greater_equal(in_place["ts"], since))])
+
+    def outcomes(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Of the events whose home is this node, as of every step so far: how many by
+        status, and the rejected ones by reason (what the driver's live metrics read).
+        Each committed part and each in-place step is read once."""
+        session = self.session
+        session.flush()
+        home = np.concatenate(self.home or [np.zeros(0, bool)])
+        schema = output_schema(self.topology)
+        for part in session.plan.output.parts():
+            if part.name in self._counted_parts:
+                continue
+            rows = read_events([part], schema, ["status", "reason"])
+            first = part_first_ts(part.name)
+            self._count(rows.filter(pa.array(home[first : first + rows.num_rows])))
+            self._counted_parts.add(part.name)
+        for rows in self.in_place[self._counted_in_place :]:  # home events only
+            self._count(rows)
+        self._counted_in_place = len(self.in_place)
+        return dict(self.statuses), dict(self.reasons)
+
+    def _count(self, rows: pa.Table) -> None:
+        statuses, reasons = outcomes(rows)
+        self.statuses.update(statuses)
+        self.reasons.update(reasons)
 
     def discard(self) -> None:
         """Stop this node's session without committing anything (its results were merged)."""

@@ -16,7 +16,7 @@ import json
 import shutil
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -33,11 +33,20 @@ from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor
 from txstream.connectors.inputs import Events, event_source, staged_by_spark
 from txstream.connectors.outputs import part_name
 from txstream.engine.engine import NAMESPACE
+from txstream.engine.live import SCRAPE_TIMEOUT_S
 from txstream.engine.plan import Plan
 from txstream.engine.recovery import MAX_RECOVERIES, InputLog, Pushed
 from txstream.errors import ActorDied, RuntimeFailure, TopologyError, TxstreamError, UsageError
 from txstream.monitor.console import Console
-from txstream.monitor.metrics import LatencyHistogram
+from txstream.monitor.live_metrics import (
+    CHUNK_BOUNDS,
+    LATENCY_BOUNDS,
+    Figures,
+    Histogram,
+    RunCollector,
+)
+from txstream.monitor.metrics import LatencyHistogram, SizeHistogram
+from txstream.monitor.metrics_server import MetricsServer, serve_metrics
 from txstream.nodes import rounds
 from txstream.nodes.cost import COST, critical_events
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
@@ -156,6 +165,8 @@ class NodesSession:
         self.units_submitted = 0
         """Units submitted since the start, each a fresh name for its values between nodes."""
         self.latency = LatencyHistogram()
+        self.unit_sizes = SizeHistogram()
+        """Events per unit handed to the nodes: the live metrics' chunk sizes."""
         self.figures = {
             "units": 0,
             "levels": 0,
@@ -180,6 +191,9 @@ class NodesSession:
         """The units after the last checkpoint, run again after the loss of a node."""
         self.recoveries: list[dict[str, Any]] = []
         self.checkpoints = 0
+        self.checkpoint_seconds = 0.0
+        self.checkpointed_at: float | None = None
+        """When the newest checkpoint was written (epoch seconds)."""
         self._resumed_from = 0
         self.last_batch_id = -1
         """The last Spark micro-batch pushed (`txstream.connectors.streaming`), -1 if none."""
@@ -196,8 +210,18 @@ class NodesSession:
         self._begin = 0.0
         self._door: Any = None
         self._stack = ExitStack()
+        self._running = False
+        """Whether every node runs: not while they start or recover."""
+        self._failure: BaseException | None = None
+        self._outcomes: tuple[dict[str, int], dict[str, int]] | None = None
+        """The nodes' events by status and rejection reason last read (`_figures`)."""
+        self._pushed_high = 0
+        self._server: MetricsServer | None = None
         begin = time.perf_counter()
         try:
+            # first: a port in use fails at once
+            collector = RunCollector(plan.label, self.config.topology, self._figures)
+            self._server = serve_metrics(self.config, collector, self._alive, self._ready, console)
             self._stack.enter_context(
                 ray_session(self.config.address, job_config, phase=console.phase)
             )
@@ -211,6 +235,7 @@ class NodesSession:
         except BaseException:
             self._teardown(failed=True)
             raise
+        self._running = True
         self.startup_s = time.perf_counter() - begin
         self._begin = time.perf_counter()
         self._bar = self._stack.enter_context(
@@ -287,6 +312,67 @@ class NodesSession:
             "nodes": self.config.nodes,
         }
 
+    # ---------------------------------------------------------------- health
+    def _alive(self) -> bool:
+        """Whether the session goes on (it has not failed)."""
+        return self._failure is None
+
+    def _ready(self) -> bool:
+        """Whether every node runs: not while they start or recover, nor once it ended."""
+        return self._running and self._alive()
+
+    def _figures(self) -> Figures | None:
+        """What a scrape of the live metrics reads (`txstream.monitor.live_metrics`), as of
+        a session on one host: the driver's own counts, and the nodes' events by status
+        (`_ask_outcomes`, only while they run). None before the nodes first answer."""
+        ready = self._ready()
+        if ready:
+            self._ask_outcomes()
+        if self._outcomes is None:
+            return None
+        statuses, reasons = self._outcomes
+        self._pushed_high = max(self._pushed_high, self.ts)  # a recovery submits again
+        latency = self.latency.cumulative(LATENCY_BOUNDS)  # before the count: never above it
+        chunks, count = self.unit_sizes.buckets(CHUNK_BOUNDS)
+        saved_at = self.checkpointed_at
+        return Figures(
+            pushed=self._pushed_high,
+            watermark=self.done,
+            committed=self.done,  # what `outputs` yields: every event done
+            backlog_bytes=0,  # `push` returns once its units are submitted: no table waits
+            statuses=statuses,
+            reasons=reasons,
+            latency=Histogram(latency, self.latency.sum, int(self.latency.counts.sum())),
+            chunks=Histogram(chunks, self.unit_sizes.sum, count),
+            executors=[],  # each node's team is its own
+            checkpoints=self.checkpoints,
+            checkpoint_seconds=self.checkpoint_seconds,
+            checkpoint_age_s=None if saved_at is None else max(0.0, time.time() - saved_at),
+            recoveries=len(self.recoveries),
+            rows={},
+            ready=ready,
+        )
+
+    def _ask_outcomes(self) -> None:
+        """The nodes' events by status and rejection reason (`NodeTeam.outcomes`, of the
+        events whose home each is), added up; the last ones kept while a node does not
+        answer (busy with the steps before, or lost). A recovery's nodes count from their
+        checkpoints and decide the same events again alike: every count keeps its highest
+        value, so that the counters only grow and end exact."""
+        import ray
+
+        teams = list(self.teams)
+        try:
+            answers = ray.get([t.outcomes.remote() for t in teams], timeout=SCRAPE_TIMEOUT_S)
+        except Exception:  # a busy or lost node: the next scrape asks again
+            return
+        statuses, reasons = Counter(), Counter()
+        for node_statuses, node_reasons in answers:
+            statuses.update(node_statuses)
+            reasons.update(node_reasons)
+        before_statuses, before_reasons = self._outcomes or ({}, {})
+        self._outcomes = (_highest(before_statuses, statuses), _highest(before_reasons, reasons))
+
     @property
     def resumed_from(self) -> int:
         """The ts this session continues from (0: it started afresh)."""
@@ -347,6 +433,12 @@ class NodesSession:
     def _teardown(self, failed: bool) -> None:
         """Stop every node and the Ray this session started; remove what it wrote to
         temporary places (idempotent)."""
+        self._running = False
+        if failed:
+            self._failure = self._failure or RuntimeFailure("the session failed")
+        if self._server is not None:  # first: a scrape asks the nodes
+            self._server.close()
+            self._server = None
         self._stack.close()
         if failed or self.plan.own_output:
             self.plan.discard_unused()
@@ -598,6 +690,7 @@ class NodesSession:
             "progress": False,
             "checkpoint_dir": None,
             "checkpoint_every": None,
+            "metrics_port": None,  # the driver serves the run's
         }
         for share, node_id in zip(self.partition.shares, node_ids, strict=True):
             node, output = share.node, None
@@ -654,6 +747,7 @@ class NodesSession:
         """Submit a unit; wait while too many are in flight; checkpoint when one is due."""
         if self.folder is not None:
             self.since.append(unit)
+        self.unit_sizes.add(unit.n)
         self._submit_unit(unit)
         while len(self.in_flight) > UNITS_IN_FLIGHT:
             self._wait_oldest()
@@ -698,6 +792,7 @@ class NodesSession:
     def _checkpoint(self) -> None:
         """Every node checkpoints once all submitted units are done (the same boundary)."""
         number = self.saved.round + 1
+        begin = time.perf_counter()
         local = self._ask(lambda: [team.checkpoint.remote(number) for team in self.teams])
         self.saved = _Saved(self.ts, local, number)
         if self.keys is not None:  # every key the nodes' rows hold (`StreamKeys.arrays`)
@@ -711,35 +806,47 @@ class NodesSession:
         written.replace(self.folder / NODES_META)
         self.since = []
         self.checkpoints += 1
+        self.checkpoint_seconds += time.perf_counter() - begin
+        self.checkpointed_at = time.time()
 
     def _recover(self, lost: ActorDied) -> None:
         """Every node back to the last checkpoint, on the nodes alive; the units since it
         submitted again (see the class docstring). Only the thread that pushes recovers."""
         with self._lock:
-            if self.folder is None:
-                raise lost
-            stuck = [r for r in self.recoveries if r["from_ts"] == self.saved.ts]
-            if len(stuck) >= MAX_RECOVERIES:
-                raise lost
-            begin = time.perf_counter()
-            self.console.warn(f"recovering from the checkpoint at event {self.saved.ts:,}: {lost}")
-            self.recoveries.append({"cause": str(lost)[:300], "from_ts": self.saved.ts})
-            self._stop_and_wait()
-            self.in_flight.clear()
-            self.steps = [0] * self.config.nodes
-            self.ts = self.done = self.saved.ts
-            for attempt in range(MAX_RECOVERIES):
-                try:
-                    self._start(pick_nodes(self.config.nodes, share=True))
-                    break
-                except ActorDied:  # placed on a node the cluster did not know dead yet
-                    self._stop_and_wait()
-                    if attempt == MAX_RECOVERIES - 1:
-                        raise
-                    time.sleep(RESTART_PAUSE_S)
-            for unit in self.since:
-                self._submit_unit(unit)
-            self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
+            self._running = False
+            try:
+                self._restart(lost)
+            except BaseException as exc:
+                self._failure = exc
+                raise
+            self._running = True
+
+    def _restart(self, lost: ActorDied) -> None:
+        """`_recover`, with the lock held."""
+        if self.folder is None:
+            raise lost
+        stuck = [r for r in self.recoveries if r["from_ts"] == self.saved.ts]
+        if len(stuck) >= MAX_RECOVERIES:
+            raise lost
+        begin = time.perf_counter()
+        self.console.warn(f"recovering from the checkpoint at event {self.saved.ts:,}: {lost}")
+        self.recoveries.append({"cause": str(lost)[:300], "from_ts": self.saved.ts})
+        self._stop_and_wait()
+        self.in_flight.clear()
+        self.steps = [0] * self.config.nodes
+        self.ts = self.done = self.saved.ts
+        for attempt in range(MAX_RECOVERIES):
+            try:
+                self._start(pick_nodes(self.config.nodes, share=True))
+                break
+            except ActorDied:  # placed on a node the cluster did not know dead yet
+                self._stop_and_wait()
+                if attempt == MAX_RECOVERIES - 1:
+                    raise
+                time.sleep(RESTART_PAUSE_S)
+        for unit in self.since:
+            self._submit_unit(unit)
+        self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
 
     def _submit(self, whole: _Unit, ts0: int) -> list:
         """Submit every node's steps of a sequenced piece (`_pieces`) that starts at
@@ -867,6 +974,11 @@ class NodesSession:
             raise RuntimeFailure(f"no progress within {self.config.timeout_s} s") from exc
         except ray.exceptions.RayError as exc:
             raise actor_failure(exc) from exc
+
+
+def _highest(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """Every key's highest count of ``a`` and ``b``, in the order first seen."""
+    return {key: max(a.get(key, 0), b.get(key, 0)) for key in {**a, **b}}
 
 
 def _own_init(table: pa.Table, own: np.ndarray) -> pa.Table:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from compare import assert_same_run
@@ -44,6 +46,7 @@ from txstream.topologies.generators import WorkloadSpec, generate, write_workloa
 from workloads import workloads
 
 NODES = 3
+STATUSES = ("committed", "aborted", "rejected")
 AXES = {
     "scheduler": ("serial", "tstream", "morphstream", "lock", "mvlk", "sstore"),
     "nodes": (2, 3),
@@ -615,6 +618,7 @@ def test_a_session_over_nodes_is_queried_by_natural_key(cluster, tmp_path):
 OUTPUTS = """
 import json, sys
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from txstream import Job
 events = pq.read_table(sys.argv[1])
@@ -650,6 +654,110 @@ def test_a_session_over_nodes_yields_its_outputs_since_a_ts(cluster, tmp_path):
     n, half = events.num_rows, events.num_rows // 2
     assert got["w"] == n and got["late"] == 0 and got["same"]
     assert got["first"] == list(range(half)) and got["rest"] == list(range(half, n))
+
+
+METRICS_SESSION = """
+import json, sys, threading, time, urllib.error, urllib.request
+import pyarrow.parquet as pq
+from txstream import Job
+events = pq.read_table(sys.argv[1])
+init = {t: pq.read_table(f"{sys.argv[2]}/{t}.parquet") for t in ("accounts", "assets")}
+served = f"http://127.0.0.1:{sys.argv[4]}"
+
+
+def get(path):
+    try:
+        with urllib.request.urlopen(served + path, timeout=60) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
+
+
+starting, started = [], threading.Event()
+
+
+def watch():  # /readyz while the nodes start
+    while not started.is_set():
+        try:
+            starting.append(get("/readyz")[0])
+        except OSError:  # not listening yet
+            pass
+        time.sleep(0.02)
+
+
+watcher = threading.Thread(target=watch)
+watcher.start()
+job = Job("sl", address=sys.argv[3], nodes=2, progress=False, punctuation_interval=500,
+          metrics_port=int(sys.argv[4]))
+try:
+    session = job.start(init)
+finally:
+    started.set()
+    watcher.join()
+with session:
+    half = events.num_rows // 2
+    session.push(events.slice(0, half))
+    during = get("/metrics")[1]
+    session.push(events.slice(half))
+    session.flush()
+    end = {path: get(path) for path in ("/metrics", "/healthz", "/readyz")}
+    result = session.close()
+counts = {k: result.metrics[k] for k in ("events", "committed", "aborted", "rejected")}
+print(json.dumps({"starting": starting, "during": during, "end": end, "counts": counts}))
+"""
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of a scrape, by name and labels (without run and topology)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = {k: v for k, v in s.labels.items() if k not in ("run", "topology")}
+            found[s.name, tuple(sorted(labels.items()))] = s.value
+    return found
+
+
+def test_a_run_over_nodes_serves_its_metrics_from_the_driver(cluster, tmp_path):
+    """`Job.start` over two nodes with a metrics port: the driver serves /readyz 503 while
+    the nodes start, then 200; a scrape between two pushes counts no more events than
+    were pushed; once flushed, the events by status are the run's own counts."""
+    events, init = generate("sl", WorkloadSpec(events=6000, keys=300, abort_ratio=0.1, seed=3))
+    amount = events.column("amount")
+    malformed = pa.array(np.arange(events.num_rows) % 50 == 0)
+    events = events.set_column(
+        events.schema.get_field_index("amount"), "amount", pc.if_else(malformed, None, amount)
+    )
+    write_workload(tmp_path, events, init)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    got = _session_script(METRICS_SESSION, tmp_path, cluster, port)
+    assert 503 in got["starting"], got["starting"]
+    during = _samples(got["during"])
+    half = events.num_rows // 2
+    assert during["txstream_events_pushed_total", ()] == half
+    decided = [during["txstream_events_total", (("status", s),)] for s in STATUSES]
+    assert sum(decided) <= half and during["txstream_watermark_events", ()] <= half
+    assert {path: code for path, (code, _) in got["end"].items()} == {
+        "/metrics": 200,
+        "/healthz": 200,
+        "/readyz": 200,
+    }
+    end, counts, n = _samples(got["end"]["/metrics"][1]), got["counts"], events.num_rows
+    assert counts["events"] == n and counts["aborted"] > 0 and counts["rejected"] > 0
+    for status in STATUSES:
+        assert end["txstream_events_total", (("status", status),)] == counts[status]
+    reasons = {k: v for (name, k), v in end.items() if name == "txstream_rejections_total"}
+    assert reasons[(("reason", "null field: amount"),)] > 0
+    assert sum(reasons.values()) == counts["rejected"]
+    assert end["txstream_events_pushed_total", ()] == end["txstream_watermark_events", ()] == n
+    assert end["txstream_backlog_events", ()] == 0
+    assert end["txstream_latency_seconds_count", ()] == n
+    assert end["txstream_latency_seconds_bucket", (("le", "+Inf"),)] == n
+    assert end["txstream_recoveries_total", ()] == end["txstream_checkpoints_total", ()] == 0
+    assert end["txstream_ready", ()] == 1
 
 
 def _txstream(*args: str) -> subprocess.CompletedProcess:
