@@ -811,42 +811,43 @@ class NodesSession:
 
     def _recover(self, lost: ActorDied) -> None:
         """Every node back to the last checkpoint, on the nodes alive; the units since it
-        submitted again (see the class docstring). Only the thread that pushes recovers."""
-        with self._lock:
-            self._running = False
-            try:
-                self._restart(lost)
-            except BaseException as exc:
-                self._failure = exc
-                raise
-            self._running = True
+        submitted again (see the class docstring). Only the thread that pushes recovers.
+        Not ready meanwhile; failed if it cannot."""
+        self._running = False
+        try:
+            self._restart(lost)
+        except BaseException as exc:
+            self._failure = exc
+            raise
+        self._running = True
 
     def _restart(self, lost: ActorDied) -> None:
-        """`_recover`, with the lock held."""
-        if self.folder is None:
-            raise lost
-        stuck = [r for r in self.recoveries if r["from_ts"] == self.saved.ts]
-        if len(stuck) >= MAX_RECOVERIES:
-            raise lost
-        begin = time.perf_counter()
-        self.console.warn(f"recovering from the checkpoint at event {self.saved.ts:,}: {lost}")
-        self.recoveries.append({"cause": str(lost)[:300], "from_ts": self.saved.ts})
-        self._stop_and_wait()
-        self.in_flight.clear()
-        self.steps = [0] * self.config.nodes
-        self.ts = self.done = self.saved.ts
-        for attempt in range(MAX_RECOVERIES):
-            try:
-                self._start(pick_nodes(self.config.nodes, share=True))
-                break
-            except ActorDied:  # placed on a node the cluster did not know dead yet
-                self._stop_and_wait()
-                if attempt == MAX_RECOVERIES - 1:
-                    raise
-                time.sleep(RESTART_PAUSE_S)
-        for unit in self.since:
-            self._submit_unit(unit)
-        self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
+        """`_recover`'s work, with the lock held."""
+        with self._lock:
+            if self.folder is None:
+                raise lost
+            stuck = [r for r in self.recoveries if r["from_ts"] == self.saved.ts]
+            if len(stuck) >= MAX_RECOVERIES:
+                raise lost
+            begin = time.perf_counter()
+            self.console.warn(f"recovering from the checkpoint at event {self.saved.ts:,}: {lost}")
+            self.recoveries.append({"cause": str(lost)[:300], "from_ts": self.saved.ts})
+            self._stop_and_wait()
+            self.in_flight.clear()
+            self.steps = [0] * self.config.nodes
+            self.ts = self.done = self.saved.ts
+            for attempt in range(MAX_RECOVERIES):
+                try:
+                    self._start(pick_nodes(self.config.nodes, share=True))
+                    break
+                except ActorDied:  # placed on a node the cluster did not know dead yet
+                    self._stop_and_wait()
+                    if attempt == MAX_RECOVERIES - 1:
+                        raise
+                    time.sleep(RESTART_PAUSE_S)
+            for unit in self.since:
+                self._submit_unit(unit)
+            self.recoveries[-1]["seconds"] = round(time.perf_counter() - begin, 3)
 
     def _submit(self, whole: _Unit, ts0: int) -> list:
         """Submit every node's steps of a sequenced piece (`_pieces`) that starts at
