@@ -290,13 +290,10 @@ def _decided(got: dict[tuple[str, tuple], float]) -> float:
     return sum(v for (name, _), v in got.items() if name == "txstream_events_total")
 
 
-def test_a_recovery_counts_every_event_once(tmp_path):
-    """A session fed in slices and scraped between them, whose Coordinator is SIGKILLed
-    mid-stream: no scrape counts more events than are decided, and at the end the events
-    by status are the session's own counts, each event once."""
-    events, init = generate("sl", WorkloadSpec(events=24000, keys=500, abort_ratio=0.05, seed=6))
-    port = free_port()
-    job = Job(
+def _recoverable_job(tmp_path, port: int) -> Job:
+    """SL on Ray actors (a killed one is recovered) checkpointing every batch, served at
+    ``port``."""
+    return Job(
         "sl",
         source="arrow",
         transport="ray",
@@ -308,6 +305,15 @@ def test_a_recovery_counts_every_event_once(tmp_path):
         progress=False,
         timeout_s=120,
     )
+
+
+def test_a_recovery_counts_every_event_once(tmp_path):
+    """A session fed in slices and scraped between them, whose Coordinator is SIGKILLed
+    mid-stream: no scrape counts more events than are decided, and at the end the events
+    by status are the session's own counts, each event once."""
+    events, init = generate("sl", WorkloadSpec(events=24000, keys=500, abort_ratio=0.05, seed=6))
+    port = free_port()
+    job = _recoverable_job(tmp_path, port)
     size, killed = 400, False
     with job.start(init, output=tmp_path / "out") as session:
         for start in range(0, events.num_rows, size):
@@ -401,18 +407,7 @@ def test_prometheus_reads_a_sessions_counts_latency_and_recovery(tmp_path, prome
     ready, then the recovery counts and it is ready again."""
     events, init = generate("sl", WorkloadSpec(events=20000, keys=500, abort_ratio=0.05, seed=4))
     port = free_port()
-    job = Job(
-        "sl",
-        source="arrow",
-        transport="ray",
-        scheduler="tstream",
-        executors=2,
-        checkpoint_dir=str(tmp_path / "checkpoints"),
-        checkpoint_every=1,
-        metrics_port=port,
-        progress=False,
-        timeout_s=120,
-    )
+    job = _recoverable_job(tmp_path, port)
     first, rest = events.slice(0, 12000), events.slice(12000)
     with job.start(init, output=tmp_path / "out", name="watched") as session:
         api = prometheus(f"    static_configs:\n      - targets: ['127.0.0.1:{port}']\n")
