@@ -260,17 +260,25 @@ def _link_read(k, o, first, ops, part, links, values, stats):
 
 
 @inline
+def _claimed(table, key, direct, touched, n_touched):
+    """``key``'s entry of ``table`` (its slot, `_slot`), claimed with no last operation if
+    new and listed in ``touched``; and the count of ``touched`` after it."""
+    h = _slot(table, key, direct)
+    if table[h, 0] < 0:
+        table[h, 0] = key
+        table[h, 1] = -1
+        touched[n_touched] = h
+        n_touched += 1
+    return h, n_touched
+
+
+@inline
 def _link_operation(me, o, first, ops, part, links, stats, n_touched, n_mine, n_rows):
     """Operation ``o``: its previous operation on the cell (TD) and its row's unit. The
     counts of `Partition.touched`, `Partition.mine` and `Partition.touched_rows` after
     it."""
     c = ops.cell[o]
-    h = _slot(part.cells, c, part.direct)
-    if part.cells[h, 0] < 0:
-        part.cells[h, 0] = c
-        part.cells[h, 1] = -1
-        part.touched[n_touched] = h
-        n_touched += 1
+    h, n_touched = _claimed(part.cells, c, part.direct, part.touched, n_touched)
     part.mine[n_mine] = o
     p = part.cells[h, 1]
     links.chain_prev[o] = p
@@ -288,12 +296,7 @@ def _link_operation(me, o, first, ops, part, links, stats, n_touched, n_mine, n_
     stats[HOT] = max(stats[HOT], part.cells[h, 2])
     part.cells[h, 1] = o
     r = _row(c, part)
-    g = _slot(part.rows, r, part.direct)
-    if part.rows[g, 0] < 0:
-        part.rows[g, 0] = r
-        part.rows[g, 1] = -1
-        part.touched_rows[n_rows] = g
-        n_rows += 1
+    g, n_rows = _claimed(part.rows, r, part.direct, part.touched_rows, n_rows)
     rp = part.rows[g, 1]
     if rp >= first:
         links.row_next[rp] = o
