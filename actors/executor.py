@@ -24,6 +24,7 @@ from txstream.cluster.transport import get
 from txstream.errors import RuntimeFailure
 from txstream.monitor.metrics import LIVE_EXECUTOR, Breakdown
 from txstream.schedulers._kernels import ABORT_NS, run_transactions
+from txstream.schedulers.base import reserved_capacity
 from txstream.schedulers.decision import ABORT, EXPLORE, GRANULARITY, ORDERED
 from txstream.schedulers.statements import Statements
 from txstream.schedulers.team.aborts import MAP_SEGMENT
@@ -38,6 +39,7 @@ from txstream.state.chunk import (
     Outcomes,
     RunDims,
     TeamSegment,
+    chunk_layout,
     segment_name,
 )
 from txstream.state.operations import COMMITTED, REJECTED, STATUS_NAMES
@@ -222,6 +224,8 @@ class Executor:
         """The chunk segment of chunks this executor runs alone (`Member.alone`): the
         team's stays as its peers have it mapped."""
         self._run: TeamSegment | None = None
+        self._run_mapped = False
+        """The run segment is mapped, if the scheduler declares one (the first chunk)."""
         self._taken: np.ndarray | None = None
         """Executor 0's scratch for the groups each chunk wrote (`dirty.take`)."""
 
@@ -394,20 +398,23 @@ class Executor:
             rows=layout.rows,
         )
         scheduler = self.scheduler_class
-        chunk_layout = scheduler.chunk_layout(self.config, dims)
-        run_dims = RunDims(layout.cells, layout.rows, team.parties, team.seat.pools)
-        run_layout = SegmentLayout(scheduler.run_arrays(self.config, run_dims))
-        if self._run is None and run_layout.specs:
-            self._run = self._shared_segment(TeamSegment, "run", run_layout, None, breakdown)
-            self._run.use(run_layout)
-            if team.rank == 0:
-                run_layout.fill(self._run.arrays)
-            self.scheduler.map_run(self._run.arrays)
-            team.barrier(breakdown)  # the run arrays hold their initial values
-        if team.alone:
-            chunk = self._own_segment(seq, dims, chunk_layout)
+        if not self._run_mapped:
+            run_dims = RunDims(layout.cells, layout.rows, team.parties, team.seat.pools)
+            run_layout = SegmentLayout(scheduler.run_arrays(self.config, run_dims))
+            if run_layout.specs:
+                self._run = self._shared_segment(TeamSegment, "run", run_layout, None, breakdown)
+                self._run.use(run_layout)
+                if team.rank == 0:
+                    run_layout.fill(self._run.arrays)
+                self.scheduler.map_run(self._run.arrays)
+                team.barrier(breakdown)  # the run arrays hold their initial values
+            self._run_mapped = True
+        if team.alone:  # walked in order: the operations and results only, as serial's
+            laid_out = chunk_layout(dims, [])
+            chunk = self._own_segment(seq, dims, laid_out)
         else:
-            if self._chunk is None or not chunk_layout.fits(self._chunk.capacity):
+            laid_out = scheduler.chunk_layout(self.config, dims)
+            if self._chunk is None or not laid_out.fits(self._chunk.capacity):
                 if self._chunk is not None:
                     self._chunk.close()
                 self._chunk = self._shared_segment(
@@ -419,7 +426,7 @@ class Executor:
                 )
             chunk = self._chunk
         limits = (max(c.txn_ops for c in shares), max(c.op_reads for c in shares))
-        chunk.use_chunk(dims, chunk_layout, limits)
+        chunk.use_chunk(dims, laid_out, limits)
         return chunk
 
     def _own_segment(self, seq: int, dims: ChunkDims, layout: SegmentLayout) -> ChunkArrays:
@@ -429,7 +436,7 @@ class Executor:
             if self._own_chunk is not None:
                 self._own_chunk.close()
             name = segment_name(self.segment_prefix, f"alone{seq}")
-            capacity = self.scheduler_class.chunk_capacity(self.config, dims)
+            capacity = reserved_capacity(self.config, dims, layout)
             self._own_chunk = ChunkArrays.create(name, capacity)
             self._own_chunk.unlink()
         return self._own_chunk

@@ -57,6 +57,15 @@ class Direct(NamedTuple):
     scratch: StatementScratch
 
 
+def reserved_capacity(config: RunConfig, dims: ChunkDims, layout: SegmentLayout) -> SegmentLayout:
+    """The room a new chunk segment laid out as ``layout`` reserves: the run's largest
+    chunk (``--max-chunk-events``) at this chunk's sizes per event, up to `RESERVED_BYTES`
+    (`Scheduler.chunk_capacity`)."""
+    factor = config.max_chunk_events / max(dims.transactions, 1)
+    factor = min(factor, RESERVED_BYTES / max(layout.nbytes, 1))
+    return layout.grown(max(GROWTH, factor))
+
+
 class Scheduler(ABC):
     """Executes batches of operations on the shared state (see module docstring)."""
 
@@ -100,10 +109,7 @@ class Scheduler(ABC):
         Chunks grow to that size over a run's first few; each new segment costs the
         team a creation, a Coordinator round trip and a page fault per page it touches,
         while room never touched costs nothing (shared memory is allocated on touch)."""
-        layout = cls.chunk_layout(config, dims)
-        factor = config.max_chunk_events / max(dims.transactions, 1)
-        factor = min(factor, RESERVED_BYTES / max(layout.nbytes, 1))
-        return layout.grown(max(GROWTH, factor))
+        return reserved_capacity(config, dims, cls.chunk_layout(config, dims))
 
     def __init__(self, config: RunConfig, topology: Topology, state: SharedState, team: Member):
         self.config = config

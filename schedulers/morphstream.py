@@ -159,6 +159,8 @@ class MorphStreamScheduler(SpeculativeScheduler):
         """Chunks executor 0 ran alone, as of the history this executor holds."""
         self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
         """What executor 0 walked in order since the last chunk's decision."""
+        self._walked_batches: list[tuple[int, int, int]] = []
+        """The chunk's batches executor 0 walked: (begin, end, ns), counted at its end."""
 
     @classmethod
     def whole_chunks(cls, config: RunConfig) -> bool:
@@ -251,10 +253,12 @@ class MorphStreamScheduler(SpeculativeScheduler):
     def finish(
         self, chunk: ChunkArrays, ops: OperationShare, first: int, end: int, breakdown: Breakdown
     ) -> None:
-        """A chunk walked in order has its results already (`SpeculativeScheduler.finish`
-        otherwise)."""
+        """A chunk walked in order has its results already: executor 0 counts its batches
+        (`_count_walk`); `SpeculativeScheduler.finish` otherwise."""
         if not self._ordered:
             super().finish(chunk, ops, first, end, breakdown)
+        elif self.team.rank == 0:
+            self._count_walk(chunk, ops)
 
     def _chunk_view(self, chunk: ChunkArrays) -> ChunkView:
         """The chunk's arrays, seat and scratch as `execute` and `warm_up` pass them."""
@@ -303,23 +307,35 @@ class MorphStreamScheduler(SpeculativeScheduler):
         self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
     ) -> None:
         """Executor 0: transactions begin..end-1 in ts order with serial's kernel (from
-        the statements, if it takes them), timed and counted as an exploration is."""
+        the statements, if it takes them), timed; counted once the chunk is walked
+        (`_count_walk`), so that a batch costs what serial's does."""
         if self.direct is not None:
             spent = self.run_direct(chunk, begin, end, breakdown)
-            operations = self.direct.statements.operations_in(begin, end)
         else:
             spent = self.run_in_order(chunk, ops, begin, end, breakdown)
-            operations = int(ops.txn_ptr[end]) - int(ops.txn_ptr[begin])
-        failed = int(np.count_nonzero(chunk.status[begin:end] == ABORTED_STATUS))
-        self._explore_ns += spent
+        self._walked_batches.append((begin, end, spent))
+
+    def _count_walk(self, chunk: ChunkArrays, ops: OperationShare) -> None:
+        """Executor 0, a chunk walked: its batches' transactions, operations and failures,
+        counted and logged as an exploration's are, in one pass over the chunk."""
+        begins, ends, spent = np.array(self._walked_batches, np.int64).reshape(-1, 3).T
+        self._walked_batches.clear()
+        if self.direct is not None:
+            operations = self.direct.statements.operations_between(begins, ends)
+        else:
+            operations = ops.txn_ptr[ends] - ops.txn_ptr[begins]
+        aborted = np.flatnonzero(chunk.status[: ends[-1]] == ABORTED_STATUS)
+        failed = np.searchsorted(aborted, ends) - np.searchsorted(aborted, begins)
         walked = self._walked
-        walked.transactions += end - begin
-        walked.operations += operations
-        walked.failed += failed
-        if end > begin:
-            batch = BatchStats(end - begin, operations, 0, 0, 0, 0, 0, 0, explore=ORDERED)
-            batch.failed, batch.explore_s = failed, spent / 1e9
-            self._log.add(batch)
+        walked.transactions += int((ends - begins).sum())
+        walked.operations += int(operations.sum())
+        walked.failed += int(failed.sum())
+        self._explore_ns += int(spent.sum())
+        for b, e, ns, o, f in zip(begins, ends, spent, operations, failed, strict=True):
+            if e > b:
+                batch = BatchStats(int(e - b), int(o), 0, 0, 0, 0, 0, 0, explore=ORDERED)
+                batch.failed, batch.explore_s = int(f), ns / 1e9
+                self._log.add(batch)
 
     def _seat(self, chunk: ChunkArrays) -> ex.PoolSeat:
         seat, team = self.team.seat, self.team

@@ -74,11 +74,16 @@ class Statements(Transactions):
         ops, reads, txn_ops, op_reads = self._counts
         return Sizes(ops, reads, self._width, txn_ops, op_reads)
 
-    def operations_in(self, begin: int, end: int) -> int:
-        """How many operations events ``begin..end-1`` emit, as a built chunk's
-        ``txn_ptr`` gives them (a sum over the batch: a walk asks once per batch)."""
+    def operations_between(self, begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """How many operations events ``begins[i]..ends[i]-1`` emit, for every i, as a
+        built chunk's ``txn_ptr`` gives them: the batches of a walk, back to back to the
+        last event (one pass over the events: a walk asks once per chunk)."""
         self.sizes()
-        return int(self._per_event[begin:end].sum(dtype=np.int64))
+        walked = ends > begins
+        counts = np.zeros(len(begins), np.int64)
+        if walked.any():  # (reduceat takes non-empty runs, in order)
+            counts[walked] = np.add.reduceat(self._per_event, begins[walked], dtype=np.int64)
+        return counts
 
     def build_into(self, out: Ops, first_txn: int, first_op: int, first_read: int) -> None:
         """All statements as operations in (txn, statement, list) order, written into
