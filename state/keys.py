@@ -479,7 +479,7 @@ class KeyIndex:
         Strings are looked up once per distinct string (per dictionary entry)."""
         pieces = [_pieces(column, self.key_type) for column in columns]
         n = sum(len(piece) for piece in pieces[0]) if pieces else 0
-        out = np.empty((len(columns), n), np.int64)
+        out = _pooled((len(columns), n))
         if not self._known(pieces, out):
             if self.key_type == INT64:
                 keys = [np.concatenate([_ints(p) for p in column] or [[]]) for column in pieces]
@@ -760,6 +760,13 @@ def _indices(column: pa.DictionaryArray) -> np.ndarray:
     """The int32 indices of a dictionary array (`_dictionary_encoded`), without copying."""
     indices = np.frombuffer(column.indices.buffers()[1], np.int32)
     return indices[column.offset : column.offset + len(column)]
+
+
+def _pooled(shape: tuple[int, int]) -> np.ndarray:
+    """An empty int64 array in Arrow's memory pool: a chunk's rows are freed there when the
+    team is done with them and the next chunk's take their pages again, where new pages
+    from the system would each cost a fault."""
+    return np.frombuffer(pa.allocate_buffer(8 * shape[0] * shape[1]), np.int64).reshape(shape)
 
 
 def _with_nulls(rows: np.ndarray, pieces: list[pa.Array]) -> pa.Array:
