@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from txstream.config import KEY_TYPES
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
-from txstream.state._numba import inline, jit
+from txstream.state._numba import inline, jit, prefetch
 
 DENSE, INT64, STRING = KEY_TYPES
 """Key types of a table: dense rows ``0..K-1`` (the key is the row), any int64, UTF-8."""
@@ -131,6 +131,9 @@ AHEAD = 64
 AHEAD_FROM = 1 << 18
 """Slots past which they are read ahead (fewer stay cached, and reading ahead costs more
 than it saves)."""
+PREFETCH = 16
+"""Keys ahead of a lookup whose home slots it asks the caches for: a chunk's own columns
+pass through the caches between chunks, and take the slots out of them."""
 MOVE_EVERY = 1 << 12
 """Keys a kernel adds while slots are taken over before it stops for a step (`_move`)."""
 DONE, LOADED, STEP, ROWS_FULL, BYTES_FULL = range(5)
@@ -347,6 +350,15 @@ def _slot_int(slots, shift, old, old_shift, done, keys_by_row, key, hashed):
     return table[h] if h >= 0 else 0
 
 
+@inline
+def _prefetch_home(slots, shift, old, old_shift, done, hashed):
+    """Ask the caches for the home slot of a key of hash ``hashed`` (`_place_int`)."""
+    if _home(hashed, old_shift) >= done:
+        prefetch(old, _home(hashed, old_shift))
+    else:
+        prefetch(slots, _home(hashed, shift))
+
+
 @jit
 def _found_ints(slots, shift, old, old_shift, done, keys_by_row, keys, valid, at, hashes, out):
     """The rows of ``keys`` (NULL where not ``valid``; empty: none is null); False at the
@@ -367,6 +379,8 @@ def _found_ints(slots, shift, old, old_shift, done, keys_by_row, keys, valid, at
         for i in range(n):
             hashes[i] = _hash_int(keys[i])
     for j in range(n):
+        if j + PREFETCH < n:
+            _prefetch_home(slots, shift, old, old_shift, done, hashes[j + PREFETCH])
         i = at[j] if len(valid) else j
         slot = _slot_int(slots, shift, old, old_shift, done, keys_by_row, keys[i], hashes[j])
         if slot == 0:
