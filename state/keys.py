@@ -360,19 +360,19 @@ def _prefetch_home(slots, shift, old, old_shift, done, hashed):
 
 
 @jit
-def _found_ints(slots, shift, old, old_shift, done, keys_by_row, keys, valid, at, hashes, out):
-    """The rows of ``keys`` (NULL where not ``valid``; empty: none is null); False at the
-    first key missing. The positions of the keys that are not null are listed (into ``at``)
-    and their keys hashed (into ``hashes``) before any is probed: no probe waits for a
-    multiply or a branch on a null, mispredicted as often as nulls are mixed in, and the
-    loads of several probes overlap."""
+def _found_ints(slots, shift, old, old_shift, done, keys_by_row, keys, bits, bit, at, hashes, out):
+    """The rows of ``keys`` (NULL where not valid: the validity bitmap ``bits`` from bit
+    ``bit`` on; empty: none is null); False at the first key missing. The positions of the
+    keys that are not null are listed (into ``at``) and their keys hashed (into ``hashes``)
+    before any is probed: no probe waits for a multiply or a branch on a null, mispredicted
+    as often as nulls are mixed in, and the loads of several probes overlap."""
     n = len(keys)
-    if len(valid):
+    if len(bits):
         n = 0
         for i in range(len(keys)):
             out[i] = NULL
             at[n] = i
-            n += np.int64(valid[i])
+            n += np.int64(bits[(bit + i) >> 3] >> ((bit + i) & 7)) & 1
         for j in range(n):
             hashes[j] = _hash_int(keys[at[j]])
     else:
@@ -381,7 +381,7 @@ def _found_ints(slots, shift, old, old_shift, done, keys_by_row, keys, valid, at
     for j in range(n):
         if j + PREFETCH < n:
             _prefetch_home(slots, shift, old, old_shift, done, hashes[j + PREFETCH])
-        i = at[j] if len(valid) else j
+        i = at[j] if len(bits) else j
         slot = _slot_int(slots, shift, old, old_shift, done, keys_by_row, keys[i], hashes[j])
         if slot == 0:
             return False
@@ -517,14 +517,15 @@ class KeyIndex:
             at = 0
             for piece in column:
                 got, at = rows[at : at + len(piece)], at + len(piece)
-                valid = _valid(piece) if piece.null_count else NONE_NULL
                 if self.key_type == INT64:
                     listed = np.empty(len(piece), np.int64)
                     hashes = np.empty(len(piece), np.uint64)
                     keys = _ints(piece)
-                    if not _found_ints(*where, self._keys, keys, valid, listed, hashes, got):
+                    bits, bit = _bitmap(piece)
+                    if not _found_ints(*where, self._keys, keys, bits, bit, listed, hashes, got):
                         return False
                 else:
+                    valid = _valid(piece) if piece.null_count else NONE_NULL
                     known = self._entry_rows(piece.dictionary)
                     if _gather(_indices(piece), valid, known, got):
                         return False
@@ -786,8 +787,9 @@ def _pooled(shape: tuple[int, int]) -> np.ndarray:
 def _with_nulls(rows: np.ndarray, pieces: list[pa.Array]) -> pa.Array:
     """``rows`` (C-contiguous, not copied) as an int64 array with the nulls of the key
     column ``pieces``."""
-    valid = _valid_or_none(pieces)
-    bits = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    bits = None
+    if any(piece.null_count for piece in pieces):  # the pieces' bitmaps, joined by Arrow
+        bits = pa.concat_arrays([piece.is_valid() for piece in pieces]).buffers()[1]
     return pa.Array.from_buffers(pa.int64(), len(rows), [bits, pa.py_buffer(rows)])
 
 
@@ -871,6 +873,14 @@ def _valid(keys: pa.Array) -> np.ndarray:
         return np.zeros(len(keys), bool)
     bits = np.unpackbits(np.frombuffer(keys.buffers()[0], np.uint8), bitorder="little")
     return bits[keys.offset : keys.offset + len(keys)].view(bool)
+
+
+def _bitmap(keys: pa.Array) -> tuple[np.ndarray, int]:
+    """The validity bitmap of ``keys`` (not copied) and the bit of their first; empty when
+    none is null."""
+    if keys.null_count == 0:
+        return NO_BYTES, 0
+    return np.frombuffer(keys.buffers()[0], np.uint8), keys.offset
 
 
 def _valid_or_none(pieces: list[pa.Array]) -> np.ndarray | None:
