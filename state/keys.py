@@ -378,11 +378,29 @@ def _found_ints(slots, shift, old, old_shift, done, keys_by_row, keys, bits, bit
     else:
         for i in range(n):
             hashes[i] = _hash_int(keys[i])
+    where = (slots, shift, old, old_shift, done)
+    if done == NOT_MOVING:  # a constant: no key's probe then tests which slots hold it
+        return _found(where, False, keys_by_row, keys, bits, at, hashes, n, out)
+    return _found(where, True, keys_by_row, keys, bits, at, hashes, n, out)
+
+
+@inline
+def _found(where, moving, keys_by_row, keys, bits, at, hashes, n, out):
+    """`_found_ints` once its ``n`` keys are listed and hashed, in the slots ``where`` (old
+    slots being taken over or not: ``moving``)."""
+    slots, shift, old, old_shift, done = where
     for j in range(n):
         if j + PREFETCH < n:
-            _prefetch_home(slots, shift, old, old_shift, done, hashes[j + PREFETCH])
+            if moving:
+                _prefetch_home(slots, shift, old, old_shift, done, hashes[j + PREFETCH])
+            else:
+                prefetch(slots, _home(hashes[j + PREFETCH], shift))
         i = at[j] if len(bits) else j
-        slot = _slot_int(slots, shift, old, old_shift, done, keys_by_row, keys[i], hashes[j])
+        if moving:
+            slot = _slot_int(slots, shift, old, old_shift, done, keys_by_row, keys[i], hashes[j])
+        else:
+            h = _probe_int(slots, shift, keys_by_row, keys[i], hashes[j])
+            slot = slots[h] if h >= 0 else 0
         if slot == 0:
             return False
         out[i] = _row(slot)
