@@ -119,6 +119,18 @@ def load_flag(typingctx, address, index):
 
 
 @intrinsic
+def load_byte(typingctx, address, index):
+    """``((uint8 *) address)[index]`` as an int64 (see `load_int64`)."""
+
+    def codegen(context, builder, signature, args):
+        i8 = ir.IntType(8)
+        base = builder.inttoptr(args[0], i8.as_pointer())
+        return builder.zext(builder.load(builder.gep(base, [args[1]])), ir.IntType(64))
+
+    return types.int64(types.int64, types.int64), codegen
+
+
+@intrinsic
 def monotonic_ns(typingctx):
     """``clock_gettime(CLOCK_MONOTONIC)`` in ns, inside kernels (vDSO: ~25 ns a call).
 
