@@ -152,7 +152,7 @@ def run_in_place(
     if run_transactions(0, n, ops, state.arrays, udf, reads, log, outcomes, waited) == SET_FULL:
         raise RuntimeFailure(SET_FULL_MESSAGE)
     if topology.marks_created:
-        state.write(statements.created_cells(outcomes.status), 1)
+        state.set_existing(statements.created_cells(outcomes.status))
     return _output_rows(topology, batch, outcomes, 0)
 
 
@@ -355,7 +355,7 @@ class Executor:
         self.scheduler.finish(chunk, ops, first, first + batch.n, breakdown)
         self.team.barrier(breakdown)  # the whole chunk is done: the state is as of ts0 + events
         if topology.marks_created:  # keys this chunk created, before the state is copied
-            self.state.write(txn.created_cells(chunk.outcomes.status[share]), 1)
+            self.state.set_existing(txn.created_cells(chunk.outcomes.status[share]))
             self.team.barrier(breakdown)
         if team.rank == 0 and seq >= 0:
             self._publish(ts0 + events, checkpoint)

@@ -119,6 +119,18 @@ def load_flag(typingctx, address, index):
 
 
 @intrinsic
+def load_byte(typingctx, address, index):
+    """``((uint8 *) address)[index]`` as an int64 (see `load_int64`)."""
+
+    def codegen(context, builder, signature, args):
+        i8 = ir.IntType(8)
+        base = builder.inttoptr(args[0], i8.as_pointer())
+        return builder.zext(builder.load(builder.gep(base, [args[1]])), ir.IntType(64))
+
+    return types.int64(types.int64, types.int64), codegen
+
+
+@intrinsic
 def monotonic_ns(typingctx):
     """``clock_gettime(CLOCK_MONOTONIC)`` in ns, inside kernels (vDSO: ~25 ns a call).
 
@@ -138,6 +150,24 @@ def monotonic_ns(typingctx):
         return builder.add(builder.mul(sec, ir.Constant(i64, 1_000_000_000)), nsec)
 
     return types.int64(), codegen
+
+
+@intrinsic
+def prefetch(typingctx, array, index):
+    """Ask the CPU to bring ``array[index]`` into its caches without waiting for it: a
+    lookup that knows where it will read a few keys later overlaps those misses."""
+
+    def codegen(context, builder, signature, args):
+        i8, i32 = ir.IntType(8), ir.IntType(32)
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        address = builder.bitcast(builder.gep(arr.data, [args[1]]), i8.as_pointer())
+        fnty = ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        read, keep, data = ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)
+        builder.call(fn, [address, read, keep, data])
+        return context.get_dummy_value()
+
+    return types.void(array, index), codegen
 
 
 def _slot_pointer(context, builder, array_type, array, index):

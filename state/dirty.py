@@ -32,6 +32,16 @@ def mark(dirty, cell):
     dirty[cell >> GROUP_SHIFT] = 1
 
 
+@jit
+def set_changed(values, dirty, cells, value):
+    """``values[cells] = value``, marking the cells it changes only: a snapshot then
+    copies none of those that held ``value`` already."""
+    for c in cells:
+        if values[c] != value:
+            values[c] = value
+            mark(dirty, c)
+
+
 def mark_cells(dirty: np.ndarray, cells: np.ndarray) -> None:
     """``cells`` were written outside a kernel (a node installing other nodes' values)."""
     dirty[np.asarray(cells, np.int64) >> GROUP_SHIFT] = 1

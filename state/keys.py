@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from txstream.config import KEY_TYPES
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
-from txstream.state._numba import inline, jit
+from txstream.state._numba import inline, jit, load_byte, load_int64, prefetch
 
 DENSE, INT64, STRING = KEY_TYPES
 """Key types of a table: dense rows ``0..K-1`` (the key is the row), any int64, UTF-8."""
@@ -131,6 +131,11 @@ AHEAD = 64
 AHEAD_FROM = 1 << 18
 """Slots past which they are read ahead (fewer stay cached, and reading ahead costs more
 than it saves)."""
+PIECE_ROW, PIECE_FIRST, PIECE_LENGTH, PIECE_KEYS, PIECE_BITS, PIECE_BIT = range(6)
+"""Columns of a row of `_piece_table`."""
+PREFETCH = 16
+"""Keys ahead of a lookup whose home slots it asks the caches for: a chunk's own columns
+pass through the caches between chunks, and take the slots out of them."""
 MOVE_EVERY = 1 << 12
 """Keys a kernel adds while slots are taken over before it stops for a step (`_move`)."""
 DONE, LOADED, STEP, ROWS_FULL, BYTES_FULL = range(5)
@@ -347,28 +352,72 @@ def _slot_int(slots, shift, old, old_shift, done, keys_by_row, key, hashed):
     return table[h] if h >= 0 else 0
 
 
-@jit
-def _found_ints(slots, shift, old, old_shift, done, keys_by_row, keys, valid, at, hashes, out):
-    """The rows of ``keys`` (NULL where not ``valid``; empty: none is null); False at the
-    first key missing. The positions of the keys that are not null are listed (into ``at``)
-    and their keys hashed (into ``hashes``) before any is probed: no probe waits for a
-    multiply or a branch on a null, mispredicted as often as nulls are mixed in, and the
-    loads of several probes overlap."""
-    n = len(keys)
-    if len(valid):
-        n = 0
-        for i in range(len(keys)):
-            out[i] = NULL
-            at[n] = i
-            n += np.int64(valid[i])
-        for j in range(n):
-            hashes[j] = _hash_int(keys[at[j]])
+@inline
+def _prefetch_home(slots, shift, old, old_shift, done, hashed):
+    """Ask the caches for the home slot of a key of hash ``hashed`` (`_place_int`)."""
+    if _home(hashed, old_shift) >= done:
+        prefetch(old, _home(hashed, old_shift))
     else:
-        for i in range(n):
-            hashes[i] = _hash_int(keys[i])
+        prefetch(slots, _home(hashed, shift))
+
+
+@jit
+def _found_ints(slots, shift, old, old_shift, done, keys_by_row, pieces, at, hashes, out):
+    """The rows of the int64 keys of ``pieces`` (`_piece_table`), NULL where not valid;
+    False at the first key missing. One call for a chunk's columns of a table, however many
+    pieces they come in: no lock taken, released or waited for between pieces."""
+    where = (slots, shift, old, old_shift, done)
+    for p in range(len(pieces)):
+        rows = out[pieces[p, PIECE_ROW], pieces[p, PIECE_FIRST] :][: pieces[p, PIECE_LENGTH]]
+        keys, bits, bit = pieces[p, PIECE_KEYS], pieces[p, PIECE_BITS], pieces[p, PIECE_BIT]
+        n = _listed(keys, bits, bit, len(rows), at, hashes, rows)
+        if done == NOT_MOVING:  # a constant: no key's probe then tests which slots hold it
+            found = _found(where, False, keys_by_row, keys, bits, at, hashes, n, rows)
+        else:
+            found = _found(where, True, keys_by_row, keys, bits, at, hashes, n, rows)
+        if not found:
+            return False
+    return True
+
+
+@inline
+def _listed(keys, bits, bit, length, at, hashes, out):
+    """The positions of a piece's keys that are not null (into ``at``; ``out`` NULL there)
+    and their hashes (into ``hashes``); how many. They are listed and hashed before any is
+    probed: no probe waits for a multiply or a branch on a null, mispredicted as often as
+    nulls are mixed in, and the loads of several probes overlap."""
+    if bits == 0:
+        for i in range(length):
+            hashes[i] = _hash_int(load_int64(keys, i))
+        return length
+    n = 0
+    for i in range(length):
+        out[i] = NULL
+        at[n] = i
+        n += (load_byte(bits, (bit + i) >> 3) >> ((bit + i) & 7)) & 1
     for j in range(n):
-        i = at[j] if len(valid) else j
-        slot = _slot_int(slots, shift, old, old_shift, done, keys_by_row, keys[i], hashes[j])
+        hashes[j] = _hash_int(load_int64(keys, at[j]))
+    return n
+
+
+@inline
+def _found(where, moving, keys_by_row, keys, bits, at, hashes, n, out):
+    """The rows of a piece's ``n`` keys `_listed`, in the slots ``where`` (old slots being
+    taken over or not: ``moving``)."""
+    slots, shift, old, old_shift, done = where
+    for j in range(n):
+        if j + PREFETCH < n:
+            if moving:
+                _prefetch_home(slots, shift, old, old_shift, done, hashes[j + PREFETCH])
+            else:
+                prefetch(slots, _home(hashes[j + PREFETCH], shift))
+        i = at[j] if bits else j
+        key = load_int64(keys, i)
+        if moving:
+            slot = _slot_int(slots, shift, old, old_shift, done, keys_by_row, key, hashes[j])
+        else:
+            h = _probe_int(slots, shift, keys_by_row, key, hashes[j])
+            slot = slots[h] if h >= 0 else 0
         if slot == 0:
             return False
         out[i] = _row(slot)
@@ -479,7 +528,7 @@ class KeyIndex:
         Strings are looked up once per distinct string (per dictionary entry)."""
         pieces = [_pieces(column, self.key_type) for column in columns]
         n = sum(len(piece) for piece in pieces[0]) if pieces else 0
-        out = np.empty((len(columns), n), np.int64)
+        out = _pooled((len(columns), n))
         if not self._known(pieces, out):
             if self.key_type == INT64:
                 keys = [np.concatenate([_ints(p) for p in column] or [[]]) for column in pieces]
@@ -498,22 +547,20 @@ class KeyIndex:
         """Fill ``out`` (a row of it per column) with the rows of the keys if the index
         holds every one: a lookup alone, piece by piece, that stops at the first missing key
         (for strings, a gather from the rows of their dictionary's entries)."""
-        where = (self._slots, self._shift, self._old, self._old_shift, self._done)
+        if self.key_type == INT64:
+            table = _piece_table(pieces)
+            longest = int(table[:, PIECE_LENGTH].max()) if len(table) else 0
+            at, hashes = np.empty(longest, np.int64), np.empty(longest, np.uint64)
+            where = (self._slots, self._shift, self._old, self._old_shift, self._done)
+            return _found_ints(*where, self._keys, table, at, hashes, out)
         for column, rows in zip(pieces, out, strict=True):
             at = 0
             for piece in column:
                 got, at = rows[at : at + len(piece)], at + len(piece)
                 valid = _valid(piece) if piece.null_count else NONE_NULL
-                if self.key_type == INT64:
-                    listed = np.empty(len(piece), np.int64)
-                    hashes = np.empty(len(piece), np.uint64)
-                    keys = _ints(piece)
-                    if not _found_ints(*where, self._keys, keys, valid, listed, hashes, got):
-                        return False
-                else:
-                    known = self._entry_rows(piece.dictionary)
-                    if _gather(_indices(piece), valid, known, got):
-                        return False
+                known = self._entry_rows(piece.dictionary)
+                if _gather(_indices(piece), valid, known, got):
+                    return False
         return True
 
     def _rows_of_entries(self, pieces: list[list[pa.DictionaryArray]]) -> np.ndarray:
@@ -762,11 +809,19 @@ def _indices(column: pa.DictionaryArray) -> np.ndarray:
     return indices[column.offset : column.offset + len(column)]
 
 
+def _pooled(shape: tuple[int, int]) -> np.ndarray:
+    """An empty int64 array in Arrow's memory pool: a chunk's rows are freed there when the
+    team is done with them and the next chunk's take their pages again, where new pages
+    from the system would each cost a fault."""
+    return np.frombuffer(pa.allocate_buffer(8 * shape[0] * shape[1]), np.int64).reshape(shape)
+
+
 def _with_nulls(rows: np.ndarray, pieces: list[pa.Array]) -> pa.Array:
     """``rows`` (C-contiguous, not copied) as an int64 array with the nulls of the key
     column ``pieces``."""
-    valid = _valid_or_none(pieces)
-    bits = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    bits = None
+    if any(piece.null_count for piece in pieces):  # the pieces' bitmaps, joined by Arrow
+        bits = pa.concat_arrays([piece.is_valid() for piece in pieces]).buffers()[1]
     return pa.Array.from_buffers(pa.int64(), len(rows), [bits, pa.py_buffer(rows)])
 
 
@@ -850,6 +905,25 @@ def _valid(keys: pa.Array) -> np.ndarray:
         return np.zeros(len(keys), bool)
     bits = np.unpackbits(np.frombuffer(keys.buffers()[0], np.uint8), bitorder="little")
     return bits[keys.offset : keys.offset + len(keys)].view(bool)
+
+
+def _piece_table(pieces: list[list[pa.Array]]) -> np.ndarray:
+    """The pieces of int64 key columns as `_found_ints` reads them, a row each: the row of
+    the output it fills, from which position, how many keys; the address of its keys, of
+    its validity bitmap (0: none is null) and the bit of its first key. The caller keeps
+    the pieces alive."""
+    table = np.zeros((sum(len(column) for column in pieces), 6), np.int64)
+    p = 0
+    for row, column in enumerate(pieces):
+        first = 0
+        for piece in column:
+            nulls, keys = piece.buffers()[:2]
+            n, offset = len(piece), piece.offset
+            table[p] = (row, first, n, keys.address + 8 * offset if n else 0, 0, offset)
+            if piece.null_count:
+                table[p, PIECE_BITS] = nulls.address
+            first, p = first + n, p + 1
+    return table
 
 
 def _valid_or_none(pieces: list[pa.Array]) -> np.ndarray | None:

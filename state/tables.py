@@ -138,6 +138,11 @@ class SharedState:
         self.values[cells] = values
         dirty.mark_cells(self.dirty, cells)
 
+    def set_existing(self, cells: np.ndarray) -> None:
+        """Set existence cells (`LIVE`) to 1 outside a kernel (no team running): most of a
+        chunk's created keys existed already, and those are neither written nor marked."""
+        dirty.set_changed(self.values, self.dirty, cells, 1)
+
     def columns(self, topology: TablesSpec) -> dict[str, dict[str, np.ndarray]]:
         """Every table's columns in the state (`TableSpec.state_columns`), of the keys the
         layout holds for good (copies, safe after close)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from txstream.state._numba import inline, jit, load_flag, load_int64
 
 INT_COLUMN, LIST_COLUMN, CONSTANT = 0, 1, 2
@@ -260,3 +261,18 @@ def reject_unset(valid, where, reason, code):
     for i in range(len(reason)):
         if valid[i] == 0 and reason[i] == 0 and (every or where[i]):
             reason[i] = code
+
+
+@jit
+def committed_keys(status, committed, keys, where, out):
+    """Into ``out``, the ``keys`` of the events whose ``status`` is ``committed``, of those
+    ``where`` is set (empty: all); how many. Each key is written and then kept or not,
+    without a branch: ``where`` mixes events of several kinds at random."""
+    n = 0
+    for i in range(len(keys)):
+        out[n] = keys[i]
+        kept = np.int64(status[i] == committed)
+        if len(where):
+            kept &= np.int64(where[i])
+        n += kept
+    return n

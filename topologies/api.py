@@ -45,6 +45,7 @@ from txstream.topologies._kernels import (
     CONSTANT,
     INT_COLUMN,
     LIST_COLUMN,
+    committed_keys,
     reject_outside,
     reject_unset,
 )
@@ -544,13 +545,12 @@ class Transactions:
         """The existence cells of the keys that the committed transactions (their
         ``status``) created in tables without deletes, to be set after their chunk, before
         its snapshot, since no transaction reads their existence (`Table.deletes`)."""
-        committed = status == COMMITTED
-        cells = [
-            self.layout.cells_of(
-                table, LIVE, key[committed if where is None else committed & where]
-            )
-            for table, key, where in self._creates
-        ]
+        cells = []
+        for table, key, where in self._creates:
+            keys = np.empty(len(key), np.int64)
+            mask = _EVERY if where is None else np.asarray(where, np.bool_)
+            n = committed_keys(status, COMMITTED, key, mask, keys)
+            cells.append(self.layout.cells_of(table, LIVE, keys[:n]))
         return np.concatenate(cells) if cells else np.zeros(0, np.int64)
 
     def delete(self, table: Table, key: Key, *, where: np.ndarray | None = None) -> None:
