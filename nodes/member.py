@@ -5,12 +5,14 @@ state in the node's own shared memory.
 A node's state holds its own keys (`txstream.state.layout.NodeShare`), then rows for the
 other nodes' keys that a step's cross transactions touch: each step, the values sent to it
 (`txstream.nodes.sequencer`) take those rows, and what the transactions write there is
-dropped with them. The driver calls `step` once per level with the node's events of that
-level, without waiting; steps run in the order given (a sequence number checks it). The
-values a step sends go straight to the nodes that need them (`deliver`, a call of one
-actor on another, served on a thread of its own while a step runs), never through the
-driver: a step waits only for the values it reads, not for the other nodes' steps of its
-level. A step whose values do not come (their sender lost) fails, and the run recovers.
+dropped with them. The driver calls `run` once per unit with the node's whole part of it
+(its steps: which events at which level, what to install, what to send to whom), without
+waiting; units run in the order given (a sequence number checks it), the node looping over
+its levels. The values a step sends go straight to the nodes that need them (`deliver`,
+a call of one actor on another, served on a thread of its own while a step runs), never
+through the driver: a step waits only for the values it reads, not for the other nodes'
+steps of its level. A step whose values do not come (their sender lost) fails, and the
+run recovers.
 
 A step of few events runs in place (`Session.run_in_place`): not pushed through the
 session's pipeline, whose hand-offs would cost more than its work; the node keeps their
@@ -26,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,21 @@ MAIL = "mail"
 CONCURRENCY = {MAIL: 1}
 
 
+@dataclass(frozen=True)
+class NodeStep:
+    """What a node does in one level of a unit (`txstream.nodes.sequencer.Step`, as the
+    driver sends it): the next ``count`` of its events of the unit, at ``global_ts`` in
+    the input (``home``: whether their outputs count here), after installing the cells
+    it ``receive``s, then ``send``."""
+
+    at: int
+    count: int
+    global_ts: np.ndarray
+    home: np.ndarray
+    receive: list[tuple[int, np.ndarray]]
+    send: list[tuple[int, np.ndarray]]
+
+
 class NodeTeam:
     """A node's session (module docstring): ``share``: the keys it holds (``init`` has
     those rows); ``options`` are the run's `RunConfig` fields as this node runs them;
@@ -80,7 +98,8 @@ class NodeTeam:
         planned = plan(config, init, Path(output) if output else None, share=share)
         self.layout = planned.layout
         self.session = Session(planned, console=Console(enabled=False), transport=ThreadTransport())
-        self.next_step = 0
+        self.next_unit = 0
+        self.steps = 0
         self.step_seconds = 0.0
         """Spent in steps once their values arrived: the rest of a level's time is Ray's
         (calls, values between nodes)."""
@@ -166,49 +185,56 @@ class NodeTeam:
                     )
             return [self._mail.pop(key) for key in keys]
 
-    def step(
+    def run(
         self,
         seq: int,
-        level: tuple[int, int],
+        unit: int,
         events: pa.Table | None,
         take: np.ndarray | None,
-        global_ts: np.ndarray,
-        home: np.ndarray,
-        receive: list[tuple[int, np.ndarray]],
-        send: list[tuple[int, np.ndarray]],
+        steps: list[NodeStep],
         placed: dict[str, np.ndarray],
     ) -> None:
-        """Step ``seq``, of ``level`` (unit, level): place the new rows of tables of
-        natural keys (``placed``: the node of each, `NodeShare.place`), install the values
-        of the cells ``receive`` once their nodes delivered them, run ``events`` (its rows
-        ``take``, if given; at ``global_ts`` in the input; ``home``: whether their outputs
-        count here) to the end, then send the cells of ``send`` to their nodes' next
-        level."""
-        if seq != self.next_step:
+        """This node's part of unit ``seq`` (``unit`` names its values between nodes):
+        place the new rows of tables of natural keys (``placed``: the node of each,
+        `NodeShare.place`), then run ``steps`` in turn, each on the next of ``events``
+        (its rows ``take``, if given), waiting only for the values it reads."""
+        if seq != self.next_unit:
             raise RuntimeFailure(
-                f"node {self.node} was given step {seq}, expected {self.next_step}"
+                f"node {self.node} was given unit {seq}, expected {self.next_unit}"
             )
-        session = self.session
         for table, owner in placed.items():
             self.layout.share.place(table, owner)
+        if take is not None:
+            events = events.take(take)
+        first = 0
+        for step in steps:
+            rows = events.slice(first, step.count) if step.count else None
+            first += step.count
+            self._step((unit, step.at), rows, step)
+        self.next_unit += 1
+
+    def _step(self, level: tuple[int, int], events: pa.Table | None, step: NodeStep) -> None:
+        """The step of ``level`` (unit, level): install the values of the cells it
+        receives once their nodes delivered them, run ``events`` to the end, then send
+        the cells it sends to their nodes' next level."""
+        session = self.session
+        receive, home, global_ts = step.receive, step.home, step.global_ts
         values = self._received(level, [source for source, _ in receive])
         begin = time.perf_counter()
         if receive:
             cells = np.concatenate([cells for _, cells in receive])
             session.set_cells(self._install(cells), np.concatenate(values))
-        if take is not None:
-            events = events.take(take)
-        if events is not None and 0 < events.num_rows <= IN_PLACE_EVENTS:
+        if events is not None and events.num_rows <= IN_PLACE_EVENTS:
             rows = pa.Table.from_batches([session.run_in_place(events)]).filter(pa.array(home))
             self.in_place.append(rows.set_column(0, "ts", pa.array(global_ts[home])))
-        elif events is not None and events.num_rows:
+        elif events is not None:
             session.push(events)
             self.global_ts.append(global_ts)
             self.home.append(home)
             session.drain()
-        self.next_step += 1
+        self.steps += 1
         unit, at = level
-        for to, cells in send:
+        for to, cells in step.send:
             values = session.read_cells(self._local(*self.whole.locate(cells)))
             self.peers[to].deliver.remote((unit, at + 1), self.node, values)
         self.step_seconds += time.perf_counter() - begin
@@ -285,7 +311,7 @@ class NodeTeam:
         state = {table: self.query(table, self.layout.keys(table)) for table in session.plan.tables}
         figures = {
             "events": session.pushed,
-            "steps": self.next_step,
+            "steps": self.steps,
             "step_s": round(self.step_seconds, 3),
             "rows": self.layout.rows,
         }
