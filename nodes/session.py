@@ -714,7 +714,8 @@ class NodesSession:
                 concurrency_groups=TEAM_CONCURRENCY,
             )
             self.teams.append(team)
-        self._get([team.connect.remote(self.teams) for team in self.teams])
+        addresses = self._get([team.address.remote() for team in self.teams])
+        self._get([team.connect.remote(self.teams, addresses) for team in self.teams])
         resumed = self._get([team.resumed_from.remote() for team in self.teams])
         if resumed != self.saved.local:
             raise RuntimeFailure(
