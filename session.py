@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
-from txstream.actors.executor import output_schema, run_in_place
+from txstream.actors.executor import InPlace, output_schema
 from txstream.cluster.ray_runtime import reachable_address
 from txstream.cluster.transport import RayTransport, ThreadTransport
 from txstream.connectors.inputs import Events, event_source
@@ -371,14 +371,14 @@ class Session:
         the next push (see `set_cells`)."""
         return self._engine.state.values[cells].copy()
 
-    def run_in_place(self, events: pa.Table) -> pa.RecordBatch:
-        """``events`` run straight on the state by the calling thread, without the team
-        (`txstream.actors.executor.run_in_place`): not pushed, of no ts of the session's;
-        their output rows (ts from 0), which the session does not keep. Only between
-        `drain` and the next push (see `set_cells`): how a node of a run over several runs
-        a small step."""
+    def in_place(self, events: pa.Table) -> InPlace:
+        """``events`` to run straight on the state by the calling thread, without the team
+        (`txstream.actors.executor.InPlace`), a range at a time: not pushed, of no ts of
+        the session's; their output rows (ts from 0), which the session does not keep. Only
+        between `drain` and the next push (see `set_cells`): how a node of a run over
+        several runs its small steps."""
         events = conform_events(events, self.topology.event_schema)
-        return run_in_place(self.topology, self._engine.state, events, self.config.udf_cost_us)
+        return InPlace(self.topology, self._engine.state, events, self.config.udf_cost_us)
 
     def outputs(self, since: int = 0) -> Iterator[pa.RecordBatch]:
         """The committed output rows from ts ``since`` on, in ts order, as record batches:

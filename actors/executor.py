@@ -124,36 +124,51 @@ def _output_rows(
     return pa.RecordBatch.from_arrays(columns, schema=rows_schema(topology))
 
 
-def run_in_place(
-    topology: Topology, state: SharedState, events: pa.Table, udf_cost_us: float
-) -> pa.RecordBatch:
-    """``events`` run by the calling thread straight on ``state``, one by one in ts order
-    with serial's kernel (every scheduler's results equal serial's); their output rows, ts
-    from 0. No chunk, team or sink: what a few events cost is then their work, not a
-    pipeline's hand-offs (a node's step of a run over several, `txstream.nodes.member`).
-    Only while the state's team is idle."""
-    batch = EventShare(one_batch(events), topology, state.layout.sizes)
-    topology.pre_process(batch)
-    statements = Statements(batch, state.layout)
-    topology.state_access(batch, statements)
-    sizes = statements.sizes()
-    n, outputs = batch.n, len(topology.outputs)
-    outcomes = Outcomes(
-        np.where(batch.reason != 0, REJECTED, COMMITTED).astype(np.int8),
-        batch.reason.astype(np.int32),
-        np.zeros((n, outputs), np.int64),
-        np.zeros((n, outputs), np.bool_),
-    )
-    udf = topology.udf(int(round(udf_cost_us * 1000)))
-    reads = np.empty(max(1, sizes.op_reads), np.int64)
-    waited = np.zeros(ABORT_NS + 1, np.int64)
-    ops = statements.operations()
-    log = undo_log(sizes.txn_ops)
-    if run_transactions(0, n, ops, state.arrays, udf, reads, log, outcomes, waited) == SET_FULL:
-        raise RuntimeFailure(SET_FULL_MESSAGE)
-    if topology.marks_created:
-        state.set_existing(statements.created_cells(outcomes.status))
-    return _output_rows(topology, batch, outcomes, 0)
+class InPlace:
+    """``events`` to run by the calling thread straight on ``state``, one by one in ts
+    order with serial's kernel (every scheduler's results equal serial's), a range of them
+    at a time (`run`); their output rows, ts from 0 (`rows`). No chunk, team or sink: what
+    a few events cost is then their work, not a pipeline's hand-offs (a node's steps of a
+    run over several, `txstream.nodes.member`); their statements are built once for all
+    of them. Only while the state's team is idle."""
+
+    def __init__(
+        self, topology: Topology, state: SharedState, events: pa.Table, udf_cost_us: float
+    ):
+        self.topology, self.state = topology, state
+        batch = self.batch = EventShare(one_batch(events), topology, state.layout.sizes)
+        topology.pre_process(batch)
+        statements = self.statements = Statements(batch, state.layout)
+        topology.state_access(batch, statements)
+        sizes = statements.sizes()
+        n, outputs = batch.n, len(topology.outputs)
+        self.outcomes = Outcomes(
+            np.where(batch.reason != 0, REJECTED, COMMITTED).astype(np.int8),
+            batch.reason.astype(np.int32),
+            np.zeros((n, outputs), np.int64),
+            np.zeros((n, outputs), np.bool_),
+        )
+        self.udf = topology.udf(int(round(udf_cost_us * 1000)))
+        self.reads = np.empty(max(1, sizes.op_reads), np.int64)
+        self.waited = np.zeros(ABORT_NS + 1, np.int64)
+        self.ops = statements.operations()
+        self.log = undo_log(sizes.txn_ops)
+
+    def run(self, begin: int, end: int) -> None:
+        """Events ``begin..end-1``, after those before them."""
+        arrays, outcomes = self.state.arrays, self.outcomes
+        ops, udf, reads, log, waited = self.ops, self.udf, self.reads, self.log, self.waited
+        ran = run_transactions(begin, end, ops, arrays, udf, reads, log, outcomes, waited)
+        if ran == SET_FULL:
+            raise RuntimeFailure(SET_FULL_MESSAGE)
+        if self.topology.marks_created:
+            status = np.full_like(outcomes.status, REJECTED)
+            status[begin:end] = outcomes.status[begin:end]
+            self.state.set_existing(self.statements.created_cells(status))
+
+    def rows(self) -> pa.RecordBatch:
+        """The output rows of every event (of those not run, as if committed)."""
+        return _output_rows(self.topology, self.batch, self.outcomes, 0)
 
 
 DECISIONS = (

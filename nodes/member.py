@@ -5,17 +5,23 @@ state in the node's own shared memory.
 A node's state holds its own keys (`txstream.state.layout.NodeShare`), then rows for the
 other nodes' keys that a step's cross transactions touch: each step, the values sent to it
 (`txstream.nodes.sequencer`) take those rows, and what the transactions write there is
-dropped with them. The driver calls `step` once per level with the node's events of that
-level, without waiting; steps run in the order given (a sequence number checks it). The
-values a step sends go straight to the nodes that need them (`deliver`, a call of one
-actor on another, served on a thread of its own while a step runs), never through the
-driver: a step waits only for the values it reads, not for the other nodes' steps of its
-level. A step whose values do not come (their sender lost) fails, and the run recovers.
+dropped with them. The driver calls `run` once per unit with the node's whole part of it
+(its steps: which events at which level, what to install, what to send to whom), without
+waiting; units run in the order given (a sequence number checks it), the node looping over
+its levels. The values a step sends go straight to the nodes that need them (`deliver`,
+a call of one actor on another, served on a thread of its own while a step runs), never
+through the driver: a step waits only for the values it reads, not for the other nodes'
+steps of its level. A step whose values do not come (their sender lost) fails, and the
+run recovers.
 
-A step of few events runs in place (`Session.run_in_place`): not pushed through the
+A step of few events runs in place (`Session.in_place`): not pushed through the
 session's pipeline, whose hand-offs would cost more than its work; the node keeps their
-outputs itself. The node knows each of its pushed events' place in the whole input (global
-ts) and whether its output is the one that counts (the event's home is this node); with
+outputs itself. When the node has room for every other node's key its unit's steps
+receive, those are given rows once for the unit, and the statements of all its steps that
+run in place are built once, each step running its range of them.
+
+The node knows each of its pushed events' place in the whole input (global ts) and
+whether its output is the one that counts (the event's home is this node); with
 checkpoints, it writes them beside each checkpoint (``ts-<local ts>.npz``), and the
 outputs of the events run in place since the one before (``in-place-<round>.parquet``), so
 that a resumed node still has them for the events its checkpoint covers.
@@ -23,9 +29,9 @@ that a resumed node still has them for the events its checkpoint covers.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +51,8 @@ from txstream.engine.plan import plan
 from txstream.errors import RuntimeFailure
 from txstream.monitor.console import Console
 from txstream.nodes import rounds
-from txstream.session import Session
+from txstream.nodes.mail import Link, Listener, Mailbox, host
+from txstream.session import InPlace, Session
 from txstream.state.layout import Layout, NodeShare
 
 IN_PLACE_EVENTS = 1024
@@ -56,6 +63,21 @@ IN_PLACE = "in-place-"
 MAIL = "mail"
 """The concurrency group of `NodeTeam.deliver`: values arrive while a step runs."""
 CONCURRENCY = {MAIL: 1}
+
+
+@dataclass(frozen=True)
+class NodeStep:
+    """What a node does in one level of a unit (`txstream.nodes.sequencer.Step`, as the
+    driver sends it): the next ``count`` of its events of the unit, at ``global_ts`` in
+    the input (``home``: whether their outputs count here), after installing the cells
+    it ``receive``s, then ``send``."""
+
+    at: int
+    count: int
+    global_ts: np.ndarray
+    home: np.ndarray
+    receive: list[tuple[int, np.ndarray]]
+    send: list[tuple[int, np.ndarray]]
 
 
 class NodeTeam:
@@ -80,7 +102,8 @@ class NodeTeam:
         planned = plan(config, init, Path(output) if output else None, share=share)
         self.layout = planned.layout
         self.session = Session(planned, console=Console(enabled=False), transport=ThreadTransport())
-        self.next_step = 0
+        self.next_unit = 0
+        self.steps = 0
         self.step_seconds = 0.0
         """Spent in steps once their values arrived: the rest of a level's time is Ray's
         (calls, values between nodes)."""
@@ -100,10 +123,11 @@ class NodeTeam:
         self._counted_in_place = 0
         self.peers: list[Any] = []
         """Every node's team (`connect`), this one's included."""
-        self._mail: dict[tuple[int, int, int], np.ndarray] = {}
-        """Values delivered: by (unit, level, sending node)."""
-        self._arrived = threading.Condition()
-        self.timeout_s = config.timeout_s
+        self.mailbox = Mailbox(self.node, config.timeout_s)
+        self.host = host()
+        self.listener = Listener(self.mailbox) if self.host is not None else None
+        self.links: list[Link | None] = []
+        """To each node of this host, a socket (`connect`); None: by actor call."""
         if self.session.resumed_from:
             self._load_positions(self.session.resumed_from)
         if self.folder is not None:
@@ -141,81 +165,137 @@ class NodeTeam:
                 self.in_place.append(pq.read_table(path))
         self.in_place_written = len(self.in_place)
 
-    def connect(self, peers: list[Any]) -> None:
-        """Every node's team, in node order: where `step` sends values."""
+    def address(self) -> tuple[str | None, str | None]:
+        """Where nodes of this host reach this one's socket: (`host`, name)."""
+        return self.host, self.listener.name if self.listener is not None else None
+
+    def connect(self, peers: list[Any], addresses: list[tuple[str | None, str | None]]) -> None:
+        """Every node's team and `address`, in node order: where a step sends values (by
+        socket to the nodes of this host, by actor call to the others)."""
         self.peers = peers
+        self.links = [
+            Link(name) if to != self.node and self.host is not None and where == self.host else None
+            for to, (where, name) in enumerate(addresses)
+        ]
 
     @ray.method(concurrency_group=MAIL)
     def deliver(self, level: tuple[int, int], source: int, values: np.ndarray) -> None:
         """The values node ``source`` sends for this node's step of ``level`` (unit,
         level)."""
-        with self._arrived:
-            self._mail[(*level, source)] = values
-            self._arrived.notify_all()
+        self.mailbox.put((*level, source), values)
 
-    def _received(self, level: tuple[int, int], sources: list[int]) -> list[np.ndarray]:
-        """The values of ``sources`` for the step of ``level``, once all arrived."""
-        keys = [(*level, source) for source in sources]
-        deadline = time.monotonic() + self.timeout_s
-        with self._arrived:
-            while not all(key in self._mail for key in keys):
-                if not self._arrived.wait(max(0.0, deadline - time.monotonic())):
-                    raise RuntimeFailure(
-                        f"node {self.node}: no values from nodes {sources} within "
-                        f"{self.timeout_s} s"
-                    )
-            return [self._mail.pop(key) for key in keys]
+    def _send(self, to: int, level: tuple[int, int], values: np.ndarray) -> None:
+        """``values`` to node ``to`` for its step of ``level`` (unit, level). A socket
+        that fails (its node lost) is not used again: the actor call to a lost node is
+        dropped too, and the run recovers."""
+        link = self.links[to]
+        if link is not None:
+            try:
+                link.send((*level, self.node), values)
+                return
+            except OSError:
+                self.links[to] = None
+        self.peers[to].deliver.remote(level, self.node, values)
 
-    def step(
+    def run(
         self,
         seq: int,
-        level: tuple[int, int],
+        unit: int,
         events: pa.Table | None,
         take: np.ndarray | None,
-        global_ts: np.ndarray,
-        home: np.ndarray,
-        receive: list[tuple[int, np.ndarray]],
-        send: list[tuple[int, np.ndarray]],
+        steps: list[NodeStep],
         placed: dict[str, np.ndarray],
     ) -> None:
-        """Step ``seq``, of ``level`` (unit, level): place the new rows of tables of
-        natural keys (``placed``: the node of each, `NodeShare.place`), install the values
-        of the cells ``receive`` once their nodes delivered them, run ``events`` (its rows
-        ``take``, if given; at ``global_ts`` in the input; ``home``: whether their outputs
-        count here) to the end, then send the cells of ``send`` to their nodes' next
-        level."""
-        if seq != self.next_step:
+        """This node's part of unit ``seq`` (``unit`` names its values between nodes):
+        place the new rows of tables of natural keys (``placed``: the node of each,
+        `NodeShare.place`), then run ``steps`` in turn, each on the next of ``events``
+        (its rows ``take``, if given), waiting only for the values it reads."""
+        if seq != self.next_unit:
             raise RuntimeFailure(
-                f"node {self.node} was given step {seq}, expected {self.next_step}"
+                f"node {self.node} was given unit {seq}, expected {self.next_unit}"
             )
-        session = self.session
         for table, owner in placed.items():
             self.layout.share.place(table, owner)
-        values = self._received(level, [source for source, _ in receive])
+        if take is not None:
+            events = events.take(take)
+        first = np.cumsum([0] + [step.count for step in steps])[:-1]
+        received = [cells for step in steps for _, cells in step.receive]
+        held = not received or self._hold(np.concatenate(received), check=True)
+        small = [held and 0 < step.count <= IN_PLACE_EVENTS for step in steps]
+        in_place = None
+        if any(small):  # their statements built once
+            chosen = [
+                np.arange(begin, begin + step.count)
+                for begin, step, alone in zip(first, steps, small, strict=True)
+                if alone
+            ]
+            in_place = self.session.in_place(events.take(np.concatenate(chosen)))
+        ran = 0
+        for step, begin, alone in zip(steps, first, small, strict=True):
+            rows = events.slice(begin, step.count) if step.count else None
+            run = (in_place, ran) if alone else None
+            self._step((unit, step.at), rows, step, held, run)
+            ran += step.count if alone else 0
+        if in_place is not None:
+            mine = [step for step, alone in zip(steps, small, strict=True) if alone]
+            self._keep_in_place(
+                pa.Table.from_batches([in_place.rows()]),
+                np.concatenate([step.global_ts for step in mine]),
+                np.concatenate([step.home for step in mine]),
+            )
+        self.next_unit += 1
+
+    def _step(
+        self,
+        level: tuple[int, int],
+        events: pa.Table | None,
+        step: NodeStep,
+        held: bool,
+        prepared: tuple[InPlace, int] | None,
+    ) -> None:
+        """The step of ``level`` (unit, level): install the values of the cells it
+        receives once their nodes delivered them (rows for other nodes' keys among them
+        given now unless ``held`` for the whole unit), run ``events`` to the end (those of
+        ``prepared`` from its given first one, if given), then send the cells it sends to
+        their nodes' next level."""
+        session = self.session
+        receive, home, global_ts = step.receive, step.home, step.global_ts
+        values = self.mailbox.take(*level, [source for source, _ in receive])
         begin = time.perf_counter()
         if receive:
             cells = np.concatenate([cells for _, cells in receive])
-            session.set_cells(self._install(cells), np.concatenate(values))
-        if take is not None:
-            events = events.take(take)
-        if events is not None and 0 < events.num_rows <= IN_PLACE_EVENTS:
-            rows = pa.Table.from_batches([session.run_in_place(events)]).filter(pa.array(home))
-            self.in_place.append(rows.set_column(0, "ts", pa.array(global_ts[home])))
-        elif events is not None and events.num_rows:
+            local = self._local(*self.whole.locate(cells)) if held else self._hold(cells)
+            session.set_cells(local, np.concatenate(values))
+        if prepared is not None:
+            in_place, first = prepared
+            in_place.run(first, first + step.count)
+        elif events is not None and events.num_rows <= IN_PLACE_EVENTS:
+            in_place = session.in_place(events)
+            in_place.run(0, events.num_rows)
+            self._keep_in_place(pa.Table.from_batches([in_place.rows()]), global_ts, home)
+        elif events is not None:
             session.push(events)
             self.global_ts.append(global_ts)
             self.home.append(home)
             session.drain()
-        self.next_step += 1
+        self.steps += 1
         unit, at = level
-        for to, cells in send:
+        for to, cells in step.send:
             values = session.read_cells(self._local(*self.whole.locate(cells)))
-            self.peers[to].deliver.remote((unit, at + 1), self.node, values)
+            self._send(to, (unit, at + 1), values)
         self.step_seconds += time.perf_counter() - begin
 
-    def _install(self, cells: np.ndarray) -> np.ndarray:
-        """Rows for the other nodes' keys among ``cells`` (of `whole`), for this step; the
-        cells of this node's state that hold them, or hold its own keys among them."""
+    def _keep_in_place(self, rows: pa.Table, global_ts: np.ndarray, home: np.ndarray) -> None:
+        """The output rows of events run in place (at ``global_ts``) whose ``home`` is
+        this node."""
+        rows = rows.filter(pa.array(home))
+        self.in_place.append(rows.set_column(0, "ts", pa.array(global_ts[home])))
+
+    def _hold(self, cells: np.ndarray, check: bool = False) -> np.ndarray | bool:
+        """Rows for the other nodes' keys among ``cells`` (of `whole`), until the next
+        hold; the cells of this node's state that hold them, or hold its own keys among
+        them. With ``check``: whether the node has room for all of them (if not, none is
+        given a row)."""
         columns, where, keys = self.whole.locate(cells)
         names = list(self.whole.stored)
         span = max(self.whole.sizes.values()) + 1
@@ -224,10 +304,15 @@ class NodeTeam:
         held = held[np.diff(held, prepend=-1) != 0]
         bounds = np.searchsorted(held, np.arange(len(names) + 1) * span)
         share = self.layout.share
+        wanted = {}
         for number, name in enumerate(names):
             keys_held = held[bounds[number] : bounds[number + 1]] - number * span
-            share.hold(name, keys_held[share.others(name, keys_held)])
-        return self._local(columns, where, keys)
+            wanted[name] = keys_held[share.others(name, keys_held)]
+        if check and any(len(k) > share.foreign_rows(name) for name, k in wanted.items()):
+            return False
+        for name, keys_held in wanted.items():
+            share.hold(name, keys_held)
+        return True if check else self._local(columns, where, keys)
 
     def _local(self, columns: list[tuple[str, str]], where: np.ndarray, keys: np.ndarray):
         """The cells of this node's state that hold the cells of `whole` that
@@ -285,7 +370,7 @@ class NodeTeam:
         state = {table: self.query(table, self.layout.keys(table)) for table in session.plan.tables}
         figures = {
             "events": session.pushed,
-            "steps": self.next_step,
+            "steps": self.steps,
             "step_s": round(self.step_seconds, 3),
             "rows": self.layout.rows,
         }
@@ -340,5 +425,11 @@ class NodeTeam:
         self.reasons.update(reasons)
 
     def discard(self) -> None:
-        """Stop this node's session without committing anything (its results were merged)."""
+        """Stop this node's session without committing anything (its results were merged),
+        and its sockets."""
         self.session.abandon()
+        for link in self.links:
+            if link is not None:
+                link.close()
+        if self.listener is not None:
+            self.listener.close()

@@ -5,10 +5,10 @@ on one host writes it (`Job.run` is a session too: start, push everything, close
 
 Each node is a `NodeTeam` actor placed on its own Ray node. The values one node sends
 another go from node to node (`NodeTeam.deliver`), never through the driver, which only
-submits every level's steps at once, at most `UNITS_IN_FLIGHT` units ahead of the slowest
-node, and remembers for every node which of its events are whose (global ts) and
-whose outputs count (the event's home node).
-"""
+sends every node its part of a unit in one call (`NodeTeam.run`: its steps, level by
+level), at most `UNITS_IN_FLIGHT` units ahead of the slowest node, and remembers for every
+node which of its events are whose (global ts) and whose outputs count (the event's home
+node)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ from txstream.nodes import rounds
 from txstream.nodes.cost import COST, critical_events
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
 from txstream.nodes.member import CONCURRENCY as TEAM_CONCURRENCY
-from txstream.nodes.member import NodeTeam
+from txstream.nodes.member import NodeStep, NodeTeam
 from txstream.nodes.sequencer import Partition, Sequencer, UnitPlan, cut, touched_cells
 from txstream.result import Result
 from txstream.state.keys import StreamKeys, node_of, restored_indexes
@@ -162,7 +162,7 @@ class NodesSession:
         """The key index of every table of natural keys: the driver turns keys into rows."""
         self._partition()
         self.teams: list[Any] = []
-        self.steps = [0] * nodes
+        self.units_sent = [0] * nodes
         self.units_submitted = 0
         """Units submitted since the start, each a fresh name for its values between nodes."""
         self.latency = LatencyHistogram()
@@ -721,7 +721,8 @@ class NodesSession:
                 concurrency_groups=TEAM_CONCURRENCY,
             )
             self.teams.append(team)
-        self._get([team.connect.remote(self.teams) for team in self.teams])
+        addresses = self._get([team.address.remote() for team in self.teams])
+        self._get([team.connect.remote(self.teams, addresses) for team in self.teams])
         resumed = self._get([team.resumed_from.remote() for team in self.teams])
         if resumed != self.saved.local:
             raise RuntimeFailure(
@@ -841,7 +842,7 @@ class NodesSession:
             self.recoveries.append({"cause": str(lost)[:300], "from_ts": self.saved.ts})
             self._stop_and_wait()
             self.in_flight.clear()
-            self.steps = [0] * self.config.nodes
+            self.units_sent = [0] * self.config.nodes
             self.ts = self.done = self.saved.ts
             for attempt in range(MAX_RECOVERIES):
                 try:
@@ -858,7 +859,8 @@ class NodesSession:
 
     def _submit(self, whole: _Unit, ts0: int) -> list:
         """Submit every node's steps of a sequenced piece (`_pieces`) that starts at
-        ``ts0``; the references of the steps, to wait for."""
+        ``ts0``, one call per node that has any; the references of the calls, to wait
+        for."""
         unit = whole.planned
         f = self.figures
         f["units"] += 1
@@ -869,35 +871,43 @@ class NodesSession:
         f["gathered_units"] += unit.gathered
         f["critical_events"] += critical_events(unit)
         refs = []
-        for at, level in enumerate(unit.steps):
-            for node, step in enumerate(level):
-                if step is None:
-                    continue
-                rows, take = (
-                    whole.rows(node, step.events, unit.gathered)
-                    if len(step.events)
-                    else (None, None)
-                )
-                ref = self.teams[node].step.remote(
-                    self.steps[node],
-                    (self.units_submitted, at),
-                    rows,
-                    take,
+        for node, team in enumerate(self.teams):
+            mine = [(at, lv[node]) for at, lv in enumerate(unit.steps) if lv[node] is not None]
+            if not mine:
+                continue
+            positions = np.concatenate([step.events for _, step in mine])
+            rows, take = (
+                whole.rows(node, positions, unit.gathered) if len(positions) else (None, None)
+            )
+            steps = [
+                NodeStep(
+                    at,
+                    len(step.events),
                     ts0 + step.events,
                     unit.home[step.events] == node,
                     step.receive,
                     step.send,
+                )
+                for at, step in mine
+            ]
+            f["steps"] += len(steps)
+            refs.append(
+                team.run.remote(
+                    self.units_sent[node],
+                    self.units_submitted,
+                    rows,
+                    take,
+                    steps,
                     self._placed_since(node),
                 )
-                self.steps[node] += 1
-                f["steps"] += 1
-                refs.append(ref)
+            )
+            self.units_sent[node] += 1
         self.units_submitted += 1
         return refs
 
     def _placed_since(self, node: int) -> dict[str, np.ndarray]:
         """The node of every row of a table of natural keys given since ``node`` was last
-        told (`NodeTeam.step` places them)."""
+        told (`NodeTeam.run` places them)."""
         placed = {}
         for table, shipped in self.shipped[node].items():
             owner, _ = self.partition.shares[0].owners(table)
