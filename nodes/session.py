@@ -477,10 +477,10 @@ class NodesSession:
         at most `UNIT_LEVELS` levels; or gathered on one node (`Sequencer.gather`): of the
         plans that fit, the cheaper per `COST`."""
         plans = [
-            self.sequencer.plan(unit.n, unit.txn, unit.cells),
+            self.sequencer.plan(unit.n, unit.txn, unit.cells, UNIT_LEVELS),
             self.sequencer.gather(unit.n, unit.txn, unit.cells),
         ]
-        fit = [p for p in plans if p is not None and len(p.steps) <= UNIT_LEVELS]
+        fit = [p for p in plans if p is not None]
         if fit:
             unit.planned = min(fit, key=COST.seconds)
             yield unit
