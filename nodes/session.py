@@ -48,7 +48,7 @@ from txstream.monitor.live_metrics import (
 from txstream.monitor.metrics import LatencyHistogram, SizeHistogram
 from txstream.monitor.metrics_server import MetricsServer, serve_metrics
 from txstream.nodes import rounds
-from txstream.nodes.cost import COST, critical_events
+from txstream.nodes.cost import COST, COUNTS, counts
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
 from txstream.nodes.member import CONCURRENCY as TEAM_CONCURRENCY
 from txstream.nodes.member import NodeTeam
@@ -169,14 +169,11 @@ class NodesSession:
         """Events per unit handed to the nodes: the live metrics' chunk sizes."""
         self.figures = {
             "units": 0,
-            "levels": 0,
-            "steps": 0,
             "cross": 0,
-            "exchanged_values": 0,
             "partitions_prepared": 0,
             "unit_levels_max": 0,
             "gathered_units": 0,
-            "critical_events": 0,
+            **dict.fromkeys(COUNTS, 0),
         }
         self.in_flight: deque[tuple[float, int, list]] = deque()
         self.ts = 0
@@ -855,12 +852,11 @@ class NodesSession:
         unit = whole.planned
         f = self.figures
         f["units"] += 1
-        f["levels"] += len(unit.steps)
         f["unit_levels_max"] = max(f["unit_levels_max"], len(unit.steps))
         f["cross"] += unit.cross
-        f["exchanged_values"] += unit.exchanged
         f["gathered_units"] += unit.gathered
-        f["critical_events"] += critical_events(unit)
+        for name, count in counts(unit).items():
+            f[name] += count
         refs = []
         for at, level in enumerate(unit.steps):
             for node, step in enumerate(level):
@@ -883,7 +879,6 @@ class NodesSession:
                     self._placed_since(node),
                 )
                 self.steps[node] += 1
-                f["steps"] += 1
                 refs.append(ref)
         self.units_submitted += 1
         return refs
