@@ -47,6 +47,7 @@ from txstream.monitor.live_metrics import (
 )
 from txstream.monitor.metrics import LatencyHistogram, SizeHistogram
 from txstream.monitor.metrics_server import MetricsServer, serve_metrics
+from txstream.monitor.ray_metrics import RayMetricsExport, metrics_agent_running
 from txstream.nodes import rounds
 from txstream.nodes.cost import COST, COUNTS, counts
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
@@ -214,6 +215,7 @@ class NodesSession:
         """The nodes' events by status and rejection reason last read (`_figures`)."""
         self._pushed_high = 0
         self._server: MetricsServer | None = None
+        self._ray_metrics: RayMetricsExport | None = None
         begin = time.perf_counter()
         try:
             # first: a port in use fails at once
@@ -227,6 +229,8 @@ class NodesSession:
                 self._resume_or_clear()
             with console.phase(f"starting {nodes} nodes"):
                 self._start(pick_nodes(nodes))
+            if metrics_agent_running():
+                self._ray_metrics = RayMetricsExport(collector)
             if plan.name:
                 self._open_door(plan.name)
         except BaseException:
@@ -436,6 +440,9 @@ class NodesSession:
         if self._server is not None:  # first: a scrape asks the nodes
             self._server.close()
             self._server = None
+        if self._ray_metrics is not None:
+            self._ray_metrics.close()
+            self._ray_metrics = None
         self._stack.close()
         if failed or self.plan.own_output:
             self.plan.discard_unused()

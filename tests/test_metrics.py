@@ -457,34 +457,52 @@ from txstream import Job
 from txstream.monitor.ray_metrics import metrics_agent_running
 from txstream.topologies.generators import WorkloadSpec, generate
 
+NODES = int(sys.argv[1])
 events, init = generate("sl", WorkloadSpec(events=5000, keys=200, abort_ratio=0.05, seed=5))
-job = Job("sl", source="arrow", transport="ray", dashboard=True, progress=False, timeout_s=120)
-with job.start(init, name="on-ray") as session:
-    session.push(events)
-    session.flush()
-    statuses = {}
-    for batch in session.outputs():
-        for status in batch.column("status").to_pylist():
-            statuses[status] = statuses.get(status, 0) + 1
-    node = worker._global_node
-    folders = [node.get_session_dir_path(), node.get_temp_dir_path()]
-    print(json.dumps({"folders": folders, "statuses": statuses, "agent": metrics_agent_running()}))
-    sys.stdout.flush()
-    sys.stdin.readline()  # until Prometheus has read the counts
-    session.close()
+options = dict(source="arrow", progress=False, timeout_s=120)
+if NODES == 1:
+    job, cluster = Job("sl", transport="ray", dashboard=True, **options), None
+else:  # a cluster of NODES Ray nodes on this host, its head with the dashboard
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    for _ in range(1, NODES):
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    job = Job("sl", nodes=NODES, address=cluster.address, **options)
+try:
+    with job.start(init, name="on-ray") as session:
+        session.push(events)
+        session.flush()
+        statuses = {}
+        for batch in session.outputs():
+            for status in batch.column("status").to_pylist():
+                statuses[status] = statuses.get(status, 0) + 1
+        node = cluster.head_node if cluster else worker._global_node
+        folders = [node.get_session_dir_path(), node.get_temp_dir_path()]
+        told = {"folders": folders, "statuses": statuses, "agent": metrics_agent_running()}
+        print(json.dumps(told))
+        sys.stdout.flush()
+        sys.stdin.readline()  # until Prometheus has read the counts
+        session.close()
+finally:
+    if cluster:
+        cluster.shutdown()
 print("closed")
 """
 
 
+@pytest.mark.parametrize("nodes", [1, 2])
 def test_prometheus_reads_a_session_on_ray_through_rays_endpoint(
-    tmp_path, prometheus, python_with_dashboard
+    tmp_path, prometheus, python_with_dashboard, nodes
 ):
-    """A session on a Ray with its metrics agent (``ray[default]``, with its dashboard):
-    Prometheus finds Ray's endpoint through Ray's service discovery file and reads the
-    session's counts there (Ray prefixes the names with ``ray_``)."""
+    """A session on a Ray with its metrics agent (``ray[default]``, with its dashboard), on
+    one host or over ``nodes`` Ray nodes: Prometheus finds Ray's endpoint through Ray's
+    service discovery file and reads the session's counts there (Ray prefixes the names
+    with ``ray_``); a run over nodes exports the driver's figures, its latencies included."""
     env = {**os.environ, "RAY_metrics_report_interval_ms": "500"}
     session = subprocess.Popen(
-        [python_with_dashboard, "-c", _ON_RAY],
+        [python_with_dashboard, "-c", _ON_RAY, str(nodes)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -512,7 +530,7 @@ def test_prometheus_reads_a_session_on_ray_through_rays_endpoint(
         assert 0 < query(api, f"histogram_quantile(0.99, {by_bound})")[()] < 60
         session.stdin.write("close\n")
         session.stdin.flush()
-        out, err = session.communicate(timeout=120)
+        out, err = session.communicate(timeout=180)
         assert session.returncode == 0 and "closed" in out, err[-3000:]
     finally:
         if session.poll() is None:
