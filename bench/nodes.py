@@ -11,10 +11,14 @@ A local Ray cluster of up to three nodes on this host (`ray.cluster_utils.Cluste
   interleaved pairs, their median;
 - ``sweep``: events/s against the share of cross-node transactions (the keys of an event
   moved to keys of one node, or of two: `node_of`; the share each run measured beside) and
-  against key skew (theta), each as the cost model chooses and in levels only, the same
-  events on one host beside;
-- ``model``: the cost model's coefficients fitted per node count on half of the sweep's
-  runs, its relative error on the other half.
+  against key skew (theta), and runs of fewer events (`SIZES_SHARE`); each unit gathered
+  and in levels only (the fastest of ``--repeats`` interleaved runs: on a shared host,
+  others only add time), the same events on one host beside;
+- ``model``: seconds per count of the cost model (`txstream.nodes.cost.COUNTS` in `TERMS`)
+  fitted on the sweep's runs, its held-out error (fitted on one half of the runs, predicting
+  the other, both ways), and which plan it chooses for each pair of runs against which ran
+  faster. The fit on every run is written to `txstream.nodes.cost.FITTED`: the engine's
+  model.
 
 On one 2-core host the nodes share the cores, so this measures the protocol's cost, not a
 cluster's speed-up. Every run over nodes is checked equal to the one-host run.
@@ -25,27 +29,34 @@ cluster's speed-up. Every run over nodes is checked equal to the one-host run.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import tempfile
-from contextlib import nullcontext
+import time
+from contextlib import ExitStack
 from unittest import mock
 
 import numpy as np
 import pyarrow as pa
 from common import write_results
 from txstream import Job
+from txstream.nodes.cost import COUNTS, FITTED
 from txstream.nodes.sequencer import Sequencer
 from txstream.state.keys import node_of
 from txstream.topologies.generators import WorkloadSpec, generate
 
-SHARES = (0.0, 0.01, 0.05, 0.2, 1.0)
+SHARES = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 THETAS = (0.0, 0.5, 0.9, 0.99)
+SIZES_SHARE = 0.05
+"""The cross share of the runs of fewer events: they set a run's fixed cost apart from its
+events'."""
 LEVELS_THETA_MAX = 0.5
 """Runs in levels only up to this skew: beyond, hot keys make tens of thousands of levels
 (minutes a run)."""
-FEATURES = ("steps", "critical_events", "exchanged_values")
-"""A run's plan counts the cost model prices (`txstream.nodes.cost.CostModel`)."""
+MODES = ("gathered", "levels")
+TERMS = ("steps", "messages", "pipelined_steps", "critical_events", "exchanged_values")
+"""The counts of `txstream.nodes.cost.COUNTS` the model prices."""
 
 
 def with_cross_share(events: pa.Table, share: float, nodes: int, keys: int, seed: int = 0):
@@ -98,6 +109,7 @@ def main() -> None:
     parser.add_argument("--nodes", default="2,3")
     parser.add_argument("--ratio-events", type=int, default=1_000_000)
     parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="of each sweep run")
     parser.add_argument("--out", default="nodes")
     args = parser.parse_args()
     import ray
@@ -128,49 +140,54 @@ def run_all(args: argparse.Namespace, counts: list[int], address: str) -> dict:
     events, init = chain(2000)
     one = _run(events, init, 1, address)
     results["chain"] = {
-        mode: _measure(events, init, 2, address, one, levels_only=mode == "levels")
-        for mode in ("chosen", "levels")
+        mode: _measure(events, init, 2, address, one, mode) for mode in ("chosen", "levels")
     }
     for figures in results["chain"].values():
         figures["ms_per_transfer"] = round(1e3 * figures["seconds"] / events.num_rows, 3)
     print("chain", results["chain"], flush=True)
     events, init = generate("sl", WorkloadSpec(events=5000, keys=200, theta=0.99, seed=1))
     one = _run(events, init, 1, address)
-    results["hot"] = {
-        str(n): _measure(events, init, n, address, one, levels_only=False) for n in counts
-    }
+    results["hot"] = {str(n): _measure(events, init, n, address, one, "chosen") for n in counts}
     results["hot_one_host_s"] = one.metrics["seconds"]
     print("hot", results["hot"], flush=True)
     results["ratio"] = ratio(args, address)
     print("ratio", results["ratio"], flush=True)
     runs = []
     for nodes in counts:
-        for axis, values in (("share", SHARES), ("theta", THETAS)):
+        sizes = (args.events // 5, args.events // 2)
+        for axis, values in (("share", SHARES), ("theta", THETAS), ("events", sizes)):
             for value in values:
                 runs += sweep_cell(args, address, nodes, axis, value)
     results["sweep"] = runs
-    results["model"] = {str(n): fit([r for r in runs if r["nodes"] == n]) for n in counts}
+    results["model"] = model(runs)
+    print("model", results["model"], flush=True)
     return results
 
 
 def sweep_cell(args, address: str, nodes: int, axis: str, value: float) -> list[dict]:
-    """One share or theta over ``nodes`` nodes: as the model chooses and in levels only
-    (up to `LEVELS_THETA_MAX`)."""
-    if axis == "share":
-        base, init = generate("sl", WorkloadSpec(events=args.events, keys=args.keys, seed=1))
-        events = with_cross_share(base, value, nodes, args.keys)
-    else:
+    """One share, theta or number of events over ``nodes`` nodes: gathered and in levels only (up to
+    `LEVELS_THETA_MAX`), each the fastest of ``args.repeats``."""
+    if axis == "theta":
         spec = WorkloadSpec(events=args.events, keys=args.keys, theta=value, seed=1)
         events, init = generate("sl", spec)
+    else:
+        size, share = (args.events, value) if axis == "share" else (int(value), SIZES_SHARE)
+        base, init = generate("sl", WorkloadSpec(events=size, keys=args.keys, seed=1))
+        events = with_cross_share(base, share, nodes, args.keys)
     one = _run(events, init, 1, address)
+    modes = MODES if axis != "theta" or value <= LEVELS_THETA_MAX else ("gathered",)
+    repeats = {mode: [] for mode in modes}
+    for _ in range(args.repeats):
+        for mode in modes:
+            repeats[mode].append(_measure(events, init, nodes, address, one, mode))
     runs = []
-    modes = ("chosen", "levels") if axis == "share" or value <= LEVELS_THETA_MAX else ("chosen",)
-    for mode in modes:
-        run = _measure(events, init, nodes, address, one, levels_only=mode == "levels")
-        measured = round(run["cross"] / run["events"], 3)
+    for mode, measured in repeats.items():
+        run = min(measured, key=lambda r: r["seconds"])
+        share = round(run["cross"] / run["events"], 3)
         runs.append(
-            {"nodes": nodes, "axis": axis, "value": value, "mode": mode, "cross_share": measured}
+            {"nodes": nodes, "axis": axis, "value": value, "mode": mode, "cross_share": share}
             | run
+            | {"seconds_repeats": [r["seconds"] for r in measured]}
         )
         print(runs[-1], flush=True)
     return runs
@@ -203,20 +220,53 @@ def ratio(args, address: str) -> dict:
     }
 
 
-def _measure(events, init, nodes: int, address: str, one, levels_only: bool) -> dict:
-    """A run over ``nodes`` nodes (``levels_only``: no unit gathered), checked against the
-    one-host run ``one``; its figures."""
-    off = mock.patch.object(Sequencer, "gather", lambda *_: None) if levels_only else nullcontext()
-    with off:
+class _Prefer:
+    """A cost model that takes a gathered plan wherever one fits."""
+
+    @staticmethod
+    def seconds(plan) -> int:
+        return 0 if plan.gathered else 1
+
+
+class _Timer:
+    """Seconds spent in the functions it wraps."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def wrap(self, function):
+        def timed(*args, **kwargs):
+            begin = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - begin
+
+        return timed
+
+
+def _measure(events, init, nodes: int, address: str, one, mode: str) -> dict:
+    """A run over ``nodes`` nodes, its units as the cost model chooses (``mode``
+    "chosen"), gathered wherever they fit ("gathered") or never ("levels"), checked against
+    the one-host run ``one``; its figures, with the seconds the driver spent building plans
+    (``sequencing_s``)."""
+    timer = _Timer()
+    gather = (lambda *_: None) if mode == "levels" else Sequencer.gather
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(Sequencer, "plan", timer.wrap(Sequencer.plan)))
+        stack.enter_context(mock.patch.object(Sequencer, "gather", timer.wrap(gather)))
+        if mode == "gathered":
+            stack.enter_context(mock.patch("txstream.nodes.session.COST", _Prefer()))
         many = _run(events, init, nodes, address)
     assert many.events.equals(one.events), "a run over nodes differs from one host"
     m = many.metrics
     return {
         "events": m["events"],
         "seconds": m["seconds"],
+        "sequencing_s": round(timer.seconds, 6),
         "throughput_eps": m["throughput_eps"],
         "one_host_eps": one.metrics["throughput_eps"],
-        **{k: m["nodes"][k] for k in ("units", "levels", "gathered_units", "cross", *FEATURES)},
+        **{k: m["nodes"][k] for k in ("units", "gathered_units", "cross", *COUNTS)},
         "step_s": [n["step_s"] for n in m["nodes"]["per_node"]],
     }
 
@@ -225,40 +275,81 @@ def _run(events: pa.Table, init: dict, nodes: int, address: str):
     return Job("sl", source="arrow", progress=False, address=address, nodes=nodes).run(events, init)
 
 
-def fit(runs: list[dict]) -> dict:
-    """``seconds ≈ base + Σ coefficient·feature`` over `FEATURES`, fitted on every other
-    run of each mode, checked on the rest: the coefficients and the held-out runs' relative
-    errors. The coefficients are kept at 0 or above (a count costs no less than nothing).
-    (Every other run overall would train on the chosen runs alone, whose plans are
-    alike, and test on the levels runs.)"""
-    by_mode = [[r for r in runs if r["mode"] == mode] for mode in ("chosen", "levels")]
-    train = [r for rs in by_mode for r in rs[::2]]
-    test = [r for rs in by_mode for r in rs[1::2]]
+def model(runs: list[dict]) -> dict:
+    """The cost model over ``runs`` (module docstring): held out, then fitted on every run
+    and written to `FITTED`."""
+    by_mode = [[r for r in runs if r["mode"] == mode] for mode in MODES]
+    # Every other run of each mode: both halves span the sweep and hold both plans.
+    halves = [[r for rs in by_mode for r in rs[::2]], [r for rs in by_mode for r in rs[1::2]]]
+    errors = {}
+    for train, test in (halves, halves[::-1]):
+        base, per = fit(train)
+        for r in test:
+            errors[id(r)] = predict(base, per, r) / priced(r) - 1
+    held_out = [errors[id(r)] for r in runs]
+    worst = int(np.argmax(np.abs(held_out)))
+    base, per = fit(runs)
+    FITTED.write_text(json.dumps({"seconds_per": per}, indent=2) + "\n")
+    return {
+        "terms": list(TERMS),
+        "base_s": round(base, 4),
+        "seconds_per": per,
+        "held_out_relative_error": [round(e, 3) for e in held_out],
+        "held_out_median_abs_error": round(float(np.median(np.abs(held_out))), 3),
+        "held_out_worst_abs_error": round(abs(held_out[worst]), 3),
+        "held_out_worst_run": {k: runs[worst][k] for k in ("nodes", "axis", "value", "mode")},
+        "choices": choices(runs, per),
+    }
 
-    def design(rs):
-        return np.array([[1.0, *(r[f] for f in FEATURES)] for r in rs], dtype=float)
 
-    seconds = np.array([r["seconds"] for r in train])
-    kept = np.ones(1 + len(FEATURES), bool)
+def fit(runs: list[dict]) -> tuple[float, dict[str, float]]:
+    """`priced` ``≈ base + Σ seconds_per[t]·t`` over `TERMS`, by least squares of the
+    relative error (short runs count as much as long ones); a term fitted below 0 is held at
+    0 (a count costs no less than nothing). ``base``: a run's own, not a unit's."""
+    seconds = np.array([priced(r) for r in runs])
+    design = np.array([[1.0, *(r[t] for t in TERMS)] for r in runs]) / seconds[:, None]
+    kept = np.ones(1 + len(TERMS), bool)
     coef = np.zeros(len(kept))
     while True:
-        # A count that costs no time at most: dropped (held at 0) when fitted below 0.
-        coef[kept] = np.linalg.lstsq(design(train)[:, kept], seconds, rcond=None)[0]
+        coef[kept] = np.linalg.lstsq(design[:, kept], np.ones(len(runs)), rcond=None)[0]
         if coef[1:].min() >= 0:
             break
         kept[1 + np.argmin(coef[1:])] = False
         coef[~kept] = 0.0
-    predicted = design(test) @ coef
-    errors = [float(p / r["seconds"] - 1) for p, r in zip(predicted, test, strict=True)]
-    return {
-        "base_s": round(float(coef[0]), 4),
-        "step_ms": round(float(coef[1]) * 1e3, 4),
-        "event_us": round(float(coef[2]) * 1e6, 4),
-        "value_us": round(float(coef[3]) * 1e6, 4),
-        "held_out_relative_error": [round(e, 3) for e in errors],
-        "held_out_median_abs_error": round(float(np.median(np.abs(errors))), 3),
-        "held_out_worst_abs_error": round(float(np.max(np.abs(errors))), 3),
-    }
+    return float(coef[0]), {t: float(f"{c:.3g}") for t, c in zip(TERMS, coef[1:], strict=True)}
+
+
+def priced(run: dict) -> float:
+    """The run's seconds the model prices: all but building plans, which every unit does for
+    each plan whichever runs."""
+    return run["seconds"] - run["sequencing_s"]
+
+
+def predict(base: float, per: dict[str, float], run: dict) -> float:
+    return base + sum(per[t] * run[t] for t in TERMS)
+
+
+def choices(runs: list[dict], per: dict[str, float]) -> list[dict]:
+    """For each events run both gathered and in levels: how much faster gathered ran, and
+    whether the model (``per``) takes the faster."""
+    out = []
+    for r in runs:
+        if r["mode"] != "gathered":
+            continue
+        pair = [q for q in runs if q["mode"] == "levels" and _same_events(q, r)]
+        if not pair:
+            continue
+        speedup = priced(pair[0]) / priced(r)
+        gathers = predict(0.0, per, r) < predict(0.0, per, pair[0])
+        out.append(
+            {k: r[k] for k in ("nodes", "axis", "value")}
+            | {"gathered_speedup": round(speedup, 2), "right": gathers == (speedup > 1)}
+        )
+    return out
+
+
+def _same_events(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in ("nodes", "axis", "value"))
 
 
 def plot(results: dict, path) -> None:
@@ -271,11 +362,11 @@ def plot(results: dict, path) -> None:
     for ax, axis in zip(axes, ("share", "theta"), strict=True):
         runs = [r for r in results["sweep"] if r["axis"] == axis]
         for nodes in sorted({r["nodes"] for r in runs}):
-            for mode, style in (("chosen", "o-"), ("levels", "x:")):
+            for mode, style in (("gathered", "o-"), ("levels", "x:")):
                 rs = [r for r in runs if r["nodes"] == nodes and r["mode"] == mode]
                 x = [r["value"] for r in rs]
                 ax.plot(x, [r["throughput_eps"] for r in rs], style, label=f"{nodes} nodes, {mode}")
-        rs = [r for r in runs if r["nodes"] == runs[0]["nodes"] and r["mode"] == "chosen"]
+        rs = [r for r in runs if r["nodes"] == runs[0]["nodes"] and r["mode"] == "gathered"]
         ax.plot([r["value"] for r in rs], [r["one_host_eps"] for r in rs], "k--", label="one host")
         ax.set(
             yscale="log",

@@ -2,41 +2,46 @@
 the unit in levels where its keys live and gathering it on one node
 (`txstream.nodes.sequencer`).
 
-A plan is priced by three counts: its steps (each an actor call, with the values it takes
-and sends passing through Ray), the events on its critical path (per level, the busiest
-node's), and the cell values it moves. The coefficients are fitted by bench/nodes.py on
-measured runs over a local cluster (its held-out error: docs/performance.md).
+A plan is priced by counts of what takes time: its steps (each a node's turn at a
+level), its messages (a node's values sent to another), its steps through a
+node's pipeline (more than `IN_PLACE_EVENTS` events: push, drain and the team's hand-offs,
+where a smaller step runs in place), the events on its critical path (per level, the busiest
+node's) and the cell values it moves. Seconds per count are fitted by bench/nodes.py on
+measured runs over a local cluster, which writes them to `FITTED` (the fit's held-out error:
+bench/results/nodes.json). Sequencing is no term: a unit's plans are built whichever runs.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from txstream.nodes.member import IN_PLACE_EVENTS
 from txstream.nodes.sequencer import UnitPlan
 
+FITTED = Path(__file__).with_name("cost.json")
+"""Seconds per count, as bench/nodes.py fitted them on this host."""
 
-@dataclass(frozen=True)
-class CostModel:
-    """Seconds of a unit's plan: ``step_s`` per step, ``event_s`` per event on its
-    critical path, ``value_s`` per cell value moved between nodes."""
 
-    step_s: float = 5.3e-3
-    event_s: float = 2.1e-6
-    value_s: float = 0.1e-6
-    """Below what the fit resolves (a unit moves few values for its events): a bound."""
-
-    def seconds(self, plan: UnitPlan) -> float:
-        """The plan's estimated time."""
-        return (
-            self.step_s * steps(plan)
-            + self.event_s * critical_events(plan)
-            + self.value_s * plan.exchanged
-        )
+def levels(plan: UnitPlan) -> int:
+    """Rounds of steps across the nodes."""
+    return len(plan.steps)
 
 
 def steps(plan: UnitPlan) -> int:
-    """Actor calls the plan makes."""
+    """Nodes' turns at the plan's levels."""
     return sum(step is not None for level in plan.steps for step in level)
+
+
+def pipelined_steps(plan: UnitPlan) -> int:
+    """Steps that run through a node's pipeline rather than in place."""
+    return sum(
+        step is not None and len(step.events) > IN_PLACE_EVENTS
+        for level in plan.steps
+        for step in level
+    )
 
 
 def critical_events(plan: UnitPlan) -> int:
@@ -47,5 +52,44 @@ def critical_events(plan: UnitPlan) -> int:
     )
 
 
-COST = CostModel()
+def messages(plan: UnitPlan) -> int:
+    """Values sent from a node to another, one message per step and receiver."""
+    return sum(len(step.send) for level in plan.steps for step in level if step is not None)
+
+
+def exchanged_values(plan: UnitPlan) -> int:
+    """Cell values sent between nodes."""
+    return plan.exchanged
+
+
+COUNTS: dict[str, Callable[[UnitPlan], int]] = {
+    f.__name__: f
+    for f in (levels, steps, messages, pipelined_steps, critical_events, exchanged_values)
+}
+"""What a plan can be priced by, by name (a run's metrics count each)."""
+
+
+def counts(plan: UnitPlan) -> dict[str, int]:
+    """The plan's `COUNTS`."""
+    return {name: count(plan) for name, count in COUNTS.items()}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds of a unit's plan: ``seconds_per[name]`` for each count it names, of
+    `COUNTS`."""
+
+    seconds_per: dict[str, float]
+
+    def seconds(self, plan: UnitPlan) -> float:
+        """The plan's estimated time."""
+        return sum(s * COUNTS[name](plan) for name, s in self.seconds_per.items())
+
+
+def fitted(path: Path = FITTED) -> CostModel:
+    """The model bench/nodes.py fitted, read from ``path``."""
+    return CostModel(json.loads(path.read_text())["seconds_per"])
+
+
+COST = fitted()
 """The model fitted on this host (bench/nodes.py)."""

@@ -159,11 +159,14 @@ class Sequencer:
         self.partition = partition
         self._last = np.zeros(layout.cells, np.int64)
 
-    def plan(self, n: int, txn: np.ndarray, cells: np.ndarray) -> UnitPlan | None:
+    def plan(
+        self, n: int, txn: np.ndarray, cells: np.ndarray, levels_max: int | None = None
+    ) -> UnitPlan | None:
         """The steps of a unit of ``n`` events given the cells of its transactions
         (`touched_cells`), which comes right after the previous unit's; None if a step
         would touch more of other nodes' keys than the node has room for
-        (`Partition.room`): the unit must be cut smaller."""
+        (`Partition.room`), or if it takes more than ``levels_max`` levels (left unbuilt:
+        hot keys make thousands): the unit must be cut smaller or gathered."""
         nodes, owner = self.partition.nodes, self.partition.owner
         ptr = np.zeros(n + 1, np.int64)
         np.cumsum(np.bincount(txn, minlength=n), out=ptr[1:])
@@ -178,6 +181,8 @@ class Sequencer:
                 "key its set table like the tables it updates with it, or run on one node"
             )
         top = int(level.max(initial=0)) + 1
+        if levels_max is not None and top > levels_max:
+            return None
         steps: list[list[Step | None]] = [[None] * nodes for _ in range(top)]
         for node in range(nodes):
             mine = np.flatnonzero((mask >> node) & 1)

@@ -49,7 +49,7 @@ from txstream.monitor.metrics import LatencyHistogram, SizeHistogram
 from txstream.monitor.metrics_server import MetricsServer, serve_metrics
 from txstream.monitor.ray_metrics import RayMetricsExport, metrics_agent_running
 from txstream.nodes import rounds
-from txstream.nodes.cost import COST, critical_events
+from txstream.nodes.cost import COST, COUNTS, counts
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
 from txstream.nodes.member import CONCURRENCY as TEAM_CONCURRENCY
 from txstream.nodes.member import NodeStep, NodeTeam
@@ -170,14 +170,11 @@ class NodesSession:
         """Events per unit handed to the nodes: the live metrics' chunk sizes."""
         self.figures = {
             "units": 0,
-            "levels": 0,
-            "steps": 0,
             "cross": 0,
-            "exchanged_values": 0,
             "partitions_prepared": 0,
             "unit_levels_max": 0,
             "gathered_units": 0,
-            "critical_events": 0,
+            **dict.fromkeys(COUNTS, 0),
         }
         self.in_flight: deque[tuple[float, int, list]] = deque()
         self.ts = 0
@@ -484,10 +481,10 @@ class NodesSession:
         at most `UNIT_LEVELS` levels; or gathered on one node (`Sequencer.gather`): of the
         plans that fit, the cheaper per `COST`."""
         plans = [
-            self.sequencer.plan(unit.n, unit.txn, unit.cells),
+            self.sequencer.plan(unit.n, unit.txn, unit.cells, UNIT_LEVELS),
             self.sequencer.gather(unit.n, unit.txn, unit.cells),
         ]
-        fit = [p for p in plans if p is not None and len(p.steps) <= UNIT_LEVELS]
+        fit = [p for p in plans if p is not None]
         if fit:
             unit.planned = min(fit, key=COST.seconds)
             yield unit
@@ -864,12 +861,11 @@ class NodesSession:
         unit = whole.planned
         f = self.figures
         f["units"] += 1
-        f["levels"] += len(unit.steps)
         f["unit_levels_max"] = max(f["unit_levels_max"], len(unit.steps))
         f["cross"] += unit.cross
-        f["exchanged_values"] += unit.exchanged
         f["gathered_units"] += unit.gathered
-        f["critical_events"] += critical_events(unit)
+        for name, count in counts(unit).items():
+            f[name] += count
         refs = []
         for node, team in enumerate(self.teams):
             mine = [(at, lv[node]) for at, lv in enumerate(unit.steps) if lv[node] is not None]
@@ -890,7 +886,6 @@ class NodesSession:
                 )
                 for at, step in mine
             ]
-            f["steps"] += len(steps)
             refs.append(
                 team.run.remote(
                     self.units_sent[node],

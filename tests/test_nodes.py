@@ -243,7 +243,8 @@ def test_a_chain_across_nodes_is_gathered_by_the_cost_model():
     """A chain of transfers each way between keys of two nodes is a level per transfer
     when run where its keys live; gathered, three levels: the other node's cells go to
     one node, which runs every event, and come back. The cost model takes the latter;
-    for transfers that stay on their nodes, the former."""
+    for transfers that stay on their nodes, the former. A plan deeper than asked for is
+    not built."""
     topology = topologies.get("sl")
     layout = Layout.of(topology.tables, {"accounts": 10, "assets": 10})
     sequencer = Sequencer(topology, layout, Partition(layout, topology, 2))
@@ -267,6 +268,7 @@ def test_a_chain_across_nodes_is_gathered_by_the_cost_model():
     txn, cells = touched_cells(topology, layout, transfers(cross=True))
     levels, gathered = sequencer.plan(n, txn, cells), sequencer.gather(n, txn, cells)
     assert len(levels.steps) > n and len(gathered.steps) == 3
+    assert sequencer.plan(n, txn, cells, levels_max=n) is None  # too deep: left unbuilt
     to = int(gathered.home[0])
     assert (gathered.home == to).all() and gathered.cross == levels.cross == n
     assert gathered.steps[1][to].events.tolist() == list(range(n))
