@@ -12,6 +12,7 @@ a time (`KeyIndex._translate`), so that no chunk boundary pays for a whole doubl
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections.abc import Callable
 
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from txstream.config import KEY_TYPES
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
-from txstream.state._numba import inline, jit
+from txstream.state._numba import inline, jit, load_word, prefetch, store_word
 
 DENSE, INT64, STRING = KEY_TYPES
 """Key types of a table: dense rows ``0..K-1`` (the key is the row), any int64, UTF-8."""
@@ -128,9 +129,16 @@ NO_BYTES = np.zeros(0, np.uint8)
 """The validity a kernel is given for keys of which none is null."""
 AHEAD = 64
 """Keys whose slots a kernel reads ahead before it probes them: misses that overlap."""
+FETCH_AHEAD = 32
+"""Keys before its probe that a string kernel asks for a key's home slot (`_fetch`)."""
 AHEAD_FROM = 1 << 18
 """Slots past which they are read ahead (fewer stay cached, and reading ahead costs more
 than it saves)."""
+RESERVED = 1 << 36
+"""Bytes of address space an array of keys is given when it first grows (`_grown`): no
+memory until written, and beyond what a process holds, so that the array never moves."""
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+"""Linux's flag for a mapping that reserves no swap (Python's mmap names it from 3.12)."""
 MOVE_EVERY = 1 << 12
 """Keys a kernel adds while slots are taken over before it stops for a step (`_move`)."""
 DONE, LOADED, STEP, ROWS_FULL, BYTES_FULL = range(5)
@@ -184,13 +192,34 @@ def _place_int(slots, shift, old, old_shift, done, keys_by_row, key, hashed):
 
 @inline
 def _same(data, start, end, key_offsets, key_bytes, row):
+    """Whether row ``row`` holds the string ``data[start:end]``: eight bytes at a time."""
     a, b = key_offsets[row], key_offsets[row + 1]
-    if b - a != end - start:
+    n = end - start
+    if b - a != n:
         return False
-    for i in range(end - start):
+    i = 0
+    while i + 8 <= n:
+        if load_word(key_bytes, a + i) != load_word(data, start + i):
+            return False
+        i += 8
+    while i < n:
         if key_bytes[a + i] != data[start + i]:
             return False
+        i += 1
     return True
+
+
+@inline
+def _copy(data, start, end, key_bytes, at):
+    """``key_bytes[at:]`` = ``data[start:end]``, eight bytes at a time."""
+    n = end - start
+    i = 0
+    while i + 8 <= n:
+        store_word(key_bytes, at + i, load_word(data, start + i))
+        i += 8
+    while i < n:
+        key_bytes[at + i] = data[start + i]
+        i += 1
 
 
 @inline
@@ -228,6 +257,28 @@ def _touch(slots, shift, old, old_shift, done, key_offsets, key_bytes, hashed, d
         return slot
     start = key_offsets[_row(slot)]
     return start if depth == 1 else key_bytes[start]
+
+
+@inline
+def _fetch(slots, shift, old, old_shift, done, key_offsets, key_bytes, hashed, depth):
+    """Ask for what a probe of a string key reads first, ``depth`` loads deep, without
+    waiting for it (`prefetch`): its home slot (0); if its tag is the key's, where the key
+    its row holds starts (1) and that key's bytes (2), the slot (and offsets) asked for
+    keys earlier."""
+    if _home(hashed, old_shift) >= done:
+        table, h = old, _home(hashed, old_shift)
+    else:
+        table, h = slots, _home(hashed, shift)
+    if depth == 0:
+        prefetch(table, h)
+        return
+    slot = table[h]
+    if slot == 0 or slot - (slot & LOW) != _tag(hashed):
+        return
+    if depth == 1:
+        prefetch(key_offsets, _row(slot))
+    else:
+        prefetch(key_bytes, key_offsets[_row(slot)])
 
 
 @jit
@@ -279,27 +330,21 @@ def _rows_ints(index, keys_by_row, keys, valid, start, out):
 def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, cached, start, out):
     """As `_rows_ints` for strings, given as the ``entry`` of every key (-1: null) among
     distinct strings (``offsets``, ``data``, their ``hashes``) whose rows are ``cached``
-    (UNKNOWN: not looked up yet). An empty string is malformed (MISSING)."""
+    (UNKNOWN: not looked up yet). An empty string is malformed (MISSING). The loads of a
+    key's probe are asked for (`_fetch`) `FETCH_AHEAD` keys before it, one load deeper
+    every time the distance halves. Returns (count, the position reached, why it stopped)."""
     slots, shift, old, old_shift, done, count, limit, room, step = index
-    touched = 0
     ahead = len(slots) + len(old) > AHEAD_FROM
-    for p in range(start, len(entry)):
-        if ahead and (p - start) % AHEAD == 0:  # each load of a block's keys, then the next
+    n = len(entry)
+    for p in range(start, n):
+        if ahead:
             for depth in range(3):
-                for q in range(p, min(p + AHEAD, len(entry))):
+                q = p + (FETCH_AHEAD >> depth)
+                if q < n and entry[q] >= 0 and cached[entry[q]] == UNKNOWN:
                     e = entry[q]
-                    if e >= 0 and cached[e] == UNKNOWN:
-                        touched += _touch(
-                            slots,
-                            shift,
-                            old,
-                            old_shift,
-                            done,
-                            key_offsets,
-                            key_bytes,
-                            hashes[e],
-                            depth,
-                        )
+                    _fetch(
+                        slots, shift, old, old_shift, done, key_offsets, key_bytes, hashes[e], depth
+                    )
         e = entry[p]
         if e < 0:
             out[p] = NULL
@@ -316,28 +361,27 @@ def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, c
             slots, shift, old, old_shift, done, key_offsets, key_bytes, data, a, b, hashed
         )
         if h < 0:
-            return count, p, LOADED, touched
+            return count, p, LOADED
         slot = table[h]
         if slot == 0:
             if count == limit:
                 out[p] = FULL
                 continue
             if count + 1 == len(key_offsets):
-                return count, p, ROWS_FULL, touched
+                return count, p, ROWS_FULL
             used = key_offsets[count]
             if used + b - a > len(key_bytes):
-                return count, p, BYTES_FULL, touched
+                return count, p, BYTES_FULL
             if count >= room:
-                return count, p, LOADED, touched
+                return count, p, LOADED
             if count == step:
-                return count, p, STEP, touched
-            for k in range(b - a):
-                key_bytes[used + k] = data[a + k]
+                return count, p, STEP
+            _copy(data, a, b, key_bytes, used)
             key_offsets[count + 1] = used + b - a
             count += 1
             slot = table[h] = _tag(hashed) | count
         out[p] = cached[e] = _row(slot)
-    return count, len(entry), DONE, touched
+    return count, n, DONE
 
 
 @inline
@@ -649,7 +693,7 @@ class KeyIndex:
                 got = _rows_strings(
                     index, self._keys, self._bytes, offsets, data, hashes, keys, cached, start, out
                 )
-            self.count, start, stopped, _ = got
+            self.count, start, stopped = got[:3]
             if stopped == LOADED:  # the last doubling's steps all taken
                 self._double()
                 moved = self.count
@@ -688,7 +732,7 @@ def _slots(bits: int) -> tuple[np.ndarray, int]:
     if bits > MAX_BITS:
         raise RuntimeFailure(f"a key index of more than 2^{MAX_BITS} slots")
     shift = 64 - bits
-    return np.zeros((1 << bits) + _pad(shift), np.int64), shift
+    return _zeros((1 << bits) + _pad(shift), np.int64), shift
 
 
 def _room(shift: int) -> int:
@@ -702,11 +746,28 @@ def _pad(shift: int) -> int:
 
 
 def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
-    """``array`` with room for ``wanted`` items and a 64th more, resized in place: a large
-    array is remapped, not copied, so growing costs only its new room (zeroed), and a chunk
-    grows it by about what it adds rather than another by much more."""
-    array.resize(max(wanted + wanted // 64, 16), refcheck=False)
-    return array
+    """``array`` with room for ``wanted`` items and a 64th more: a longer view of the memory
+    it lies in, `RESERVED` when it first grows, so that growing never copies it (an array
+    resized in place is copied whenever the allocator cannot extend it where it lies) and
+    costs only the pages the new room takes once written."""
+    n = max(wanted + wanted // 64, 16)
+    base = array.base
+    if isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap):
+        if n * array.itemsize <= base.nbytes:
+            return np.frombuffer(base, array.dtype, n)
+    grown = _zeros(n, array.dtype, max(RESERVED, 2 * n * array.itemsize))
+    grown[: len(array)] = array
+    return grown
+
+
+def _zeros(n: int, dtype: type | np.dtype, reserved: int = 0) -> np.ndarray:
+    """``n`` zeros in memory of their own (``reserved`` bytes of address space, at least
+    theirs), mapped without huge pages: a page costs only once written, a write to a fresh
+    page zeroes 4 KiB rather than 2 MiB, and no huge page is split when the slots of a
+    doubling are taken over or the array grows."""
+    nbytes = max(n * np.dtype(dtype).itemsize, reserved, 1)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (MAP_NORESERVE if reserved else 0)
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype, n)
 
 
 @jit
