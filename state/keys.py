@@ -12,7 +12,9 @@ a time (`KeyIndex._translate`), so that no chunk boundary pays for a whole doubl
 
 from __future__ import annotations
 
+import ctypes
 import mmap
+import queue
 import threading
 from collections.abc import Callable
 
@@ -129,7 +131,7 @@ NO_BYTES = np.zeros(0, np.uint8)
 """The validity a kernel is given for keys of which none is null."""
 AHEAD = 64
 """Keys whose slots a kernel reads ahead before it probes them: misses that overlap."""
-FETCH_AHEAD = 32
+FETCH_AHEAD = 16
 """Keys before its probe that a string kernel asks for a key's home slot (`_fetch`)."""
 AHEAD_FROM = 1 << 18
 """Slots past which they are read ahead (fewer stay cached, and reading ahead costs more
@@ -139,6 +141,13 @@ RESERVED = 1 << 36
 memory until written, and beyond what a process holds, so that the array never moves."""
 MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 """Linux's flag for a mapping that reserves no swap (Python's mmap names it from 3.12)."""
+FAULT_FROM = 1 << 20
+"""Bytes of fresh room from which a thread of its own faults its pages in (`_fault_in_later`)."""
+FAULT_PIECE = 1 << 20
+"""Bytes it faults in a call: the process's mappings are locked for no longer than that."""
+MADV_POPULATE_WRITE = 23
+"""Linux's advice (5.14 on) that faults a range's pages in as a write would, keeping what
+they hold."""
 MOVE_EVERY = 1 << 12
 """Keys a kernel adds while slots are taken over before it stops for a step (`_move`)."""
 DONE, LOADED, STEP, ROWS_FULL, BYTES_FULL = range(5)
@@ -273,7 +282,7 @@ def _fetch(slots, shift, old, old_shift, done, key_offsets, key_bytes, hashed, d
         prefetch(table, h)
         return
     slot = table[h]
-    if slot == 0 or slot - (slot & LOW) != _tag(hashed):
+    if slot - (slot & LOW) != _tag(hashed):  # a free slot too, unless the tag is 0: harmless
         return
     if depth == 1:
         prefetch(key_offsets, _row(slot))
@@ -732,7 +741,9 @@ def _slots(bits: int) -> tuple[np.ndarray, int]:
     if bits > MAX_BITS:
         raise RuntimeFailure(f"a key index of more than 2^{MAX_BITS} slots")
     shift = 64 - bits
-    return _zeros((1 << bits) + _pad(shift), np.int64), shift
+    slots = _zeros((1 << bits) + _pad(shift), np.int64)
+    _fault_in_later(slots, 0)
+    return slots, shift
 
 
 def _room(shift: int) -> int:
@@ -745,6 +756,44 @@ def _pad(shift: int) -> int:
     return min(PAD, 1 << (64 - shift))
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_FAULTS: queue.SimpleQueue = queue.SimpleQueue()
+"""Arrays, and where their fresh room starts, whose pages `_fault_in` is to fault in."""
+_FAULTER_LOCK = threading.Lock()
+_faulter: list[threading.Thread] = []
+"""The thread that runs `_fault_in`, started once a process needs it."""
+
+
+def _fault_in_later(array: np.ndarray, start: int) -> None:
+    """Have a thread of its own fault in the pages of ``array[start:]``, fresh memory the
+    kernels are about to fill, while they go on: a first write to a page costs microseconds
+    on a virtual machine, more than what the kernels write there, and a doubling's slots
+    take thousands of pages at once. A page written first by a kernel costs the thread only
+    a look."""
+    if (len(array) - start) * array.itemsize < FAULT_FROM:
+        return
+    _FAULTS.put((array, start))
+    with _FAULTER_LOCK:
+        if not _faulter:
+            _faulter.append(threading.Thread(target=_fault_in, name="key-pages", daemon=True))
+            _faulter[0].start()
+
+
+def _fault_in() -> None:
+    """Fault in the pages `_fault_in_later` is given, a piece at a time, for good (ctypes lets
+    go of the GIL in the call). An older kernel refuses the advice: the writes fault them."""
+    while True:
+        array, start = _FAULTS.get()
+        end = array.ctypes.data + array.nbytes
+        at = (array.ctypes.data + start * array.itemsize) & -mmap.PAGESIZE
+        while at < end:
+            size = ctypes.c_size_t(min(FAULT_PIECE, end - at))
+            if _LIBC.madvise(ctypes.c_void_p(at), size, MADV_POPULATE_WRITE) != 0:
+                break
+            at += FAULT_PIECE
+        del array
+
+
 def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
     """``array`` with room for ``wanted`` items and a 64th more: a longer view of the memory
     it lies in, `RESERVED` when it first grows, so that growing never copies it (an array
@@ -754,9 +803,12 @@ def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
     base = array.base
     if isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap):
         if n * array.itemsize <= base.nbytes:
-            return np.frombuffer(base, array.dtype, n)
+            grown = np.frombuffer(base, array.dtype, n)
+            _fault_in_later(grown, len(array))
+            return grown
     grown = _zeros(n, array.dtype, max(RESERVED, 2 * n * array.itemsize))
     grown[: len(array)] = array
+    _fault_in_later(grown, len(array))
     return grown
 
 
