@@ -7,7 +7,9 @@ the order the stream first names it, whatever runs the chunk. An index is an ope
 hash table of ``row + 1`` (0: free slot) over the keys held in row order: for int64 keys
 the values, for strings their bytes and offsets, so it costs the key bytes plus 8 bytes and
 its slots (11 to 23 bytes; more in a small table, `SMALL`) a key. Its slots double a step at
-a time (`KeyIndex._translate`), so that no chunk boundary pays for a whole doubling.
+a time (`KeyIndex._translate`), so that no chunk boundary pays for a whole doubling; its
+arrays grow where they lie, never copied (`_grown`), and their fresh pages are faulted in
+by a thread of its own (`_fault_in_later`).
 """
 
 from __future__ import annotations
@@ -119,9 +121,10 @@ PAD = 1 << 12
 """Slots past the last home, at most: a probe running past them doubles the slots."""
 MAX_BITS = 32
 """Homes of at most 32 bits: a slot's tag then holds its home in slots of any size."""
-MOVE_PER_KEY = 8
+MOVE_PER_KEY = 6
 """Old slots a call takes over per key it added (at least `MOVE_STEP`): the old slots'
-last steps wait at a load of at most `LOAD` + 1/8, where probes still end soon."""
+last steps wait at a load of at most `LOAD` + 1/6, where probes still end soon, and a
+doubling's steps spread over more chunks."""
 MOVE_STEP = 1 << 16
 NOT_MOVING = 1 << 62
 """``done`` when no slots are being taken over: every home lies before it."""
@@ -780,18 +783,27 @@ def _fault_in_later(array: np.ndarray, start: int) -> None:
 
 
 def _fault_in() -> None:
-    """Fault in the pages `_fault_in_later` is given, a piece at a time, for good (ctypes lets
-    go of the GIL in the call). An older kernel refuses the advice: the writes fault them."""
+    """Fault in the pages `_fault_in_later` is given, for good: a piece of each array in
+    turn, the order the kernels fill them in when tables grow together (ctypes lets go of
+    the GIL in the call). An older kernel refuses the advice: the writes fault them in."""
+    pending: list[list] = []
     while True:
-        array, start = _FAULTS.get()
-        end = array.ctypes.data + array.nbytes
-        at = (array.ctypes.data + start * array.itemsize) & -mmap.PAGESIZE
-        while at < end:
+        if not pending:
+            pending.append(_faults_of(*_FAULTS.get()))
+        while not _FAULTS.empty():
+            pending.append(_faults_of(*_FAULTS.get()))
+        for job in pending:
+            _, at, end = job
             size = ctypes.c_size_t(min(FAULT_PIECE, end - at))
-            if _LIBC.madvise(ctypes.c_void_p(at), size, MADV_POPULATE_WRITE) != 0:
-                break
-            at += FAULT_PIECE
-        del array
+            failed = _LIBC.madvise(ctypes.c_void_p(at), size, MADV_POPULATE_WRITE) != 0
+            job[1] = end if failed else at + FAULT_PIECE
+        pending = [job for job in pending if job[1] < job[2]]
+
+
+def _faults_of(array: np.ndarray, start: int) -> list:
+    """[the array, the page ``array[start]`` lies in, the end of the array] (addresses)."""
+    at = (array.ctypes.data + start * array.itemsize) & -mmap.PAGESIZE
+    return [array, at, array.ctypes.data + array.nbytes]
 
 
 def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
