@@ -777,8 +777,8 @@ def _fault_in_later(array: np.ndarray, start: int) -> None:
         return
     _FAULTS.put((array, start))
     with _FAULTER_LOCK:
-        if not _faulter:
-            _faulter.append(threading.Thread(target=_fault_in, name="key-pages", daemon=True))
+        if not (_faulter and _faulter[0].is_alive()):  # none yet, or a forked process's
+            _faulter[:] = [threading.Thread(target=_fault_in, name="key-pages", daemon=True)]
             _faulter[0].start()
 
 
