@@ -10,17 +10,19 @@ by chunk as the ProgressController does (`StreamKeys.rows`): the longest chunk b
 and the index's bytes per key beyond the key bytes.
 
     python bench/keys.py [--events 4000000] [--udf-events 400000] [--new-keys 5000000]
+                         [--only growth|rates]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from common import write_results
+from common import RESULTS, write_results
 from txstream import Job, topologies
 from txstream.config import CHUNK_EVENTS
 from txstream.state.init import key_indexes
@@ -104,17 +106,35 @@ def growth(new_keys: int, key_type: str) -> dict:
     }
 
 
+def kept(part: str) -> dict:
+    """The figures of ``part`` in the last results, with the commit, time and load they were
+    taken at (``<part>_taken``)."""
+    last = json.loads((RESULTS / "keys.json").read_text())
+    taken = {k: last[k] for k in ("when", "commit", "load_at_start")}
+    return {part: last[part], f"{part}_taken": last.get(f"{part}_taken", taken)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=4_000_000)
     parser.add_argument("--udf-events", type=int, default=400_000)
     parser.add_argument("--new-keys", type=int, default=5_000_000)
+    parser.add_argument(
+        "--only", choices=("growth", "rates"), help="one part; the other's figures are kept"
+    )
     args = parser.parse_args()
-    results = {"growth": []}
-    for key_type in ("string", "int64"):  # before any engine run: no Ray process left beside it
-        results["growth"].append(growth(args.new_keys, key_type))
-        print(results["growth"][-1])
-    results["rates"] = rates(args.events, args.udf_events)
+    results = {}
+    if args.only != "rates":
+        results["growth"] = []
+        for key_type in ("string", "int64"):  # before any engine run: no Ray process beside it
+            results["growth"].append(growth(args.new_keys, key_type))
+            print(results["growth"][-1])
+    else:
+        results.update(kept("growth"))
+    if args.only != "growth":
+        results["rates"] = rates(args.events, args.udf_events)
+    else:
+        results.update(kept("rates"))
     print("->", write_results("keys", results))
 
 

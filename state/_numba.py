@@ -152,27 +152,50 @@ def monotonic_ns(typingctx):
     return types.int64(), codegen
 
 
+def _slot_pointer(context, builder, array_type, array, index):
+    arr = context.make_array(array_type)(context, builder, array)
+    return builder.gep(arr.data, [index])
+
+
 @intrinsic
 def prefetch(typingctx, array, index):
-    """Ask the CPU to bring ``array[index]`` into its caches without waiting for it: a
-    lookup that knows where it will read a few keys later overlaps those misses."""
+    """Ask for the cache line of ``array[index]`` without waiting for it: a loop goes on
+    while the line is on its way, where a load it does not use yet would hold the loop's
+    later instructions back once enough of them queue behind it."""
 
     def codegen(context, builder, signature, args):
         i8, i32 = ir.IntType(8), ir.IntType(32)
-        arr = context.make_array(signature.args[0])(context, builder, args[0])
-        address = builder.bitcast(builder.gep(arr.data, [args[1]]), i8.as_pointer())
+        ptr = _slot_pointer(context, builder, signature.args[0], args[0], args[1])
         fnty = ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
         read, keep, data = ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)
-        builder.call(fn, [address, read, keep, data])
+        builder.call(fn, [builder.bitcast(ptr, i8.as_pointer()), read, keep, data])
         return context.get_dummy_value()
 
     return types.void(array, index), codegen
 
 
-def _slot_pointer(context, builder, array_type, array, index):
-    arr = context.make_array(array_type)(context, builder, array)
-    return builder.gep(arr.data, [index])
+@intrinsic
+def load_word(typingctx, array, index):
+    """The 8 bytes of a uint8 array from ``index`` on (any alignment), as one uint64."""
+
+    def codegen(context, builder, signature, args):
+        ptr = _slot_pointer(context, builder, signature.args[0], args[0], args[1])
+        return builder.load(builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
+
+    return types.uint64(array, index), codegen
+
+
+@intrinsic
+def store_word(typingctx, array, index, value):
+    """Write ``value`` (uint64) as the 8 bytes of a uint8 array from ``index`` on."""
+
+    def codegen(context, builder, signature, args):
+        ptr = _slot_pointer(context, builder, signature.args[0], args[0], args[1])
+        builder.store(args[2], builder.bitcast(ptr, ir.IntType(64).as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.void(array, index, value), codegen
 
 
 @intrinsic

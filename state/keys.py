@@ -7,11 +7,16 @@ the order the stream first names it, whatever runs the chunk. An index is an ope
 hash table of ``row + 1`` (0: free slot) over the keys held in row order: for int64 keys
 the values, for strings their bytes and offsets, so it costs the key bytes plus 8 bytes and
 its slots (11 to 23 bytes; more in a small table, `SMALL`) a key. Its slots double a step at
-a time (`KeyIndex._translate`), so that no chunk boundary pays for a whole doubling.
+a time (`KeyIndex._translate`), so that no chunk boundary pays for a whole doubling; its
+arrays grow where they lie, never copied (`_grown`), and their fresh pages are faulted in
+by a thread of its own (`_fault_in_later`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import queue
 import threading
 from collections.abc import Callable
 
@@ -20,7 +25,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from txstream.config import KEY_TYPES
 from txstream.errors import RuntimeFailure, SchemaError, UsageError
-from txstream.state._numba import inline, jit, load_byte, load_int64, prefetch
+from txstream.state._numba import (
+    inline,
+    jit,
+    load_byte,
+    load_int64,
+    load_word,
+    prefetch,
+    store_word,
+)
 
 DENSE, INT64, STRING = KEY_TYPES
 """Key types of a table: dense rows ``0..K-1`` (the key is the row), any int64, UTF-8."""
@@ -116,9 +129,10 @@ PAD = 1 << 12
 """Slots past the last home, at most: a probe running past them doubles the slots."""
 MAX_BITS = 32
 """Homes of at most 32 bits: a slot's tag then holds its home in slots of any size."""
-MOVE_PER_KEY = 8
+MOVE_PER_KEY = 6
 """Old slots a call takes over per key it added (at least `MOVE_STEP`): the old slots'
-last steps wait at a load of at most `LOAD` + 1/8, where probes still end soon."""
+last steps wait at a load of at most `LOAD` + 1/6, where probes still end soon, and a
+doubling's steps spread over more chunks."""
 MOVE_STEP = 1 << 16
 NOT_MOVING = 1 << 62
 """``done`` when no slots are being taken over: every home lies before it."""
@@ -128,6 +142,8 @@ NO_BYTES = np.zeros(0, np.uint8)
 """The validity a kernel is given for keys of which none is null."""
 AHEAD = 64
 """Keys whose slots a kernel reads ahead before it probes them: misses that overlap."""
+FETCH_AHEAD = 16
+"""Keys before its probe that a string kernel asks for a key's home slot (`_fetch`)."""
 AHEAD_FROM = 1 << 18
 """Slots past which they are read ahead (fewer stay cached, and reading ahead costs more
 than it saves)."""
@@ -136,6 +152,18 @@ PIECE_ROW, PIECE_FIRST, PIECE_LENGTH, PIECE_KEYS, PIECE_BITS, PIECE_BIT = range(
 PREFETCH = 16
 """Keys ahead of a lookup whose home slots it asks the caches for: a chunk's own columns
 pass through the caches between chunks, and take the slots out of them."""
+RESERVED = 1 << 36
+"""Bytes of address space an array of keys is given when it first grows (`_grown`): no
+memory until written, and beyond what a process holds, so that the array never moves."""
+MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+"""Linux's flag for a mapping that reserves no swap (Python's mmap names it from 3.12)."""
+FAULT_FROM = 1 << 20
+"""Bytes of fresh room from which a thread of its own faults its pages in (`_fault_in_later`)."""
+FAULT_PIECE = 1 << 20
+"""Bytes it faults in a call: the process's mappings are locked for no longer than that."""
+MADV_POPULATE_WRITE = 23
+"""Linux's advice (5.14 on) that faults a range's pages in as a write would, keeping what
+they hold."""
 MOVE_EVERY = 1 << 12
 """Keys a kernel adds while slots are taken over before it stops for a step (`_move`)."""
 DONE, LOADED, STEP, ROWS_FULL, BYTES_FULL = range(5)
@@ -189,13 +217,34 @@ def _place_int(slots, shift, old, old_shift, done, keys_by_row, key, hashed):
 
 @inline
 def _same(data, start, end, key_offsets, key_bytes, row):
+    """Whether row ``row`` holds the string ``data[start:end]``: eight bytes at a time."""
     a, b = key_offsets[row], key_offsets[row + 1]
-    if b - a != end - start:
+    n = end - start
+    if b - a != n:
         return False
-    for i in range(end - start):
+    i = 0
+    while i + 8 <= n:
+        if load_word(key_bytes, a + i) != load_word(data, start + i):
+            return False
+        i += 8
+    while i < n:
         if key_bytes[a + i] != data[start + i]:
             return False
+        i += 1
     return True
+
+
+@inline
+def _copy(data, start, end, key_bytes, at):
+    """``key_bytes[at:]`` = ``data[start:end]``, eight bytes at a time."""
+    n = end - start
+    i = 0
+    while i + 8 <= n:
+        store_word(key_bytes, at + i, load_word(data, start + i))
+        i += 8
+    while i < n:
+        key_bytes[at + i] = data[start + i]
+        i += 1
 
 
 @inline
@@ -233,6 +282,28 @@ def _touch(slots, shift, old, old_shift, done, key_offsets, key_bytes, hashed, d
         return slot
     start = key_offsets[_row(slot)]
     return start if depth == 1 else key_bytes[start]
+
+
+@inline
+def _fetch(slots, shift, old, old_shift, done, key_offsets, key_bytes, hashed, depth):
+    """Ask for what a probe of a string key reads first, ``depth`` loads deep, without
+    waiting for it (`prefetch`): its home slot (0); if its tag is the key's, where the key
+    its row holds starts (1) and that key's bytes (2), the slot (and offsets) asked for
+    keys earlier."""
+    if _home(hashed, old_shift) >= done:
+        table, h = old, _home(hashed, old_shift)
+    else:
+        table, h = slots, _home(hashed, shift)
+    if depth == 0:
+        prefetch(table, h)
+        return
+    slot = table[h]
+    if slot - (slot & LOW) != _tag(hashed):  # a free slot too, unless the tag is 0: harmless
+        return
+    if depth == 1:
+        prefetch(key_offsets, _row(slot))
+    else:
+        prefetch(key_bytes, key_offsets[_row(slot)])
 
 
 @jit
@@ -284,27 +355,21 @@ def _rows_ints(index, keys_by_row, keys, valid, start, out):
 def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, cached, start, out):
     """As `_rows_ints` for strings, given as the ``entry`` of every key (-1: null) among
     distinct strings (``offsets``, ``data``, their ``hashes``) whose rows are ``cached``
-    (UNKNOWN: not looked up yet). An empty string is malformed (MISSING)."""
+    (UNKNOWN: not looked up yet). An empty string is malformed (MISSING). The loads of a
+    key's probe are asked for (`_fetch`) `FETCH_AHEAD` keys before it, one load deeper
+    every time the distance halves. Returns (count, the position reached, why it stopped)."""
     slots, shift, old, old_shift, done, count, limit, room, step = index
-    touched = 0
     ahead = len(slots) + len(old) > AHEAD_FROM
-    for p in range(start, len(entry)):
-        if ahead and (p - start) % AHEAD == 0:  # each load of a block's keys, then the next
+    n = len(entry)
+    for p in range(start, n):
+        if ahead:
             for depth in range(3):
-                for q in range(p, min(p + AHEAD, len(entry))):
+                q = p + (FETCH_AHEAD >> depth)
+                if q < n and entry[q] >= 0 and cached[entry[q]] == UNKNOWN:
                     e = entry[q]
-                    if e >= 0 and cached[e] == UNKNOWN:
-                        touched += _touch(
-                            slots,
-                            shift,
-                            old,
-                            old_shift,
-                            done,
-                            key_offsets,
-                            key_bytes,
-                            hashes[e],
-                            depth,
-                        )
+                    _fetch(
+                        slots, shift, old, old_shift, done, key_offsets, key_bytes, hashes[e], depth
+                    )
         e = entry[p]
         if e < 0:
             out[p] = NULL
@@ -321,28 +386,27 @@ def _rows_strings(index, key_offsets, key_bytes, offsets, data, hashes, entry, c
             slots, shift, old, old_shift, done, key_offsets, key_bytes, data, a, b, hashed
         )
         if h < 0:
-            return count, p, LOADED, touched
+            return count, p, LOADED
         slot = table[h]
         if slot == 0:
             if count == limit:
                 out[p] = FULL
                 continue
             if count + 1 == len(key_offsets):
-                return count, p, ROWS_FULL, touched
+                return count, p, ROWS_FULL
             used = key_offsets[count]
             if used + b - a > len(key_bytes):
-                return count, p, BYTES_FULL, touched
+                return count, p, BYTES_FULL
             if count >= room:
-                return count, p, LOADED, touched
+                return count, p, LOADED
             if count == step:
-                return count, p, STEP, touched
-            for k in range(b - a):
-                key_bytes[used + k] = data[a + k]
+                return count, p, STEP
+            _copy(data, a, b, key_bytes, used)
             key_offsets[count + 1] = used + b - a
             count += 1
             slot = table[h] = _tag(hashed) | count
         out[p] = cached[e] = _row(slot)
-    return count, len(entry), DONE, touched
+    return count, n, DONE
 
 
 @inline
@@ -696,7 +760,7 @@ class KeyIndex:
                 got = _rows_strings(
                     index, self._keys, self._bytes, offsets, data, hashes, keys, cached, start, out
                 )
-            self.count, start, stopped, _ = got
+            self.count, start, stopped = got[:3]
             if stopped == LOADED:  # the last doubling's steps all taken
                 self._double()
                 moved = self.count
@@ -735,7 +799,9 @@ def _slots(bits: int) -> tuple[np.ndarray, int]:
     if bits > MAX_BITS:
         raise RuntimeFailure(f"a key index of more than 2^{MAX_BITS} slots")
     shift = 64 - bits
-    return np.zeros((1 << bits) + _pad(shift), np.int64), shift
+    slots = _zeros((1 << bits) + _pad(shift), np.int64)
+    _fault_in_later(slots, 0)
+    return slots, shift
 
 
 def _room(shift: int) -> int:
@@ -748,12 +814,79 @@ def _pad(shift: int) -> int:
     return min(PAD, 1 << (64 - shift))
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_FAULTS: queue.SimpleQueue = queue.SimpleQueue()
+"""Arrays, and where their fresh room starts, whose pages `_fault_in` is to fault in."""
+_FAULTER_LOCK = threading.Lock()
+_faulter: list[threading.Thread] = []
+"""The thread that runs `_fault_in`, started once a process needs it."""
+
+
+def _fault_in_later(array: np.ndarray, start: int) -> None:
+    """Have a thread of its own fault in the pages of ``array[start:]``, fresh memory the
+    kernels are about to fill, while they go on: a first write to a page costs microseconds
+    on a virtual machine, more than what the kernels write there, and a doubling's slots
+    take thousands of pages at once. A page written first by a kernel costs the thread only
+    a look."""
+    if (len(array) - start) * array.itemsize < FAULT_FROM:
+        return
+    _FAULTS.put((array, start))
+    with _FAULTER_LOCK:
+        if not (_faulter and _faulter[0].is_alive()):  # none yet, or a forked process's
+            _faulter[:] = [threading.Thread(target=_fault_in, name="key-pages", daemon=True)]
+            _faulter[0].start()
+
+
+def _fault_in() -> None:
+    """Fault in the pages `_fault_in_later` is given, for good: a piece of each array in
+    turn, the order the kernels fill them in when tables grow together (ctypes lets go of
+    the GIL in the call). An older kernel refuses the advice: the writes fault them in."""
+    pending: list[list] = []
+    while True:
+        if not pending:
+            pending.append(_faults_of(*_FAULTS.get()))
+        while not _FAULTS.empty():
+            pending.append(_faults_of(*_FAULTS.get()))
+        for job in pending:
+            _, at, end = job
+            size = ctypes.c_size_t(min(FAULT_PIECE, end - at))
+            failed = _LIBC.madvise(ctypes.c_void_p(at), size, MADV_POPULATE_WRITE) != 0
+            job[1] = end if failed else at + FAULT_PIECE
+        pending = [job for job in pending if job[1] < job[2]]
+
+
+def _faults_of(array: np.ndarray, start: int) -> list:
+    """[the array, the page ``array[start]`` lies in, the end of the array] (addresses)."""
+    at = (array.ctypes.data + start * array.itemsize) & -mmap.PAGESIZE
+    return [array, at, array.ctypes.data + array.nbytes]
+
+
 def _grown(array: np.ndarray, wanted: int) -> np.ndarray:
-    """``array`` with room for ``wanted`` items and a 64th more, resized in place: a large
-    array is remapped, not copied, so growing costs only its new room (zeroed), and a chunk
-    grows it by about what it adds rather than another by much more."""
-    array.resize(max(wanted + wanted // 64, 16), refcheck=False)
-    return array
+    """``array`` with room for ``wanted`` items and a 64th more: a longer view of the memory
+    it lies in, `RESERVED` when it first grows, so that growing never copies it (an array
+    resized in place is copied whenever the allocator cannot extend it where it lies) and
+    costs only the pages the new room takes once written."""
+    n = max(wanted + wanted // 64, 16)
+    base = array.base
+    if isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap):
+        if n * array.itemsize <= base.nbytes:
+            grown = np.frombuffer(base, array.dtype, n)
+            _fault_in_later(grown, len(array))
+            return grown
+    grown = _zeros(n, array.dtype, max(RESERVED, 2 * n * array.itemsize))
+    grown[: len(array)] = array
+    _fault_in_later(grown, len(array))
+    return grown
+
+
+def _zeros(n: int, dtype: type | np.dtype, reserved: int = 0) -> np.ndarray:
+    """``n`` zeros in memory of their own (``reserved`` bytes of address space, at least
+    theirs), mapped without huge pages: a page costs only once written, a write to a fresh
+    page zeroes 4 KiB rather than 2 MiB, and no huge page is split when the slots of a
+    doubling are taken over or the array grows."""
+    nbytes = max(n * np.dtype(dtype).itemsize, reserved, 1)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | (MAP_NORESERVE if reserved else 0)
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype, n)
 
 
 @jit

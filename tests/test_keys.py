@@ -106,6 +106,24 @@ def test_keys_arriving_while_the_slots_double_keep_their_rows(key_type):
     assert index.keys().to_pylist() == list(model)
 
 
+def test_long_string_keys_alike_in_their_first_words_keep_their_rows_where_they_lie():
+    # keys compared and copied eight bytes at a time: lengths on and off a word, the same
+    # first words, multi-byte UTF-8; the arrays of keys grow without moving
+    keys = [f"{'account-' * (i % 4)}{i:07d}{'é' * (i % 3)}" for i in range(60_000)]
+    index = KeyIndex("t", "string", 1 << 20)
+    index.rows([pa.array(keys[:1000])])
+    where = index._keys.ctypes.data, index._bytes.ctypes.data
+    for part in np.array_split(np.arange(1000, len(keys)), 9):
+        index.rows([pa.array([keys[i] for i in part]).dictionary_encode()])
+    assert (index._keys.ctypes.data, index._bytes.ctypes.data) == where
+    assert index.keys().to_pylist() == keys
+    assert index.find(pa.array(keys[::-1] + ["account-", keys[5][:-1]])).tolist() == [
+        *range(len(keys) - 1, -1, -1),
+        MISSING,
+        MISSING,
+    ]
+
+
 def test_a_table_past_its_limit_fails_naming_it():
     index = KeyIndex("accounts", "string", 3)
     index.rows([pa.array(["a", "b", "a", "c"])])
