@@ -6,19 +6,52 @@ node its state changes without any (the values of its cells come back), so a rou
 checkpoint can have the name of the round before's and replace it. If the round does not
 complete (a node lost meanwhile), the run goes back to the round before: so the checkpoint
 a newer one replaces is kept aside until then (`KEPT`), and each is marked with its round.
+
+A node stopped for a recovery is reported dead before its process is gone: it may still be
+writing a checkpoint, replacing the very one its successor goes back to. So the process
+of a node holds its folder (`LOCK`) as long as it lives, and its successor takes it back
+only once it holds the folder in turn (`claim`).
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
+import time
 from pathlib import Path
 
+from txstream.errors import RuntimeFailure
 from txstream.state.checkpoints import PREFIX, CheckpointStore
 
 ROUND = "round"
 """In a checkpoint's folder: the round it belongs to."""
 KEPT = "kept"
 """In a node's checkpoint folder: its checkpoint that the newest replaced."""
+LOCK = "lock"
+"""In a node's checkpoint folder: locked (`fcntl.flock`) by the process that writes there;
+the kernel unlocks it when that process ends, however it ends."""
+CLAIM_POLL_S = 0.01
+
+
+def claim(folder: Path, timeout_s: float) -> int:
+    """Hold ``folder`` for as long as this process lives (the descriptor returned stays
+    open), once the process that held it before has ended. RuntimeFailure if it has not
+    within ``timeout_s``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    held = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return held
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(held)
+                raise RuntimeFailure(
+                    f"{folder}: the process of the node before still runs after {timeout_s} s"
+                ) from None
+            time.sleep(CLAIM_POLL_S)
 
 
 def keep_aside(folder: Path, ts: int) -> None:
