@@ -100,7 +100,7 @@ class NodeTeam:
         config = RunConfig(topology=topology, **options)
         self.folder = Path(config.checkpoint_dir) if config.checkpoint_dir else None
         if self.folder is not None:  # once the node before is gone: it wrote there
-            self._claim = rounds.claim(self.folder, config.timeout_s)
+            self._folder_lock = rounds.claim(self.folder, config.timeout_s)
             rounds.take_back(self.folder, *back_to)
         self.topology = topologies.get(topology, config.key_type)
         self.whole = Layout.of(self.topology.tables, share.sizes)

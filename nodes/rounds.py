@@ -70,16 +70,16 @@ def mark(folder: Path, ts: int, number: int) -> None:
 
 def take_back(folder: Path, upto: int, number: int) -> None:
     """``folder``'s checkpoints as of round ``number`` (0: none), whose checkpoint covers
-    ``upto`` events: newer ones go, and one that replaced it is replaced by the one kept."""
-    store = CheckpointStore(folder)
-    store.drop_after(upto)
-    newest = store.latest()
-    if newest is None or round_of(newest.path) == number:
+    ``upto`` events: newer ones go, and one that replaced it (or a process that ended
+    while replacing it left none) gives way to the one kept."""
+    CheckpointStore(folder).drop_after(upto)
+    taken = folder / f"{PREFIX}{upto:012d}"
+    if round_of(taken) == number:
         return
+    shutil.rmtree(taken, ignore_errors=True)
     kept = folder / KEPT
-    shutil.rmtree(newest.path)
     if kept.exists() and round_of(kept) == number:
-        kept.rename(newest.path)
+        kept.rename(taken)
 
 
 def round_of(path: Path) -> int | None:

@@ -3,6 +3,7 @@ node's successor goes back to the round asked for, even while the process of the
 before it, stopped but not yet gone, still writes the next round's checkpoint."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from txstream.errors import RuntimeFailure
 from txstream.nodes import rounds
-from txstream.state.checkpoints import CheckpointStore
+from txstream.state.checkpoints import PREFIX, CheckpointStore
 
 TS = 2000
 """The node's own events at both rounds: the units between them were gathered ones."""
@@ -23,7 +24,7 @@ import sys, time
 from pathlib import Path
 import numpy as np
 from txstream.nodes import rounds
-from txstream.state.checkpoints import CheckpointStore
+from txstream.state.checkpoints import PREFIX, CheckpointStore
 folder = Path(sys.argv[1])
 held = rounds.claim(folder, 5.0)
 print("held", flush=True)
@@ -81,3 +82,21 @@ def test_a_node_whose_folder_stays_held_fails(tmp_path):
     finally:
         late.kill()
         late.wait()
+
+
+def test_a_node_that_ended_while_replacing_its_checkpoint_goes_back_to_the_one_kept(tmp_path):
+    """Round 2 removed round 1's checkpoint of the same ts, and the process ended before
+    its own was renamed into place: the one kept takes that name again, not the name of
+    an older one, which stays as it was."""
+    folder = tmp_path / "node-1"
+    CheckpointStore(folder).write(TS - 500, {"values": np.zeros(64, np.int64)}, {})
+    rounds.mark(folder, TS - 500, 0)
+    write_round(folder, 1)
+    rounds.keep_aside(folder, TS)
+    shutil.rmtree(folder / f"{PREFIX}{TS:012d}")
+    rounds.take_back(folder, TS, 1)
+    newest = CheckpointStore(folder).latest()
+    assert newest.path.name == f"{PREFIX}{TS:012d}" and newest.ts == TS
+    assert rounds.round_of(newest.path) == 1
+    assert newest.load("set_members").tolist() == [1] * 64
+    assert rounds.round_of(folder / f"{PREFIX}{TS - 500:012d}") == 0
