@@ -100,3 +100,33 @@ def test_a_node_that_ended_while_replacing_its_checkpoint_goes_back_to_the_one_k
     assert rounds.round_of(newest.path) == 1
     assert newest.load("set_members").tolist() == [1] * 64
     assert rounds.round_of(folder / f"{PREFIX}{TS - 500:012d}") == 0
+
+
+class Killed(BaseException):
+    """The process ended there."""
+
+
+def test_a_node_killed_while_removing_the_checkpoint_it_replaces_goes_back_whole(
+    tmp_path, monkeypatch
+):
+    """Round 2 replaces round 1's checkpoint of the same ts, and the process ends while a
+    folder is being removed (a file gone, the rest left): round 1's checkpoint is still
+    there whole, never one that looks complete but lacks a file."""
+    folder = tmp_path / "node-2"
+    write_round(folder, 1)
+    rounds.keep_aside(folder, TS)
+
+    def killed_midway(path, ignore_errors=False):
+        if Path(path).exists():
+            (Path(path) / "set_members.npy").unlink()
+            raise Killed
+
+    arrays = {name: np.full(64, 2, np.int64) for name in ("values", "set_cells", "set_members")}
+    with monkeypatch.context() as patched, pytest.raises(Killed):
+        patched.setattr(shutil, "rmtree", killed_midway)
+        CheckpointStore(folder).write(TS, arrays, {})
+    rounds.take_back(folder, TS, 1)
+    newest = CheckpointStore(folder).latest()
+    assert rounds.round_of(newest.path) == 1
+    for name in ("values", "set_cells", "set_members"):
+        assert newest.load(name).tolist() == [1] * 64
