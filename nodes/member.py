@@ -83,7 +83,8 @@ class NodeStep:
 class NodeTeam:
     """A node's session (module docstring): ``share``: the keys it holds (``init`` has
     those rows); ``options`` are the run's `RunConfig` fields as this node runs them;
-    ``output``: where its session writes (None: a temporary folder)."""
+    ``output``: where its session writes (None: a temporary folder); ``back_to``: with
+    checkpoints, the (own events, round) of the one it resumes from (`rounds.take_back`)."""
 
     def __init__(
         self,
@@ -92,10 +93,15 @@ class NodeTeam:
         options: dict[str, Any],
         init: dict[str, pa.Table],
         output: str | None,
+        back_to: tuple[int, int] = (0, 0),
     ):
         keep_freed_memory()
         self.node = share.node
         config = RunConfig(topology=topology, **options)
+        self.folder = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+        if self.folder is not None:  # once the node before is gone: it wrote there
+            self._folder_lock = rounds.claim(self.folder, config.timeout_s)
+            rounds.take_back(self.folder, *back_to)
         self.topology = topologies.get(topology, config.key_type)
         self.whole = Layout.of(self.topology.tables, share.sizes)
         """The layout of every key, in which the driver names cells."""
@@ -107,7 +113,6 @@ class NodeTeam:
         self.step_seconds = 0.0
         """Spent in steps once their values arrived: the rest of a level's time is Ray's
         (calls, values between nodes)."""
-        self.folder = Path(config.checkpoint_dir) if config.checkpoint_dir else None
         self.global_ts: list[np.ndarray] = []
         self.home: list[np.ndarray] = []
         self.written = 0

@@ -6,19 +6,52 @@ node its state changes without any (the values of its cells come back), so a rou
 checkpoint can have the name of the round before's and replace it. If the round does not
 complete (a node lost meanwhile), the run goes back to the round before: so the checkpoint
 a newer one replaces is kept aside until then (`KEPT`), and each is marked with its round.
+
+A node stopped for a recovery is reported dead before its process is gone: it may still be
+writing a checkpoint, replacing the very one its successor goes back to. So the process
+of a node holds its folder (`LOCK`) as long as it lives, and its successor takes it back
+only once it holds the folder in turn (`claim`).
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
+import time
 from pathlib import Path
 
+from txstream.errors import RuntimeFailure
 from txstream.state.checkpoints import PREFIX, CheckpointStore
 
 ROUND = "round"
 """In a checkpoint's folder: the round it belongs to."""
 KEPT = "kept"
 """In a node's checkpoint folder: its checkpoint that the newest replaced."""
+LOCK = "lock"
+"""In a node's checkpoint folder: locked (`fcntl.flock`) by the process that writes there;
+the kernel unlocks it when that process ends, however it ends."""
+CLAIM_POLL_S = 0.01
+
+
+def claim(folder: Path, timeout_s: float) -> int:
+    """Hold ``folder`` for as long as this process lives (the descriptor returned stays
+    open), once the process that held it before has ended. RuntimeFailure if it has not
+    within ``timeout_s``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    held = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return held
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(held)
+                raise RuntimeFailure(
+                    f"{folder}: the process of the node before still runs after {timeout_s} s"
+                ) from None
+            time.sleep(CLAIM_POLL_S)
 
 
 def keep_aside(folder: Path, ts: int) -> None:
@@ -37,16 +70,16 @@ def mark(folder: Path, ts: int, number: int) -> None:
 
 def take_back(folder: Path, upto: int, number: int) -> None:
     """``folder``'s checkpoints as of round ``number`` (0: none), whose checkpoint covers
-    ``upto`` events: newer ones go, and one that replaced it is replaced by the one kept."""
-    store = CheckpointStore(folder)
-    store.drop_after(upto)
-    newest = store.latest()
-    if newest is None or round_of(newest.path) == number:
+    ``upto`` events: newer ones go, and one that replaced it (or a process that ended
+    while replacing it left none) gives way to the one kept."""
+    CheckpointStore(folder).drop_after(upto)
+    taken = folder / f"{PREFIX}{upto:012d}"
+    if round_of(taken) == number:
         return
+    shutil.rmtree(taken, ignore_errors=True)
     kept = folder / KEPT
-    shutil.rmtree(newest.path)
     if kept.exists() and round_of(kept) == number:
-        kept.rename(newest.path)
+        kept.rename(taken)
 
 
 def round_of(path: Path) -> int | None:

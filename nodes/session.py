@@ -48,7 +48,6 @@ from txstream.monitor.live_metrics import (
 from txstream.monitor.metrics import LatencyHistogram, SizeHistogram
 from txstream.monitor.metrics_server import MetricsServer, serve_metrics
 from txstream.monitor.ray_metrics import RayMetricsExport, metrics_agent_running
-from txstream.nodes import rounds
 from txstream.nodes.cost import COST, COUNTS, counts
 from txstream.nodes.front import CONCURRENCY, NodesFrontDoor
 from txstream.nodes.member import CONCURRENCY as TEAM_CONCURRENCY
@@ -701,7 +700,6 @@ class NodesSession:
             self.shipped[node] = {t: share.placed(t) for t in self.shipped[node]}
             if self.folder is not None:
                 home = self.folder / f"node-{node}"
-                rounds.take_back(home, self.saved.local[node], self.saved.round)
                 options["checkpoint_dir"] = str(home)
                 options["checkpoint_every"] = NEVER  # only when the driver says
                 output = str(home / "output")
@@ -713,6 +711,7 @@ class NodesSession:
                 dict(options),
                 init,
                 output,
+                (self.saved.local[node], self.saved.round),
                 label=f"node {node}",
                 node_id=node_id,
                 concurrency_groups=TEAM_CONCURRENCY,
@@ -731,8 +730,9 @@ class NodesSession:
         self.teams = []
 
     def _stop_and_wait(self) -> None:
-        """Stop every node and wait until Ray reports each dead: a node still finishing
-        a step must not write into its output folder once its successor has resumed."""
+        """Stop every node and wait until Ray reports each dead. Its process may outlive
+        the report, still writing into its folder: its successor waits for that process
+        to end before it reads there (`rounds.claim`)."""
         import ray
 
         teams = self.teams

@@ -15,8 +15,8 @@ since the last copy (executor 0 takes every chunk's written groups anyway, for t
 snapshots of queries) into a *checkpoint buffer* and publishes the chunk's end ts there;
 ingestion goes on at once. The session writes the buffer to the checkpoint folder in the
 background and frees it. A checkpoint is written as ``.tmp-ckpt-<ts>`` and counts only
-once renamed into place (atomic); a ``.tmp-`` folder is what a crash left behind and is
-ignored.
+once renamed into place (atomic); one it replaces is first renamed aside, whole. A ``.tmp-``
+folder is what a crash left behind and is ignored.
 """
 
 from __future__ import annotations
@@ -318,8 +318,11 @@ class CheckpointStore:
             _save_built(staging / "values.npy", *built)
         (staging / "meta.json").write_text(json.dumps({**meta, "ts": ts}, indent=1))
         target = self.folder / f"{PREFIX}{ts:012d}"
-        if target.exists():
-            shutil.rmtree(target)
+        if target.exists():  # moved aside whole (`_prune` removes it): a crash while removing
+            # it in place would leave a checkpoint that looks complete but lacks files
+            replaced = self.folder / f"{TEMPORARY}{ts:012d}-replaced"
+            shutil.rmtree(replaced, ignore_errors=True)
+            os.replace(target, replaced)
         os.replace(staging, target)
         self._prune()
         return Checkpoint(target, {**meta, "ts": ts})
