@@ -138,7 +138,6 @@ NOT_MOVING = 1 << 62
 """``done`` when no slots are being taken over: every home lies before it."""
 NO_SLOTS = np.zeros(1, np.int64)
 NONE_NULL = np.ones(0, bool)
-NO_BYTES = np.zeros(0, np.uint8)
 """The validity a kernel is given for keys of which none is null."""
 AHEAD = 64
 """Keys whose slots a kernel reads ahead before it probes them: misses that overlap."""
@@ -271,17 +270,16 @@ def _place_bytes(slots, shift, old, old_shift, done, key_offsets, key_bytes, dat
 
 
 @inline
-def _touch(slots, shift, old, old_shift, done, key_offsets, key_bytes, hashed, depth):
-    """What a probe of a key reads first, ``depth`` loads deep: its home slot (0); if its tag
-    is the key's, where the key its row holds starts (1) and that key's first byte (2)."""
+def _touch(slots, shift, old, old_shift, done, keys_by_row, hashed, depth):
+    """What a probe of an int key reads first, ``depth`` loads deep: its home slot (0); if
+    its tag is the key's, the key its row holds (1)."""
     if _home(hashed, old_shift) >= done:
         slot = old[_home(hashed, old_shift)]
     else:
         slot = slots[_home(hashed, shift)]
     if depth == 0 or slot == 0 or slot - (slot & LOW) != _tag(hashed):
         return slot
-    start = key_offsets[_row(slot)]
-    return start if depth == 1 else key_bytes[start]
+    return keys_by_row[_row(slot)]
 
 
 @inline
@@ -323,7 +321,7 @@ def _rows_ints(index, keys_by_row, keys, valid, start, out):
                 for q in range(p, min(p + AHEAD, len(keys))):
                     hashed = _hash_int(keys[q])
                     touched += _touch(
-                        slots, shift, old, old_shift, done, keys_by_row, NO_BYTES, hashed, depth
+                        slots, shift, old, old_shift, done, keys_by_row, hashed, depth
                     )
         if len(valid) and not valid[p]:
             out[p] = NULL
