@@ -325,8 +325,8 @@ class ProgressController:
 
     def _checkpoint_after(self, chunk: Chunk) -> bool:
         """Whether the team copies the state for a checkpoint at the end of ``chunk``: once
-        every ``checkpoint_every`` batches, when the last copy is written (else at the next
-        chunk). Its outputs are then committed exactly up to there."""
+        every ``checkpoint_every`` batches, when the copy asked last is written (else at
+        the next chunk). Its outputs are then committed exactly up to there."""
         if self._checkpoints is None:
             return False
         self._batches_since_checkpoint += len(chunk.batch_ends)
@@ -335,6 +335,7 @@ class ProgressController:
             return False
         end = chunk.ts0 + chunk.size
         get(self.sink.commit_at.remote(end), self.config.timeout_s)
+        self._checkpoints.ask(end)
         self._batches_since_checkpoint = 0
         return True
 

@@ -41,9 +41,9 @@ ARRAYS = ("values", "set_cells", "set_members")
 SETS = ARRAYS[1:]
 DELTA = ("groups", "rows")
 """What a delta holds besides the sets: groups written since its parent, their values."""
-COPIED, WRITTEN, COUNT = 0, 1, 2
+COPIED, WRITTEN, COUNT, ASKED = 0, 1, 2, 3
 """Words of the buffer: ts of the copy it holds; ts of the last copy written to disk;
-groups the copy holds."""
+groups the copy holds; ts of the last copy asked of the team."""
 KEEP = 2
 MAX_CHAIN = 16
 """Deltas after a full checkpoint at most; the next one is full."""
@@ -65,7 +65,9 @@ class CheckpointBufferHandle:
 
 class CheckpointBuffer:
     """The groups of cells written since the last copy, at one chunk boundary, waiting to
-    be written (see module docstring); free again once the copy it holds is written.
+    be written (see module docstring); free again once the copy last asked is written.
+    One copy at a time: a second one asked while chunks are in flight would overwrite the
+    first as it is written.
 
     The buffer has room for every group, but only what a copy holds is ever touched (its
     pages untouched cost no memory)."""
@@ -90,7 +92,7 @@ class CheckpointBuffer:
             SharedArray.create(run_id, f"ckpt_{name}", shape, "int64", touch=name in SETS)
             for name, shape in shapes.items()
         ]
-        return cls(arrays, SharedArray.create(run_id, "ckpt_words", (3 * STRIDE,), "int64"))
+        return cls(arrays, SharedArray.create(run_id, "ckpt_words", (4 * STRIDE,), "int64"))
 
     @classmethod
     def attach(cls, handle: CheckpointBufferHandle) -> CheckpointBuffer:
@@ -104,13 +106,19 @@ class CheckpointBuffer:
 
     def reset(self, ts: int) -> None:
         """Empty, as if a copy at ``ts`` had just been written (start, recovery)."""
+        publish(self.words, ASKED * STRIDE, ts)
         publish(self.words, COPIED * STRIDE, ts)
         publish(self.words, WRITTEN * STRIDE, ts)
 
     @property
     def free(self) -> bool:
-        """Whether the buffer may take a new copy (the last one is written)."""
-        return load(self.words, COPIED * STRIDE) == load(self.words, WRITTEN * STRIDE)
+        """Whether a new copy may be asked for: the one asked last is written."""
+        return load(self.words, ASKED * STRIDE) == load(self.words, WRITTEN * STRIDE)
+
+    def ask(self, ts: int) -> None:
+        """The ProgressController asked the team for a copy at ``ts`` (the buffer is
+        `free` until the copy is written)."""
+        publish(self.words, ASKED * STRIDE, ts)
 
     @property
     def copied(self) -> int:

@@ -24,7 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from txstream import Job
 from txstream.errors import UsageError
-from txstream.state.checkpoints import COPIED, TEMPORARY, WRITTEN, CheckpointBuffer, CheckpointStore
+from txstream.state.checkpoints import (
+    ASKED,
+    COPIED,
+    TEMPORARY,
+    WRITTEN,
+    CheckpointBuffer,
+    CheckpointStore,
+)
 from txstream.state.sync import STRIDE, publish
 from txstream.topologies.generators import WorkloadSpec, generate
 
@@ -408,6 +415,7 @@ def test_a_resumed_checkpoint_is_not_overwritten_while_the_team_launches(tmp_pat
         raise KeyboardInterrupt
 
     def reset_slowly(buffer: CheckpointBuffer, ts: int) -> None:
+        publish(buffer.words, ASKED * STRIDE, ts)
         publish(buffer.words, COPIED * STRIDE, ts)
         time.sleep(0.2)
         publish(buffer.words, WRITTEN * STRIDE, ts)

@@ -97,3 +97,22 @@ def test_a_chain_of_delta_checkpoints_restores_the_state_and_is_folded_when_long
             assert store.write_delta(5, buffer.arrays(), {}) is None  # older than the latest
         finally:
             buffer.close()
+
+
+def test_a_copy_is_asked_of_the_team_only_once_the_one_asked_before_is_written():
+    """Two chunks in flight may both end a checkpoint interval: a copy asked at the second
+    would overwrite the first's in the buffer while the writer writes it."""
+    with _state(1_000) as state:
+        buffer = CheckpointBuffer.create(new_run_id(), state)
+        try:
+            buffer.reset(0)
+            assert buffer.free
+            buffer.ask(10)
+            assert not buffer.free  # asked, the team has not copied it yet
+            buffer.note(state, _take(state))
+            buffer.copy_from(state, 10)
+            assert not buffer.free
+            buffer.mark_written(10)
+            assert buffer.free
+        finally:
+            buffer.close()
