@@ -55,7 +55,15 @@ LEVELS_THETA_MAX = 0.5
 """Runs in levels only up to this skew: beyond, hot keys make tens of thousands of levels
 (minutes a run)."""
 MODES = ("gathered", "levels")
-TERMS = ("steps", "messages", "pipelined_steps", "critical_events", "exchanged_values")
+TERMS = (
+    "parts",
+    "steps",
+    "messages",
+    "pipelined_steps",
+    "critical_events",
+    "node_events",
+    "exchanged_values",
+)
 """The counts of `txstream.nodes.cost.COUNTS` the model prices."""
 
 
@@ -136,7 +144,7 @@ def main() -> None:
 
 def run_all(args: argparse.Namespace, counts: list[int], address: str) -> dict:
     """Every part of the module docstring."""
-    results: dict = {"events": args.events, "keys": args.keys}
+    results: dict = {"events": args.events, "keys": args.keys, "repeats": args.repeats}
     events, init = chain(2000)
     one = _run(events, init, 1, address)
     results["chain"] = {

@@ -2,11 +2,13 @@
 the unit in levels where its keys live and gathering it on one node
 (`txstream.nodes.sequencer`).
 
-A plan is priced by counts of what takes time: its steps (each a node's turn at a
-level), its messages (a node's values sent to another), its steps through a
-node's pipeline (more than `IN_PLACE_EVENTS` events: push, drain and the team's hand-offs,
-where a smaller step runs in place), the events on its critical path (per level, the busiest
-node's) and the cell values it moves. Seconds per count are fitted by bench/nodes.py on
+A plan is priced by counts of what takes time: the nodes given a part of it (a call and the
+part's set-up each), its steps (each a node's turn at a level), its messages (a node's
+values sent to another), its steps through a node's pipeline (more than `IN_PLACE_EVENTS`
+events: push, drain and the team's hand-offs, where a smaller step runs in place), the
+events on its critical path (per level, the busiest node's), the events every node runs
+(a cross transaction on each node it touches: their sum is the work where nodes share
+cores) and the cell values it moves. Seconds per count are fitted by bench/nodes.py on
 measured runs over a local cluster, which writes them to `FITTED` (the fit's held-out error:
 bench/results/nodes.json). Sequencing is no term: a unit's plans are built whichever runs.
 """
@@ -28,6 +30,11 @@ FITTED = Path(__file__).with_name("cost.json")
 def levels(plan: UnitPlan) -> int:
     """Rounds of steps across the nodes."""
     return len(plan.steps)
+
+
+def parts(plan: UnitPlan) -> int:
+    """Nodes given a part of the plan: one call each."""
+    return len({n for level in plan.steps for n, step in enumerate(level) if step is not None})
 
 
 def steps(plan: UnitPlan) -> int:
@@ -52,6 +59,11 @@ def critical_events(plan: UnitPlan) -> int:
     )
 
 
+def node_events(plan: UnitPlan) -> int:
+    """Events run, summed over the nodes."""
+    return sum(len(step.events) for level in plan.steps for step in level if step is not None)
+
+
 def messages(plan: UnitPlan) -> int:
     """Values sent from a node to another, one message per step and receiver."""
     return sum(len(step.send) for level in plan.steps for step in level if step is not None)
@@ -64,7 +76,16 @@ def exchanged_values(plan: UnitPlan) -> int:
 
 COUNTS: dict[str, Callable[[UnitPlan], int]] = {
     f.__name__: f
-    for f in (levels, steps, messages, pipelined_steps, critical_events, exchanged_values)
+    for f in (
+        levels,
+        parts,
+        steps,
+        messages,
+        pipelined_steps,
+        critical_events,
+        node_events,
+        exchanged_values,
+    )
 }
 """What a plan can be priced by, by name (a run's metrics count each)."""
 
