@@ -16,15 +16,23 @@ bench/results/nodes.json). Sequencing is no term: a unit's plans are built which
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from txstream.nodes.member import IN_PLACE_EVENTS
-from txstream.nodes.sequencer import UnitPlan
+from txstream.nodes.sequencer import Step, UnitPlan
 
 FITTED = Path(__file__).with_name("cost.json")
 """Seconds per count, as bench/nodes.py fitted them on this host."""
+
+
+def _placed(plan: UnitPlan) -> Iterator[tuple[int, Step]]:
+    """Every step of the plan with the node it runs on."""
+    for level in plan.steps:
+        for node, step in enumerate(level):
+            if step is not None:
+                yield node, step
 
 
 def levels(plan: UnitPlan) -> int:
@@ -34,21 +42,17 @@ def levels(plan: UnitPlan) -> int:
 
 def parts(plan: UnitPlan) -> int:
     """Nodes given a part of the plan: one call each."""
-    return len({n for level in plan.steps for n, step in enumerate(level) if step is not None})
+    return len({node for node, _ in _placed(plan)})
 
 
 def steps(plan: UnitPlan) -> int:
     """Nodes' turns at the plan's levels."""
-    return sum(step is not None for level in plan.steps for step in level)
+    return sum(1 for _ in _placed(plan))
 
 
 def pipelined_steps(plan: UnitPlan) -> int:
     """Steps that run through a node's pipeline rather than in place."""
-    return sum(
-        step is not None and len(step.events) > IN_PLACE_EVENTS
-        for level in plan.steps
-        for step in level
-    )
+    return sum(len(step.events) > IN_PLACE_EVENTS for _, step in _placed(plan))
 
 
 def critical_events(plan: UnitPlan) -> int:
@@ -61,12 +65,12 @@ def critical_events(plan: UnitPlan) -> int:
 
 def node_events(plan: UnitPlan) -> int:
     """Events run, summed over the nodes."""
-    return sum(len(step.events) for level in plan.steps for step in level if step is not None)
+    return sum(len(step.events) for _, step in _placed(plan))
 
 
 def messages(plan: UnitPlan) -> int:
     """Values sent from a node to another, one message per step and receiver."""
-    return sum(len(step.send) for level in plan.steps for step in level if step is not None)
+    return sum(len(step.send) for _, step in _placed(plan))
 
 
 def exchanged_values(plan: UnitPlan) -> int:

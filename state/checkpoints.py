@@ -41,9 +41,10 @@ ARRAYS = ("values", "set_cells", "set_members")
 SETS = ARRAYS[1:]
 DELTA = ("groups", "rows")
 """What a delta holds besides the sets: groups written since its parent, their values."""
-COPIED, WRITTEN, COUNT, ASKED = 0, 1, 2, 3
+COPIED, WRITTEN, COUNT, ASKED = range(4)
 """Words of the buffer: ts of the copy it holds; ts of the last copy written to disk;
 groups the copy holds; ts of the last copy asked of the team."""
+WORDS = 4
 KEEP = 2
 MAX_CHAIN = 16
 """Deltas after a full checkpoint at most; the next one is full."""
@@ -92,7 +93,8 @@ class CheckpointBuffer:
             SharedArray.create(run_id, f"ckpt_{name}", shape, "int64", touch=name in SETS)
             for name, shape in shapes.items()
         ]
-        return cls(arrays, SharedArray.create(run_id, "ckpt_words", (4 * STRIDE,), "int64"))
+        words = SharedArray.create(run_id, "ckpt_words", (WORDS * STRIDE,), "int64")
+        return cls(arrays, words)
 
     @classmethod
     def attach(cls, handle: CheckpointBufferHandle) -> CheckpointBuffer:
@@ -116,8 +118,8 @@ class CheckpointBuffer:
         return load(self.words, ASKED * STRIDE) == load(self.words, WRITTEN * STRIDE)
 
     def ask(self, ts: int) -> None:
-        """The ProgressController asked the team for a copy at ``ts`` (the buffer is
-        `free` until the copy is written)."""
+        """The ProgressController asked the team for a copy at ``ts`` (the buffer is not
+        `free` again until that copy is written)."""
         publish(self.words, ASKED * STRIDE, ts)
 
     @property
