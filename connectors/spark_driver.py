@@ -155,6 +155,7 @@ def spark_configs(folder: Path, log_level: str, java_options: Sequence[str]) -> 
     log4j.write_text(_LOG4J_CONFIG.replace("LEVEL", LOG4J_LEVELS[log_level]))
     flags = " ".join([*jvm_flags(), f"-Djava.io.tmpdir={folder}", *java_options])
     python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    _launcher_without_perf_data()
     return {
         "spark.ray.raydp_app_master.extraJavaOptions": flags,
         "spark.executor.extraJavaOptions": flags,
@@ -166,6 +167,15 @@ def spark_configs(folder: Path, log_level: str, java_options: Sequence[str]) -> 
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
     }
+
+
+def _launcher_without_perf_data() -> None:
+    """spark-submit first runs a JVM of its own, Spark's launcher, whose flags come from
+    $SPARK_LAUNCHER_OPTS alone: without `-XX:-UsePerfData` there, it makes
+    /tmp/hsperfdata_<user>, which outlives the run."""
+    options = os.environ.get("SPARK_LAUNCHER_OPTS", "")
+    if _NO_PERF_DATA not in options.split():
+        os.environ["SPARK_LAUNCHER_OPTS"] = f"{options} {_NO_PERF_DATA}".strip()
 
 
 def driver_configs(configs: dict[str, str]) -> dict[str, str]:
