@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from txstream.errors import UsageError
 
 
@@ -23,3 +25,24 @@ def pick_nodes(count: int, share: bool = False) -> list[str]:
             f"--nodes {count}: the Ray cluster has {len(alive)} node{'s' * (len(alive) != 1)} alive"
         )
     return alive[:count]
+
+
+def hosts_of(node_ids: list[str]) -> list[str]:
+    """The host of each of ``node_ids``: the address of its raylet in Ray's node table
+    (Ray nodes of one machine, as in a test cluster, have the same)."""
+    import ray
+
+    address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    return [address.get(node_id, node_id) for node_id in node_ids]
+
+
+def cpus_before(hosts: list[str], executors: int) -> list[int]:
+    """Per node (``hosts``: each one's host, in node order), the CPUs that the nodes before
+    it on its host take, ``executors`` each: its team is pinned past them
+    (`HostTopology.assign`), not onto the same CPUs as theirs."""
+    earlier: Counter[str] = Counter()
+    before = []
+    for host in hosts:
+        before.append(earlier[host] * executors)
+        earlier[host] += 1
+    return before

@@ -9,6 +9,7 @@ exercised on a one-socket machine.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,17 +53,27 @@ class HostTopology:
             tuple(tuple(cpus[bounds[i] : bounds[i + 1]]) for i in range(count)), self.numa_nodes
         )
 
-    def assign(self, executors: int) -> list[tuple[int, int]]:
+    def assign(self, executors: int, after: int = 0) -> list[tuple[int, int]]:
         """(socket, cpu) of each executor: executors split over sockets in proportion to
         their CPUs, consecutive executors on one socket, CPUs reused round-robin
-        within a socket once every one has an executor."""
+        within a socket once every one has an executor.
+
+        ``after``: CPUs of this host that the teams of other nodes of a run take before
+        this one (Ray nodes of one host each start a team, `txstream.nodes.member`). Each
+        socket's CPUs are handed out from past those teams' share of them, taken as this
+        team takes its own: the teams run on different CPUs while there are enough,
+        instead of every team's first executor on the first CPU."""
         socket_of_cpu = [i for i, cpus in enumerate(self.sockets) for _ in cpus]
+        # spread over all CPUs
+        chosen = [socket_of_cpu[e * len(socket_of_cpu) // executors] for e in range(executors)]
+        on_socket = Counter(chosen)
+        earlier: Counter[int] = Counter()
         placed: list[tuple[int, int]] = []
-        for e in range(executors):
-            socket = socket_of_cpu[e * len(socket_of_cpu) // executors]  # spread over all CPUs
-            earlier = sum(1 for s, _ in placed if s == socket)
+        for socket in chosen:
             cpus = self.sockets[socket]
-            placed.append((socket, cpus[earlier % len(cpus)]))
+            past = after * on_socket[socket] // executors
+            placed.append((socket, cpus[(past + earlier[socket]) % len(cpus)]))
+            earlier[socket] += 1
         return placed
 
 

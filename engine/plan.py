@@ -114,16 +114,19 @@ def plan(
     source: Any = None,
     share: NodeShare | None = None,
     queryable: bool = True,
+    cpus_taken: int = 0,
 ) -> Plan:
     """Check everything a session needs before starting anything; UsageError,
     SchemaError or TopologyError otherwise. ``progressive``: outputs are committed as
     part files while the session runs (a one-shot run commits once, at the end).
     ``source``: a one-shot run's input (it identifies the run for checkpoints); ``share``:
     the keys a node of a run over several holds (``init_state`` has only those);
-    ``queryable``: see `Plan.queryable`."""
+    ``queryable``: see `Plan.queryable`; ``cpus_taken``: CPUs of this host that other
+    nodes' teams of the run take, which this one's executors are pinned past
+    (`HostTopology.assign`)."""
     config = with_key_type(config, init_state)
     topology = topologies.get(config.topology, config.key_type)
-    cores = host_topology(config.sockets).assign(config.executors)
+    cores = host_topology(config.sockets).assign(config.executors, after=cpus_taken)
     # from malloc, not pyarrow's mimalloc, which keeps freed memory a while: the init
     # tables' goes back to the kernel as soon as the engine has loaded them
     pa.set_memory_pool(pa.system_memory_pool())

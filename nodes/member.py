@@ -84,7 +84,9 @@ class NodeTeam:
     """A node's session (module docstring): ``share``: the keys it holds (``init`` has
     those rows); ``options`` are the run's `RunConfig` fields as this node runs them;
     ``output``: where its session writes (None: a temporary folder); ``back_to``: with
-    checkpoints, the (own events, round) of the one it resumes from (`rounds.take_back`)."""
+    checkpoints, the (own events, round) of the one it resumes from (`rounds.take_back`);
+    ``cpus_taken``: CPUs of this host that the teams of the nodes before it take
+    (`txstream.cluster.nodes.cpus_before`), its executors pinned past them."""
 
     def __init__(
         self,
@@ -94,6 +96,7 @@ class NodeTeam:
         init: dict[str, pa.Table],
         output: str | None,
         back_to: tuple[int, int] = (0, 0),
+        cpus_taken: int = 0,
     ):
         keep_freed_memory()
         self.node = share.node
@@ -105,7 +108,9 @@ class NodeTeam:
         self.topology = topologies.get(topology, config.key_type)
         self.whole = Layout.of(self.topology.tables, share.sizes)
         """The layout of every key, in which the driver names cells."""
-        planned = plan(config, init, Path(output) if output else None, share=share)
+        planned = plan(
+            config, init, Path(output) if output else None, share=share, cpus_taken=cpus_taken
+        )
         self.layout = planned.layout
         self.session = Session(planned, console=Console(enabled=False), transport=ThreadTransport())
         self.next_unit = 0
@@ -367,7 +372,8 @@ class NodeTeam:
     def results(self) -> tuple[pa.Table, dict[str, pa.Table], dict]:
         """Once every step ran: the outputs of the events whose home is this node (their ts
         that of the whole input), its own keys of every table, and figures of its steps
-        and state (``rows``: rows of every table it holds, its own and room for others').
+        and state (``rows``: rows of every table it holds, its own and room for others';
+        ``cpus``: the CPU each of its executors is pinned to).
         Nothing is committed or closed: if a node is lost before the driver has merged
         every node's results, all go back to their checkpoints."""
         session = self.session
@@ -378,6 +384,7 @@ class NodeTeam:
             "steps": self.steps,
             "step_s": round(self.step_seconds, 3),
             "rows": self.layout.rows,
+            "cpus": [cpu for _, cpu in session.plan.cores],
         }
         return mine, state, figures
 

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from txstream.actors.executor import output_schema
-from txstream.cluster.nodes import pick_nodes
+from txstream.cluster.nodes import cpus_before, hosts_of, pick_nodes
 from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor, stop_actors
 from txstream.connectors.inputs import Events, event_source, staged_by_spark
 from txstream.connectors.outputs import part_name
@@ -695,7 +695,8 @@ class NodesSession:
             "checkpoint_every": None,
             "metrics_port": None,  # the driver serves the run's
         }
-        for share, node_id in zip(self.partition.shares, node_ids, strict=True):
+        taken = cpus_before(hosts_of(node_ids), cfg.executors)
+        for share, node_id, before in zip(self.partition.shares, node_ids, taken, strict=True):
             node, output = share.node, None
             self.shipped[node] = {t: share.placed(t) for t in self.shipped[node]}
             if self.folder is not None:
@@ -712,6 +713,7 @@ class NodesSession:
                 init,
                 output,
                 (self.saved.local[node], self.saved.round),
+                before,
                 label=f"node {node}",
                 node_id=node_id,
                 concurrency_groups=TEAM_CONCURRENCY,

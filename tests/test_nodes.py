@@ -295,6 +295,9 @@ def test_a_node_with_little_room_for_other_nodes_keys_runs_units_in_smaller_step
     home = node_of(np.arange(40, dtype=np.int64), NODES)
     held = [2 * (int((home == node).sum()) + 2) for node in range(NODES)]
     assert [n["rows"] for n in metrics["nodes"]["per_node"]] == held
+    # the nodes share this host: each one's executor is pinned to a CPU of its own
+    cpus = [n["cpus"][0] for n in metrics["nodes"]["per_node"]]
+    assert len(set(cpus)) == min(NODES, len(os.sched_getaffinity(0)))
 
 
 def test_spark_input_reaches_the_nodes_by_partition(cluster, tmp_path):

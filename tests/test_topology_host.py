@@ -6,6 +6,7 @@ import os
 
 import pytest
 from txstream import Job
+from txstream.cluster.nodes import cpus_before
 from txstream.cluster.topology import HostTopology, host_topology
 from txstream.errors import UsageError
 
@@ -55,6 +56,27 @@ def test_emulated_sockets_split_consecutive_cpus():
 )
 def test_executors_fill_sockets_in_order_one_core_each(sockets, executors, want):
     assert HostTopology(sockets).assign(executors) == want
+
+
+@pytest.mark.parametrize(
+    ("sockets", "executors", "after", "want"),
+    [
+        (((0, 1),), 1, 1, [(0, 1)]),
+        (((0, 1),), 1, 2, [(0, 0)]),  # more teams than CPUs: round the host again
+        (((0, 1, 2),), 2, 2, [(0, 2), (0, 0)]),
+        (((0, 1), (2, 3)), 2, 2, [(0, 1), (1, 3)]),  # the team before took 0 and 2
+        (((0, 1), (2, 3)), 4, 4, [(0, 0), (0, 1), (1, 2), (1, 3)]),
+    ],
+)
+def test_executors_are_pinned_past_the_cpus_other_nodes_teams_take(sockets, executors, after, want):
+    assert HostTopology(sockets).assign(executors, after=after) == want
+
+
+def test_nodes_of_one_host_are_pinned_past_the_nodes_before_them():
+    hosts = ["10.0.0.1", "10.0.0.2", "10.0.0.1", "10.0.0.1"]
+    assert cpus_before(hosts, 2) == [0, 0, 2, 4]
+    teams = [HostTopology(((0, 1, 2, 3),)).assign(1, after=a) for a in cpus_before(["h"] * 4, 1)]
+    assert sorted(cpu for team in teams for _, cpu in team) == [0, 1, 2, 3]
 
 
 @pytest.mark.usefixtures("ray_cluster")
