@@ -53,12 +53,12 @@ class HostTopology:
             tuple(tuple(cpus[bounds[i] : bounds[i + 1]]) for i in range(count)), self.numa_nodes
         )
 
-    def assign(self, executors: int, after: int = 0) -> list[tuple[int, int]]:
+    def assign(self, executors: int, cpus_taken: int = 0) -> list[tuple[int, int]]:
         """(socket, cpu) of each executor: executors split over sockets in proportion to
         their CPUs, consecutive executors on one socket, CPUs reused round-robin
         within a socket once every one has an executor.
 
-        ``after``: CPUs of this host that the teams of other nodes of a run take before
+        ``cpus_taken``: CPUs of this host that the teams of other nodes of a run take before
         this one (Ray nodes of one host each start a team, `txstream.nodes.member`). Each
         socket's CPUs are handed out from past those teams' share of them, taken as this
         team takes its own: the teams run on different CPUs while there are enough,
@@ -71,7 +71,7 @@ class HostTopology:
         placed: list[tuple[int, int]] = []
         for socket in chosen:
             cpus = self.sockets[socket]
-            past = after * on_socket[socket] // executors
+            past = cpus_taken * on_socket[socket] // executors
             placed.append((socket, cpus[(past + earlier[socket]) % len(cpus)]))
             earlier[socket] += 1
         return placed

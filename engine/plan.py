@@ -126,7 +126,7 @@ def plan(
     (`HostTopology.assign`)."""
     config = with_key_type(config, init_state)
     topology = topologies.get(config.topology, config.key_type)
-    cores = host_topology(config.sockets).assign(config.executors, after=cpus_taken)
+    cores = host_topology(config.sockets).assign(config.executors, cpus_taken=cpus_taken)
     # from malloc, not pyarrow's mimalloc, which keeps freed memory a while: the init
     # tables' goes back to the kernel as soon as the engine has loaded them
     pa.set_memory_pool(pa.system_memory_pool())

@@ -696,7 +696,7 @@ class NodesSession:
             "metrics_port": None,  # the driver serves the run's
         }
         taken = cpus_before(hosts_of(node_ids), cfg.executors)
-        for share, node_id, before in zip(self.partition.shares, node_ids, taken, strict=True):
+        for share, node_id, cpus_taken in zip(self.partition.shares, node_ids, taken, strict=True):
             node, output = share.node, None
             self.shipped[node] = {t: share.placed(t) for t in self.shipped[node]}
             if self.folder is not None:
@@ -713,7 +713,7 @@ class NodesSession:
                 init,
                 output,
                 (self.saved.local[node], self.saved.round),
-                before,
+                cpus_taken,
                 label=f"node {node}",
                 node_id=node_id,
                 concurrency_groups=TEAM_CONCURRENCY,

@@ -44,7 +44,7 @@ DELTA = ("groups", "rows")
 COPIED, WRITTEN, COUNT, ASKED = range(4)
 """Words of the buffer: ts of the copy it holds; ts of the last copy written to disk;
 groups the copy holds; ts of the last copy asked of the team."""
-WORDS = 4
+WORDS = ASKED + 1
 KEEP = 2
 MAX_CHAIN = 16
 """Deltas after a full checkpoint at most; the next one is full."""

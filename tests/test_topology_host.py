@@ -59,7 +59,7 @@ def test_executors_fill_sockets_in_order_one_core_each(sockets, executors, want)
 
 
 @pytest.mark.parametrize(
-    ("sockets", "executors", "after", "want"),
+    ("sockets", "executors", "cpus_taken", "want"),
     [
         (((0, 1),), 1, 1, [(0, 1)]),
         (((0, 1),), 1, 2, [(0, 0)]),  # more teams than CPUs: round the host again
@@ -68,14 +68,17 @@ def test_executors_fill_sockets_in_order_one_core_each(sockets, executors, want)
         (((0, 1), (2, 3)), 4, 4, [(0, 0), (0, 1), (1, 2), (1, 3)]),
     ],
 )
-def test_executors_are_pinned_past_the_cpus_other_nodes_teams_take(sockets, executors, after, want):
-    assert HostTopology(sockets).assign(executors, after=after) == want
+def test_executors_are_pinned_past_the_cpus_other_nodes_teams_take(
+    sockets, executors, cpus_taken, want
+):
+    assert HostTopology(sockets).assign(executors, cpus_taken=cpus_taken) == want
 
 
 def test_nodes_of_one_host_are_pinned_past_the_nodes_before_them():
     hosts = ["10.0.0.1", "10.0.0.2", "10.0.0.1", "10.0.0.1"]
     assert cpus_before(hosts, 2) == [0, 0, 2, 4]
-    teams = [HostTopology(((0, 1, 2, 3),)).assign(1, after=a) for a in cpus_before(["h"] * 4, 1)]
+    host = HostTopology(((0, 1, 2, 3),))
+    teams = [host.assign(1, cpus_taken=taken) for taken in cpus_before(["h"] * 4, 1)]
     assert sorted(cpu for team in teams for _, cpu in team) == [0, 1, 2, 3]
 
 
