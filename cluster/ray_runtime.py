@@ -11,6 +11,7 @@ for minutes.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -92,20 +93,23 @@ def ray_session(
         configure_logging=True,
         job_config=job_config,
     )
+    gone = threading.Event()
     with ExitStack() as stack:
         if address:
             gcs = reachable_address(address)
             with phase(f"connecting to Ray at {address}"):
-                stack.callback(_shutdown, phase, "disconnecting from Ray")
+                stack.callback(_shutdown, phase, "disconnecting from Ray", gone)
                 _init(address=gcs, **options)
-            stack.enter_context(watch_cluster(_gcs_address(), f"the Ray cluster at {address}"))
+            stack.enter_context(
+                watch_cluster(_gcs_address(), f"the Ray cluster at {address}", gone)
+            )
         else:
             if dashboard:
                 check_dashboard()
             sweep_abandoned_rays()
             folder = stack.enter_context(scratch("ray"))
             with phase("starting Ray"), ray_private.quick_connect():
-                stack.callback(_shutdown, phase, "stopping Ray")
+                stack.callback(_shutdown, phase, "stopping Ray", gone)
                 _init(
                     address="local",  # a Ray of its own, even if another one runs here
                     num_cpus=usable_cores(),
@@ -117,7 +121,7 @@ def ray_session(
                 session = ray_private.session_folder()
                 if session and job_config is not None and job_config.jvm_options:
                     ray_private.java_library_placed(session, None, INSTALLATION_FILES)
-            stack.enter_context(watch_cluster(_gcs_address(), "this run's local Ray"))
+            stack.enter_context(watch_cluster(_gcs_address(), "this run's local Ray", gone))
         yield True
 
 
@@ -179,12 +183,32 @@ def _gcs_address() -> str:
     return ray.get_runtime_context().gcs_address
 
 
-def _shutdown(phase: Phase, name: str) -> None:
+GONE_SHUTDOWN_S = 10.0
+"""How long ``ray.shutdown`` may take once the cluster is gone. It then waits on the dead
+GCS: normally 5 s, for its task events, but at times past the minute after which Ray's
+client ends the process itself, before the run has said why it failed."""
+
+
+def _shutdown(phase: Phase, name: str, gone: threading.Event) -> None:
+    """``ray.shutdown``; once the cluster is ``gone``, for at most `GONE_SHUTDOWN_S`, after
+    which the process leaves Ray's client as it is and does not run it again at exit."""
     import ray
 
-    if ray.is_initialized():
-        with phase(name):
+    if not ray.is_initialized():
+        return
+    with phase(name):
+        if not gone.is_set():
             ray.shutdown()
+            return
+        shutdown = threading.Thread(target=ray.shutdown, name="ray-shutdown", daemon=True)
+        shutdown.start()
+        shutdown.join(GONE_SHUTDOWN_S)
+        if shutdown.is_alive():
+            atexit.unregister(ray.shutdown)
+            logging.getLogger(__name__).warning(
+                "Ray's client did not shut down within %g s of its cluster's loss; left as is",
+                GONE_SHUTDOWN_S,
+            )
 
 
 def reachable_address(address: str) -> str:

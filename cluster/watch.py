@@ -31,11 +31,11 @@ _SIGNAL = signal.SIGUSR1
 
 
 @contextmanager
-def watch_cluster(gcs: str, cluster: str) -> Iterator[None]:
+def watch_cluster(gcs: str, cluster: str, gone: threading.Event) -> Iterator[None]:
     """While the ``with`` block runs, raise a `RuntimeFailure` in the main thread if the
-    GCS at ``gcs`` (``host:port``) stops accepting connections; ``cluster`` names it in
-    the message (``the Ray cluster at HOST:PORT``). Does nothing outside the main thread
-    (signal handlers live there)."""
+    GCS at ``gcs`` (``host:port``) stops accepting connections, and set ``gone``;
+    ``cluster`` names it in the message (``the Ray cluster at HOST:PORT``). Does nothing
+    outside the main thread (signal handlers live there)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -46,7 +46,7 @@ def watch_cluster(gcs: str, cluster: str) -> Iterator[None]:
 
     previous = signal.signal(_SIGNAL, raise_lost)
     stop = threading.Event()
-    thread = threading.Thread(target=_watch, args=(gcs, cluster, stop, lost), daemon=True)
+    thread = threading.Thread(target=_watch, args=(gcs, cluster, stop, lost, gone), daemon=True)
     thread.start()
     try:
         yield
@@ -56,7 +56,9 @@ def watch_cluster(gcs: str, cluster: str) -> Iterator[None]:
         signal.signal(_SIGNAL, previous)
 
 
-def _watch(gcs: str, cluster: str, stop: threading.Event, lost: list[str]) -> None:
+def _watch(
+    gcs: str, cluster: str, stop: threading.Event, lost: list[str], gone: threading.Event
+) -> None:
     host, _, port = gcs.rpartition(":")
     refused_since = None
     while not stop.wait(CHECK_EVERY_S):
@@ -70,5 +72,6 @@ def _watch(gcs: str, cluster: str, stop: threading.Event, lost: list[str]) -> No
         refused_since = refused_since or now
         if now - refused_since >= LOST_AFTER_S:
             lost.append(f"{cluster} is gone: its GCS at {gcs} refuses connections ({reason})")
+            gone.set()
             _thread.interrupt_main(_SIGNAL)
             return
