@@ -23,7 +23,7 @@ from txstream.cluster.topology import pin_process
 from txstream.cluster.transport import get
 from txstream.errors import RuntimeFailure
 from txstream.monitor.metrics import LIVE_EXECUTOR, Breakdown
-from txstream.schedulers._kernels import ABORT_NS, run_transactions
+from txstream.schedulers._kernels import WAITED_SLOTS, run_transactions
 from txstream.schedulers.base import reserved_capacity
 from txstream.schedulers.decision import ABORT, EXPLORE, GRANULARITY, ORDERED
 from txstream.schedulers.statements import Statements
@@ -150,7 +150,7 @@ class InPlace:
         )
         self.udf = topology.udf(int(round(udf_cost_us * 1000)))
         self.reads = np.empty(max(1, sizes.op_reads), np.int64)
-        self.waited = np.zeros(ABORT_NS + 1, np.int64)
+        self.waited = np.zeros(WAITED_SLOTS, np.int64)
         self.ops = statements.operations()
         self.log = undo_log(sizes.txn_ops)
 

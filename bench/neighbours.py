@@ -31,7 +31,7 @@ from txstream.actors.punctuation import Punctuator
 from txstream.config import CHUNK_EVENTS, RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
-from txstream.schedulers._kernels import ABORT_NS, statement_scratch
+from txstream.schedulers._kernels import WAITED_SLOTS, statement_scratch
 from txstream.schedulers._statement_kernels import statement_kernel
 from txstream.schedulers.statements import Statements
 from txstream.state.shared import new_run_id
@@ -89,7 +89,7 @@ def kernel_pass(chunks: list, run: Plan) -> float:
                 tables, begin = txn.tables(), 0
                 kernel = statement_kernel(tables[0], tables[1])
                 for end in ends:
-                    waited = np.zeros(ABORT_NS + 1, np.int64)
+                    waited = np.zeros(WAITED_SLOTS, np.int64)
                     started = time.perf_counter_ns()
                     kernel(
                         begin, int(end), *tables, state.arrays, udf, scratch,

@@ -33,7 +33,7 @@ from txstream.cluster.topology import keep_freed_memory
 from txstream.config import CHUNK_EVENTS, RunConfig
 from txstream.connectors.sources import ArrowSource
 from txstream.engine.plan import Plan, plan
-from txstream.schedulers._kernels import ABORT_NS, statement_scratch
+from txstream.schedulers._kernels import WAITED_SLOTS, statement_scratch
 from txstream.schedulers._statement_kernels import statement_kernel
 from txstream.schedulers.statements import Statements
 from txstream.state.chunk import Outcomes
@@ -97,7 +97,7 @@ def one_pass(events_file: Path, run: Plan, state: SharedState, chunk_events: int
             t5 = clock()
             segment.start_share(slice(0, events.n), events.reason)
             sizes = txn.sizes()
-            waited = np.zeros(ABORT_NS + 1, np.int64)
+            waited = np.zeros(WAITED_SLOTS, np.int64)
             tables = txn.tables()
             statement_kernel(tables[0], tables[1])(
                 *(0, events.n, *tables, state.arrays, udf),

@@ -18,6 +18,10 @@ from txstream.state.operations import ABORTED, COMMITTED, REJECTED
 ABORT_NS = 2
 """Slot of a kernel's ``waited`` array where rolling back aborted transactions adds its
 nanoseconds (entries 0 and 1: waiting for peers, taking locks)."""
+ABORTS = 3
+"""Slot of ``waited`` where `settle` counts the transactions that aborted: a walk's
+failures without a pass over the statuses afterwards."""
+WAITED_SLOTS = ABORTS + 1
 
 
 @inline
@@ -33,7 +37,8 @@ def record_output(t, o, ops, result, results):
 def settle(t, failed, atomic, state, log, n_log, results, waited):
     """Transaction `t` committed (``failed`` 0) or aborted for reason ``failed``: if
     aborted and ``atomic``, its ``n_log`` logged writes rolled back (the nanoseconds
-    added to ``waited[ABORT_NS]``); its status, and no outputs if aborted."""
+    added to ``waited[ABORT_NS]``); its status, and no outputs if aborted (counted in
+    ``waited[ABORTS]``)."""
     if failed and atomic:
         start = monotonic_ns()
         roll_back(state, log, n_log)
@@ -42,6 +47,7 @@ def settle(t, failed, atomic, state, log, n_log, results, waited):
     if failed:
         status[t] = ABORTED
         status_reason[t] = failed
+        waited[ABORTS] += 1
         for s in range(out_set.shape[1]):
             out_set[t, s] = False
             out_values[t, s] = 0

@@ -29,6 +29,8 @@ from txstream.errors import RuntimeFailure, TopologyError
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers._kernels import (
     ABORT_NS,
+    ABORTS,
+    WAITED_SLOTS,
     StatementScratch,
     run_transactions,
     statement_scratch,
@@ -151,17 +153,19 @@ class Scheduler(ABC):
         self.direct = Direct(statement_kernel(tables[0], tables[1]), statements, tables, scratch)
         return True
 
-    def run_direct(self, chunk: ChunkArrays, begin: int, end: int, breakdown: Breakdown) -> int:
+    def run_direct(
+        self, chunk: ChunkArrays, begin: int, end: int, breakdown: Breakdown
+    ) -> tuple[int, int]:
         """`run_in_order` from the statements (`from_statements`): the nanoseconds it
-        took."""
+        took and the transactions that aborted."""
         direct = self.direct
         args = (begin, end, *direct.tables, self.state.arrays, self.udf)
-        returned, spent = self.timed_in_order(
+        returned, spent, aborted = self.timed_in_order(
             direct.kernel, args, (direct.scratch,), chunk, breakdown
         )
         if returned:
             raise TopologyError(direct.statements.error_message(direct.scratch[-1]))
-        return spent
+        return spent, aborted
 
     def prepare(self, chunk: ChunkArrays, ops: OperationShare, breakdown: Breakdown) -> None:
         """Restructure the chunk's operations before its first batch (default: nothing)."""
@@ -175,17 +179,17 @@ class Scheduler(ABC):
 
     def run_in_order(
         self, chunk: ChunkArrays, ops: OperationShare, begin: int, end: int, breakdown: Breakdown
-    ) -> int:
+    ) -> tuple[int, int]:
         """Transactions ``begin..end-1`` one by one in ts order with serial's kernel, on
         this executor alone; the nanoseconds it took, counted in ``breakdown`` as useful
-        but for the aborts' rollbacks."""
+        but for the aborts' rollbacks, and the transactions that aborted."""
         return self.timed_in_order(
             run_transactions,
             (begin, end, ops.arrays, self.state.arrays, self.udf),
             (np.empty(max(1, ops.max_reads), np.int64), undo_log(ops.max_txn_ops)),
             chunk,
             breakdown,
-        )[1]
+        )[1:]
 
     @staticmethod
     def timed_in_order(
@@ -194,12 +198,13 @@ class Scheduler(ABC):
         scratch: tuple,
         chunk: ChunkArrays,
         breakdown: Breakdown,
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, int]:
         """``kernel(*args, *scratch, chunk.outcomes, waited)``, a kernel that runs
-        transactions in order: (what it returned, the nanoseconds it took), counted in
-        ``breakdown`` as useful but for the aborts' rollbacks (``waited[ABORT_NS]``).
-        RuntimeFailure if a distinct set ran out of slots."""
-        waited = np.zeros(ABORT_NS + 1, np.int64)
+        transactions in order: (what it returned, the nanoseconds it took, the
+        transactions that aborted), the time counted in ``breakdown`` as useful but for the
+        aborts' rollbacks (``waited[ABORT_NS]``). RuntimeFailure if a distinct set ran out
+        of slots."""
+        waited = np.zeros(WAITED_SLOTS, np.int64)
         started = time.perf_counter_ns()
         returned = kernel(*args, *scratch, chunk.outcomes, waited)
         spent = time.perf_counter_ns() - started
@@ -207,7 +212,7 @@ class Scheduler(ABC):
             raise RuntimeFailure(SET_FULL_MESSAGE)
         breakdown.useful += (spent - waited[ABORT_NS]) / 1e9
         breakdown.abort += waited[ABORT_NS] / 1e9
-        return returned, spent
+        return returned, spent, int(waited[ABORTS])
 
     @classmethod
     def first_walk_events(cls, config: RunConfig) -> int:

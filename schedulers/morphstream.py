@@ -39,7 +39,7 @@ import numpy as np
 from txstream.errors import RuntimeFailure
 from txstream.monitor.metrics import Breakdown
 from txstream.schedulers import _explore as ex
-from txstream.schedulers._kernels import ABORT_NS, run_transactions
+from txstream.schedulers._kernels import WAITED_SLOTS, run_transactions
 from txstream.schedulers._tpg import (
     UNIT_ARRAYS,
     Units,
@@ -68,7 +68,6 @@ from txstream.schedulers.team.aborts import EAGER, LAZY, Speculation
 from txstream.schedulers.team.member import Member
 from txstream.state._kernels import SET_FULL, SET_FULL_MESSAGE, compile_for, undo_log
 from txstream.state.chunk import ChunkArrays, ChunkDims, RunDims
-from txstream.state.operations import ABORTED as ABORTED_STATUS
 from txstream.state.operations import OperationShare
 from txstream.state.segments import ArraySpec
 from txstream.state.sync import PAUSE, STRIDE, add_to
@@ -159,8 +158,9 @@ class MorphStreamScheduler(SpeculativeScheduler):
         """Chunks executor 0 ran alone, as of the history this executor holds."""
         self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
         """What executor 0 walked in order since the last chunk's decision."""
-        self._walked_batches: list[tuple[int, int, int]] = []
-        """The chunk's batches executor 0 walked: (begin, end, ns), counted at its end."""
+        self._walked_batches: list[tuple[int, int, int, int]] = []
+        """The chunk's batches executor 0 walked: (begin, end, ns, aborted transactions),
+        counted at its end."""
 
     @classmethod
     def whole_chunks(cls, config: RunConfig) -> bool:
@@ -310,22 +310,20 @@ class MorphStreamScheduler(SpeculativeScheduler):
         the statements, if it takes them), timed; counted once the chunk is walked
         (`_count_walk`), so that a batch costs what serial's does."""
         if self.direct is not None:
-            spent = self.run_direct(chunk, begin, end, breakdown)
+            spent, aborted = self.run_direct(chunk, begin, end, breakdown)
         else:
-            spent = self.run_in_order(chunk, ops, begin, end, breakdown)
-        self._walked_batches.append((begin, end, spent))
+            spent, aborted = self.run_in_order(chunk, ops, begin, end, breakdown)
+        self._walked_batches.append((begin, end, spent, aborted))
 
     def _count_walk(self, chunk: ChunkArrays, ops: OperationShare) -> None:
         """Executor 0, a chunk walked: its batches' transactions, operations and failures,
-        counted and logged as an exploration's are, in one pass over the chunk."""
-        begins, ends, spent = np.array(self._walked_batches, np.int64).reshape(-1, 3).T
+        counted and logged as an exploration's are (the kernels counted the failures)."""
+        begins, ends, spent, failed = np.array(self._walked_batches, np.int64).reshape(-1, 4).T
         self._walked_batches.clear()
         if self.direct is not None:
             operations = self.direct.statements.operations_between(begins, ends)
         else:
             operations = ops.txn_ptr[ends] - ops.txn_ptr[begins]
-        aborted = np.flatnonzero(chunk.status[: ends[-1]] == ABORTED_STATUS)
-        failed = np.searchsorted(aborted, ends) - np.searchsorted(aborted, begins)
         walked = self._walked
         walked.transactions += int((ends - begins).sum())
         walked.operations += int(operations.sum())
@@ -590,7 +588,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         )
         compile_for(add_to, seat.words, 0, 0)
         if self.direct is not None:  # a walk from the statements (`takes_statements`)
-            direct, waited = self.direct, np.zeros(ABORT_NS + 1, np.int64)
+            direct, waited = self.direct, np.zeros(WAITED_SLOTS, np.int64)
             compile_for(
                 direct.kernel,
                 *(0, 0, *direct.tables, state, udf, direct.scratch, chunk.outcomes, waited),
@@ -600,7 +598,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         compile_for(
             run_transactions,
             *(0, 0, share.arrays, state, udf, np.zeros(1, np.int64)),
-            *(undo_log(1), chunk.outcomes, np.zeros(ABORT_NS + 1, np.int64)),
+            *(undo_log(1), chunk.outcomes, np.zeros(WAITED_SLOTS, np.int64)),
         )
 
     def decisions(self) -> dict[str, dict[str, int]]:

@@ -49,7 +49,8 @@ class Statements(Transactions):
     def __init__(self, events: EventShare, layout: Layout):
         super().__init__(events, layout)
         self._counts: tuple[int, ...] | None = None
-        self._per_event = np.zeros(0, np.int32)
+        self._ops_through = np.zeros(0, np.int64)
+        """The operations of the events up to each (`operations_between`)."""
 
     def _emit(self, *args: Any, **kw: Any) -> None:
         super()._emit(*args, **kw)
@@ -67,23 +68,24 @@ class Statements(Transactions):
         """What the operations emitted so far take."""
         if self._counts is None:
             statements, _, reads = self.tables()
-            per_event = np.empty(self.events.n, np.int32)
-            counts = count_operations(self.events.reason, statements, reads, per_event)
+            through = np.empty(self.events.n, np.int64)
+            counts = count_operations(self.events.reason, statements, reads, through)
             self._counts = tuple(int(c) for c in counts)
-            self._per_event = per_event
+            self._ops_through = through
         ops, reads, txn_ops, op_reads = self._counts
         return Sizes(ops, reads, self._width, txn_ops, op_reads)
 
     def operations_between(self, begins: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """How many operations events ``begins[i]..ends[i]-1`` emit, for every i, as a
-        built chunk's ``txn_ptr`` gives them: the batches of a walk, back to back to the
-        last event (one pass over the events: a walk asks once per chunk)."""
+        built chunk's ``txn_ptr`` gives them: the batches of a walk."""
         self.sizes()
-        walked = ends > begins
-        counts = np.zeros(len(begins), np.int64)
-        if walked.any():  # (reduceat takes non-empty runs, in order)
-            counts[walked] = np.add.reduceat(self._per_event, begins[walked], dtype=np.int64)
-        return counts
+        return self._operations_before(ends) - self._operations_before(begins)
+
+    def _operations_before(self, events: np.ndarray) -> np.ndarray:
+        """The operations of the events before each of ``events``."""
+        if not len(self._ops_through):
+            return np.zeros(len(events), np.int64)
+        return np.where(events > 0, self._ops_through[np.maximum(events - 1, 0)], 0)
 
     def build_into(self, out: Ops, first_txn: int, first_op: int, first_read: int) -> None:
         """All statements as operations in (txn, statement, list) order, written into

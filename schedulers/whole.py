@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from txstream.errors import RuntimeFailure
 from txstream.monitor.metrics import Breakdown
-from txstream.schedulers._kernels import ABORT_NS
+from txstream.schedulers._kernels import ABORT_NS, WAITED_SLOTS
 from txstream.schedulers._whole import LOCK_NS, SYNC_NS, Peer, TxnScratch
 from txstream.schedulers.base import Scheduler
 from txstream.schedulers.team.member import Member
@@ -47,7 +47,7 @@ class WholeTransactionScheduler(Scheduler):
             np.empty(max(1, ops.max_reads), np.int64),
             undo_log(ops.max_txn_ops),
             *(np.empty(width, np.int64) for _ in range(5)),
-            np.zeros(ABORT_NS + 1, np.int64),
+            np.zeros(WAITED_SLOTS, np.int64),
         )
 
     def charge(self, why: int, s: TxnScratch, breakdown: Breakdown) -> None:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from txstream.errors import TopologyError
-from txstream.schedulers._kernels import ABORT_NS, run_transactions, statement_scratch
+from txstream.schedulers._kernels import WAITED_SLOTS, run_transactions, statement_scratch
 from txstream.schedulers._statement_kernels import statement_kernel
 from txstream.schedulers.statements import Statements
 from txstream.state._kernels import undo_log
@@ -266,7 +266,7 @@ def test_transactions_run_from_statements_as_from_their_built_operations(workloa
     udf, sizes = TOPOLOGY.udf(), txn.sizes()
     built, state, outcomes = _built(txn), _state(values), _outcomes(n, rejected)
     reads, log = np.empty(max(1, sizes.op_reads), np.int64), undo_log(sizes.txn_ops)
-    waited = np.zeros(ABORT_NS + 1, np.int64)
+    waited = np.zeros(WAITED_SLOTS, np.int64)
     assert run_transactions(0, n, built, state, udf, reads, log, outcomes, waited) == 0
     direct, direct_outcomes = _state(values), _outcomes(n, rejected)
     scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
@@ -319,7 +319,7 @@ def test_running_from_statements_reports_what_building_does(txn):
         _built(txn)
     sizes = txn.sizes()
     scratch = statement_scratch(sizes.arg_width, sizes.op_reads, sizes.txn_ops)
-    waited = np.zeros(ABORT_NS + 1, np.int64)
+    waited = np.zeros(WAITED_SLOTS, np.int64)
     state, outcomes = _state([1] * LAYOUT.cells), _outcomes(3, np.zeros(3, bool))
     tables = txn.tables()
     kernel = statement_kernel(tables[0], tables[1])
@@ -344,7 +344,7 @@ def test_statements_of_one_shape_share_a_kernel_compiled_once_per_installation()
         "txn = t._one()\n"
         "kernel = t.statement_kernel(*txn.tables()[:2])\n"
         "state, outcomes = t._state([1] * t.LAYOUT.cells), t._outcomes(3, np.zeros(3, bool))\n"
-        "waited, scratch = np.zeros(3, np.int64), statement_scratch(1, 1, 1)\n"
+        "waited, scratch = np.zeros(t.WAITED_SLOTS, np.int64), statement_scratch(1, 1, 1)\n"
         "kernel(0, 3, *txn.tables(), state, t.TOPOLOGY.udf(), scratch, outcomes, waited)\n"
         "print(sum(kernel.stats.cache_hits.values()), sum(kernel.stats.cache_misses.values()))\n"
     )

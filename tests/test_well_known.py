@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from txstream.schedulers._kernels import run_transactions
+from txstream.schedulers._kernels import WAITED_SLOTS, run_transactions
 from txstream.state._kernels import CALLED, Udf, undo_log
 from txstream.state.chunk import Outcomes
 from txstream.state.operations import COMMITTED, READ_MODIFY, Ops
@@ -47,7 +47,7 @@ def _run(udf: Udf, fun: int, cond: int, value: int, arg: int) -> tuple[int, int]
         np.zeros((1, 1), np.int64),
         np.zeros((1, 1), bool),
     )
-    waited = np.zeros(3, np.int64)
+    waited = np.zeros(WAITED_SLOTS, np.int64)
     run_transactions(0, 1, ops, state, udf, np.zeros(1, np.int64), undo_log(1), outcomes, waited)
     return int(outcomes.status[0]), int(state.values[0])
 

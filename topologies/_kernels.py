@@ -80,9 +80,10 @@ def emits(statements, s, t):
 def count_operations(rejected, statements, reads, per_event):
     """(operations, parametric reads, most operations of an event, most reads of an
     operation) that `build_operations` makes of these statements for the events whose
-    ``rejected`` reason is 0; ``per_event`` (scratch, one per event) ends with each
-    event's operations. Statement by statement over the events, not event by event: the
-    inner loop is then one statement's and vectorises (an order of magnitude faster)."""
+    ``rejected`` reason is 0; ``per_event`` (scratch, one per event) ends with the
+    operations of the events up to each (running totals). Statement by statement over
+    the events, not event by event: the inner loop is then one statement's and
+    vectorises (an order of magnitude faster)."""
     n = len(rejected)
     for t in range(n):
         per_event[t] = 0
@@ -108,6 +109,7 @@ def count_operations(rejected, statements, reads, per_event):
     for t in range(n):
         n_ops += per_event[t]
         most_ops = max(most_ops, per_event[t])
+        per_event[t] = n_ops
     return n_ops, n_reads, most_ops, most_reads
 
 
