@@ -255,7 +255,7 @@ def private_kernel_cache(tmp_path_factory):
 
 
 @pytest.mark.usefixtures("private_kernel_cache")
-@settings(deadline=None, max_examples=150)
+@settings(deadline=None, max_examples=80)
 @given(_workloads(), st.lists(st.integers(-3, 3), min_size=LAYOUT.cells, max_size=LAYOUT.cells))
 def test_transactions_run_from_statements_as_from_their_built_operations(workload, values):
     """A lone serial executor runs the statements without building operations, with a
