@@ -38,6 +38,8 @@ from txstream.state._numba import (
 DENSE, INT64, STRING = KEY_TYPES
 """Key types of a table: dense rows ``0..K-1`` (the key is the row), any int64, UTF-8."""
 NATURAL = (INT64, STRING)
+STRINGS = (pa.string(), pa.large_string())
+"""The Arrow types of string keys the kernels read as they are (`_string_buffers`)."""
 LIVE = "_live"
 """The column of a table of natural keys that is 1 where a key exists (contract §2)."""
 KEYS_PREFIX = "keys-"
@@ -647,7 +649,7 @@ class KeyIndex:
                 first += n
             entry.append(np.concatenate(local or [np.zeros(0, np.int32)]))
         every = np.concatenate(rows_found or [[]]).astype(np.int64)
-        entries = pa.concat_arrays(named) if named else pa.array([], pa.large_string())
+        entries = _joined(named) if named else pa.array([], pa.large_string())
         try:
             return self._translate(_interleaved(entry), entries=entries, cached=every)
         finally:  # the rows found replace the marks `_named_entries` left
@@ -998,8 +1000,9 @@ def _dictionary_encoded(piece: pa.Array) -> pa.DictionaryArray:
 
 
 def _conformed(keys: pa.Array | pa.ChunkedArray, key_type: str, label: str) -> pa.Array:
-    """``keys`` (any array, chunked or dictionary-encoded) as one int64 or large_string
-    array; SchemaError if they are of another kind."""
+    """``keys`` (any array, chunked or dictionary-encoded) as one int64 array, or one
+    string or large_string array (a lone one as it is: `_string_buffers` reads either
+    without copying its bytes); SchemaError if they are of another kind."""
     if not isinstance(keys, pa.Array | pa.ChunkedArray):
         keys = pa.array(keys)
     chunks = keys.chunks if isinstance(keys, pa.ChunkedArray) else [keys]
@@ -1013,7 +1016,7 @@ def _conformed(keys: pa.Array | pa.ChunkedArray, key_type: str, label: str) -> p
     ):
         raise SchemaError(f"{label}: key of type {value_type}, expected string")
     wanted = pa.int64() if key_type == INT64 else pa.large_string()
-    if len(chunks) == 1 and chunks[0].type == wanted:
+    if len(chunks) == 1 and chunks[0].type in ((wanted,) if key_type == INT64 else STRINGS):
         return chunks[0]
     chunks = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in chunks]
     plain = [c.cast(wanted) for c in chunks]
@@ -1065,11 +1068,25 @@ def _valid_or_none(pieces: list[pa.Array]) -> np.ndarray | None:
 
 
 def _string_buffers(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Offsets (int64, one more than keys) and bytes of a large_string array."""
+    """Offsets (int64, one more than keys) and bytes of a string or large_string array."""
     buffers = keys.buffers()
-    offsets = np.frombuffer(buffers[1], np.int64)[keys.offset : keys.offset + len(keys) + 1]
+    width = np.int64 if keys.type == pa.large_string() else np.int32
+    offsets = np.frombuffer(buffers[1], width)[keys.offset : keys.offset + len(keys) + 1]
     data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
-    return np.ascontiguousarray(offsets), data
+    return np.ascontiguousarray(offsets, np.int64), data
+
+
+def _joined(arrays: list[pa.Array]) -> pa.Array:
+    """String arrays as one: in their own type if they share it and its offsets hold the
+    bytes, else as large_string."""
+    if len(arrays) == 1:
+        return arrays[0]
+    if len({a.type for a in arrays}) == 1:
+        try:
+            return pa.concat_arrays(arrays)
+        except pa.ArrowInvalid:  # more bytes than 32-bit offsets reach
+            pass
+    return pa.concat_arrays([a.cast(pa.large_string()) for a in arrays])
 
 
 # ---------------------------------------------------------------- a stream's keys

@@ -150,6 +150,16 @@ def test_the_limit_keeps_a_full_marker_in_the_kernel():
     assert index._add(pa.array([5, 6, 5])).tolist() == [0, FULL, 0]
 
 
+def test_string_and_large_string_keys_are_the_same_keys():
+    index = KeyIndex("t", "string", 1 << 10)
+    words = ["a", "bb", "é-ключ", "a", "ccc"]
+    assert index.rows([pa.array(words[:3])])[0].to_pylist() == [0, 1, 2]
+    large = pa.array(words[2:], pa.large_string())
+    assert index.rows([large])[0].to_pylist() == [2, 0, 3]
+    assert index.find(pa.array(words[1:], pa.large_string())).tolist() == [1, 2, 0, 3]
+    assert index.find(pa.array(words)[2:]).tolist() == [2, 0, 3]
+
+
 def test_node_of_is_a_fixed_hash_of_the_key():
     # fixed values: the same in every process and on every host (no salted hash)
     assert key_hash(np.array([0, 1, -1])).tolist() == [
@@ -159,6 +169,8 @@ def test_node_of_is_a_fixed_hash_of_the_key():
     ]
     strings = pa.array(["acct-0000001", "acct-0000002"])
     assert key_hash(strings).tolist() == key_hash(strings.dictionary_encode()).tolist()
+    assert key_hash(strings).tolist() == key_hash(strings.cast(pa.large_string())).tolist()
+    assert key_hash(strings[1:]).tolist() == key_hash(strings).tolist()[1:]
     nodes = node_of(pa.array([f"acct-{i:07d}" for i in range(10_000)]), 4)
     assert set(np.bincount(nodes, minlength=4) // 1000) <= {2, 3}  # spread evenly
 
