@@ -1084,7 +1084,7 @@ def _joined(arrays: list[pa.Array]) -> pa.Array:
     if len({a.type for a in arrays}) == 1:
         try:
             return pa.concat_arrays(arrays)
-        except pa.ArrowInvalid:  # more bytes than 32-bit offsets reach
+        except (pa.ArrowInvalid, pa.ArrowCapacityError):  # more bytes than 32-bit offsets reach
             pass
     return pa.concat_arrays([a.cast(pa.large_string()) for a in arrays])
 
