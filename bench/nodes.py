@@ -16,9 +16,9 @@ A local Ray cluster of up to three nodes on this host (`ray.cluster_utils.Cluste
   others only add time), the same events on one host beside;
 - ``model``: seconds per count of the cost model (`txstream.nodes.cost.COUNTS` in `TERMS`)
   fitted on the sweep's runs, its held-out error (fitted on one half of the runs, predicting
-  the other, both ways: the mean, median and worst of the relative errors' sizes), and which plan it chooses for each pair of runs against which ran
-  faster. The fit on every run is written to `txstream.nodes.cost.FITTED`: the engine's
-  model.
+  the other, both ways: the mean, median and worst of the relative errors' sizes), and which
+  plan it chooses for each pair of runs against which ran faster. The fit on every run is
+  written to `txstream.nodes.cost.FITTED`: the engine's model.
 
 On one 2-core host the nodes share the cores, so this measures the protocol's cost, not a
 cluster's speed-up. Every run over nodes is checked equal to the one-host run.
