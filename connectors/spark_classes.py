@@ -37,7 +37,7 @@ from pathlib import Path
 from txstream.cluster.scratch import written_whole
 from txstream.connectors.spark import SparkSource, ray_for_spark, spark_session
 from txstream.connectors.spark_driver import CLASS_ARCHIVE as ARCHIVE
-from txstream.connectors.spark_driver import spark_class_path
+from txstream.connectors.spark_driver import NO_PERF_DATA, spark_class_path
 from txstream.topologies.generators import WorkloadSpec, generate, write_workload
 
 CLASS_PATH = ARCHIVE.with_suffix(".classpath")
@@ -59,7 +59,10 @@ def usable() -> bool:
     java = shutil.which("java")
     if java is None:
         return False
-    check = [java, "-Xshare:on", f"-XX:SharedArchiveFile={ARCHIVE}", "-cp", CLASS_PATH.read_text()]
+    check = [
+        *(java, "-Xshare:on", NO_PERF_DATA, f"-XX:SharedArchiveFile={ARCHIVE}"),
+        *("-cp", CLASS_PATH.read_text()),
+    ]
     try:
         return subprocess.run([*check, "-version"], capture_output=True, timeout=60).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
@@ -82,6 +85,7 @@ def build() -> Path:
             dump = [
                 java,
                 "-Xshare:dump",
+                NO_PERF_DATA,  # the dump ends without removing /tmp/hsperfdata_<user>/<pid>
                 f"-XX:SharedClassListFile={listing}",
                 f"-XX:SharedArchiveFile={partial}",
                 "-Xlog:cds=error",

@@ -38,8 +38,9 @@ JVM_OPTIONS: tuple[str, ...] = tuple(
     f"--add-opens=java.base/{package}=ALL-UNNAMED" for package in _OPENED_PACKAGES
 )
 """Flags every JVM of Spark-on-Ray needs on Java 17, else `InaccessibleObjectException`."""
-_NO_PERF_DATA = "-XX:-UsePerfData"
-"""No /tmp/hsperfdata_<user>/<pid> file (left behind by a JVM that is killed)."""
+NO_PERF_DATA = "-XX:-UsePerfData"
+"""No /tmp/hsperfdata_<user>/<pid> file (left behind by a JVM that is killed, and by a class
+archive's dump)."""
 _QUICK_JIT = "-XX:TieredStopAtLevel=1"
 """JIT with C1 only: a run's JVMs live for one run, and C2's compiler threads would take
 the cores from everything else while they start, with no gain in the conversion's speed
@@ -64,7 +65,7 @@ def _archive_flags() -> list[str]:
 def jvm_flags() -> list[str]:
     """The flags of every JVM of Spark on Ray: those Java 17 needs, no perf data, C1 only,
     no log4j2 MBeans, and the class archive."""
-    return [*JVM_OPTIONS, _NO_PERF_DATA, _QUICK_JIT, _NO_LOG4J_JMX, *_archive_flags()]
+    return [*JVM_OPTIONS, NO_PERF_DATA, _QUICK_JIT, _NO_LOG4J_JMX, *_archive_flags()]
 
 
 def java_available() -> str | None:
@@ -174,8 +175,8 @@ def _launcher_without_perf_data() -> None:
     $SPARK_LAUNCHER_OPTS alone: without `-XX:-UsePerfData` there, it makes
     /tmp/hsperfdata_<user>, which outlives the run."""
     options = os.environ.get("SPARK_LAUNCHER_OPTS", "")
-    if _NO_PERF_DATA not in options.split():
-        os.environ["SPARK_LAUNCHER_OPTS"] = f"{options} {_NO_PERF_DATA}".strip()
+    if NO_PERF_DATA not in options.split():
+        os.environ["SPARK_LAUNCHER_OPTS"] = f"{options} {NO_PERF_DATA}".strip()
 
 
 def driver_configs(configs: dict[str, str]) -> dict[str, str]:
