@@ -258,7 +258,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         if not self._ordered:
             super().finish(chunk, ops, first, end, breakdown)
         elif self.team.rank == 0:
-            self._count_walk(chunk, ops)
+            self._count_walk(ops)
 
     def _chunk_view(self, chunk: ChunkArrays) -> ChunkView:
         """The chunk's arrays, seat and scratch as `execute` and `warm_up` pass them."""
@@ -315,7 +315,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
             spent, aborted = self.run_in_order(chunk, ops, begin, end, breakdown)
         self._walked_batches.append((begin, end, spent, aborted))
 
-    def _count_walk(self, chunk: ChunkArrays, ops: OperationShare) -> None:
+    def _count_walk(self, ops: OperationShare) -> None:
         """Executor 0, a chunk walked: its batches' transactions, operations and failures,
         counted and logged as an exploration's are (the kernels counted the failures)."""
         begins, ends, spent, failed = np.array(self._walked_batches, np.int64).reshape(-1, 4).T

@@ -49,8 +49,9 @@ class Statements(Transactions):
     def __init__(self, events: EventShare, layout: Layout):
         super().__init__(events, layout)
         self._counts: tuple[int, ...] | None = None
-        self._ops_through = np.zeros(0, np.int64)
-        """The operations of the events up to each (`operations_between`)."""
+        self._ops_before = np.zeros(1, np.int64)
+        """The operations of the events before each event and before the end
+        (`operations_between`)."""
 
     def _emit(self, *args: Any, **kw: Any) -> None:
         super()._emit(*args, **kw)
@@ -68,10 +69,10 @@ class Statements(Transactions):
         """What the operations emitted so far take."""
         if self._counts is None:
             statements, _, reads = self.tables()
-            through = np.empty(self.events.n, np.int64)
-            counts = count_operations(self.events.reason, statements, reads, through)
+            before = np.zeros(self.events.n + 1, np.int64)
+            counts = count_operations(self.events.reason, statements, reads, before[1:])
             self._counts = tuple(int(c) for c in counts)
-            self._ops_through = through
+            self._ops_before = before
         ops, reads, txn_ops, op_reads = self._counts
         return Sizes(ops, reads, self._width, txn_ops, op_reads)
 
@@ -79,13 +80,7 @@ class Statements(Transactions):
         """How many operations events ``begins[i]..ends[i]-1`` emit, for every i, as a
         built chunk's ``txn_ptr`` gives them: the batches of a walk."""
         self.sizes()
-        return self._operations_before(ends) - self._operations_before(begins)
-
-    def _operations_before(self, events: np.ndarray) -> np.ndarray:
-        """The operations of the events before each of ``events``."""
-        if not len(self._ops_through):
-            return np.zeros(len(events), np.int64)
-        return np.where(events > 0, self._ops_through[np.maximum(events - 1, 0)], 0)
+        return self._ops_before[ends] - self._ops_before[begins]
 
     def build_into(self, out: Ops, first_txn: int, first_op: int, first_read: int) -> None:
         """All statements as operations in (txn, statement, list) order, written into

@@ -1015,9 +1015,9 @@ def _conformed(keys: pa.Array | pa.ChunkedArray, key_type: str, label: str) -> p
         pa.types.is_string(value_type) or pa.types.is_large_string(value_type)
     ):
         raise SchemaError(f"{label}: key of type {value_type}, expected string")
-    wanted = pa.int64() if key_type == INT64 else pa.large_string()
-    if len(chunks) == 1 and chunks[0].type in ((wanted,) if key_type == INT64 else STRINGS):
+    if len(chunks) == 1 and chunks[0].type in ((pa.int64(),) if key_type == INT64 else STRINGS):
         return chunks[0]
+    wanted = pa.int64() if key_type == INT64 else pa.large_string()
     chunks = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in chunks]
     plain = [c.cast(wanted) for c in chunks]
     return pa.concat_arrays(plain) if plain else pa.array([], wanted)
