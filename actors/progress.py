@@ -3,7 +3,7 @@
 Input arrives as it is pushed (Arrow tables, or sources it reads itself: Parquet files,
 Spark partitions), in push order. ts is the position in the concatenation of everything
 pushed. Punctuation batches are cut by count, by time, and at once when no chunk is in
-flight (the team would otherwise sit idle until the cut), and handed to the team in
+flight nor ready (the team would otherwise sit idle until the cut), and handed to the team in
 chunks of whole batches, sized for the latency target (`txstream.actors.punctuation`):
 one Ray call per executor per chunk, never per event or per batch, and a bounded number
 of chunks in flight. Every executor gets a contiguous share of every chunk to pre-process
@@ -248,7 +248,8 @@ class ProgressController:
                     flush = flush if arrived >= flush else 0
                     room = self._room()
                     # the team has nothing to do: waiting for a cut would only add latency
-                    idle = not self._in_flight and p.pending > 0
+                    # (a closed batch goes first: cutting the open one then adds a chunk)
+                    idle = not self._in_flight and p.pending > 0 and not p.closed
                     # the end: cut the open batch and hand out the rest as room appears
                     ending = self._closing and source is None and not self._queue
                     ending = ending and (room or p.pending == 0)

@@ -17,7 +17,10 @@ The thresholds (`Thresholds`) were calibrated on this engine with bench/morphstr
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import NamedTuple
+
+import numpy as np
 
 EXPLORE = ("bfs", "dfs", "ns")
 GRANULARITY = ("fine", "coarse")
@@ -135,7 +138,8 @@ class History:
     def save(self, words) -> None:
         """Into ``HISTORY_WORDS`` floats of shared memory (NaN: not measured), for peers
         that stepped aside while one executor measured alone."""
-        words[:HISTORY_WORDS] = [math.nan if v is None else v for v in astuple(self)]
+        values = (getattr(self, f.name) for f in fields(self))
+        words[:HISTORY_WORDS] = [math.nan if v is None else v for v in values]
 
     @classmethod
     def load(cls, words) -> History:
@@ -202,6 +206,22 @@ def _costly(history: History, th: Thresholds) -> bool:
     return history.cost_us is None or history.cost_us >= th.ns_min_cost_us
 
 
+class WalkedBatches(NamedTuple):
+    """Batches walked in order, as columns: a chunk's walk is logged at once, without an
+    object per batch (at cheap operations a batch's walk takes a fraction of a
+    millisecond). Their other statistics are those of a walk: no graph, no units."""
+
+    transactions: np.ndarray
+    operations: np.ndarray
+    failed: np.ndarray
+    explore_s: np.ndarray
+
+
+_WALKED = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
+"""The statistics every walked batch shares."""
+_FIELDS = tuple(BatchStats.__dataclass_fields__)
+
+
 @dataclass
 class DecisionLog:
     """Every batch's statistics and choices, for metrics.json (contract §5 `decisions`)."""
@@ -215,19 +235,39 @@ class DecisionLog:
             "abort": dict.fromkeys(ABORT, 0),
         }
     )
-    batches: list[BatchStats] = field(default_factory=list)
+    entries: list[BatchStats | WalkedBatches] = field(default_factory=list)
+    """The kept statistics, in batch order."""
+    kept: int = 0
 
     def add(self, stats: BatchStats) -> None:
         """Count a finished batch's choices and keep its statistics."""
         for dimension in ("explore",) if stats.explore == ORDERED else self.counts:
             self.counts[dimension][getattr(stats, dimension)] += 1
-        if len(self.batches) < self.limit:
-            self.batches.append(stats)
+        if self.kept < self.limit:
+            self.entries.append(stats)
+            self.kept += 1
+
+    def add_walked(self, walked: WalkedBatches) -> None:
+        """Count batches walked in order and keep their statistics."""
+        n = len(walked.transactions)
+        self.counts["explore"][ORDERED] += n
+        room = min(n, self.limit - self.kept)
+        if room > 0:
+            self.entries.append(WalkedBatches(*(column[:room] for column in walked)))
+            self.kept += room
 
     def report(self) -> dict:
         """`decisions` (counts per dimension) and per-batch statistics, as columns."""
-        columns = {name: [getattr(b, name) for b in self.batches] for name in _FIELDS}
+        columns: dict[str, list] = {name: [] for name in _FIELDS}
+        for entry in self.entries:
+            if isinstance(entry, BatchStats):
+                for name in _FIELDS:
+                    columns[name].append(getattr(entry, name))
+                continue
+            n = len(entry.transactions)
+            for name in _FIELDS:
+                if name in WalkedBatches._fields:
+                    columns[name] += getattr(entry, name).tolist()
+                else:
+                    columns[name] += [getattr(_WALKED, name)] * n
         return {"decisions": self.counts, "decision_batches": columns}
-
-
-_FIELDS = tuple(BatchStats.__dataclass_fields__)

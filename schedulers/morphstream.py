@@ -58,6 +58,7 @@ from txstream.schedulers.decision import (
     DecisionLog,
     History,
     Thresholds,
+    WalkedBatches,
     decide,
     executors_for,
 )
@@ -329,11 +330,9 @@ class MorphStreamScheduler(SpeculativeScheduler):
         walked.operations += int(operations.sum())
         walked.failed += int(failed.sum())
         self._explore_ns += int(spent.sum())
-        for b, e, ns, o, f in zip(begins, ends, spent, operations, failed, strict=True):
-            if e > b:
-                batch = BatchStats(int(e - b), int(o), 0, 0, 0, 0, 0, 0, explore=ORDERED)
-                batch.failed, batch.explore_s = int(f), ns / 1e9
-                self._log.add(batch)
+        ran = ends > begins
+        columns = (ends - begins, operations, failed, spent / 1e9)
+        self._log.add_walked(WalkedBatches(*(column[ran] for column in columns)))
 
     def _seat(self, chunk: ChunkArrays) -> ex.PoolSeat:
         seat, team = self.team.seat, self.team
@@ -607,6 +606,6 @@ class MorphStreamScheduler(SpeculativeScheduler):
 
     def report(self) -> dict:
         """`decisions` (contract §5), per-batch statistics, operations redone."""
-        if self._last is not None and self._log.batches and self._log.batches[-1] is self._last:
+        if self._last is not None and self._log.entries and self._log.entries[-1] is self._last:
             self._last.explore_s = self._explore_ns * self.team.parties / 1e9  # estimated
         return {**self._log.report(), **super().report()}

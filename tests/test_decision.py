@@ -3,6 +3,7 @@ dimensions are kept, and `auto` decides from what the team measured."""
 
 from __future__ import annotations
 
+import numpy as np
 from local_engine import run_local
 from txstream.schedulers.decision import (
     ABORT,
@@ -13,6 +14,7 @@ from txstream.schedulers.decision import (
     DecisionLog,
     History,
     Thresholds,
+    WalkedBatches,
     decide,
     executors_for,
 )
@@ -107,6 +109,26 @@ def test_the_log_counts_every_batch_and_keeps_its_statistics_up_to_a_limit():
     assert report["decisions"]["explore"] == {"bfs": 1, "dfs": 0, "ns": 2, "ordered": 1}
     assert report["decisions"]["granularity"] == {"fine": 3, "coarse": 0}
     assert report["decision_batches"]["explore"] == ["bfs", "ns"]
+
+
+def test_walked_batches_are_logged_as_columns_in_batch_order_up_to_the_limit():
+    log = DecisionLog(limit=4)
+    log.add(_stats(explore="bfs", granularity="fine", abort="lazy"))
+    columns = ([10, 20, 30], [30, 60, 90], [1, 0, 2], [0.5, 1, 2])
+    walk = WalkedBatches(*(np.array(column) for column in columns))
+    log.add_walked(walk)
+    log.add_walked(walk)  # counted, past the limit: not kept
+    log.add(_stats(explore="ns", granularity="fine", abort="lazy"))
+    report = log.report()
+    assert report["decisions"]["explore"] == {"bfs": 1, "dfs": 0, "ns": 1, "ordered": 6}
+    batches = report["decision_batches"]
+    assert batches["explore"] == ["bfs", "ordered", "ordered", "ordered"]
+    assert batches["transactions"] == [1000, 10, 20, 30]
+    assert batches["operations"][1:] == [30, 60, 90]
+    assert batches["failed"][1:] == [1, 0, 2]
+    assert batches["explore_s"][1:] == [0.5, 1.0, 2.0]
+    assert batches["granularity"][1:] == batches["abort"][1:] == ["", "", ""]
+    assert batches["td"][1:] == [0, 0, 0]
 
 
 def _team(topology: str, events, init, **options):
