@@ -217,8 +217,13 @@ class WalkedBatches(NamedTuple):
     explore_s: np.ndarray
 
 
-_WALKED = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
-"""The statistics every walked batch shares."""
+def no_walk() -> BatchStats:
+    """The statistics of a walk in order before any batch is counted: no graph, no units
+    (what every walked batch shares but its counts)."""
+    return BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
+
+
+_WALKED = no_walk()
 _FIELDS = tuple(BatchStats.__dataclass_fields__)
 
 

@@ -52,7 +52,6 @@ from txstream.schedulers._tpg import (
 )
 from txstream.schedulers.decision import (
     HISTORY_WORDS,
-    ORDERED,
     BatchStats,
     Choice,
     DecisionLog,
@@ -61,6 +60,7 @@ from txstream.schedulers.decision import (
     WalkedBatches,
     decide,
     executors_for,
+    no_walk,
 )
 from txstream.schedulers.speculative import SpeculativeScheduler
 from txstream.schedulers.team._links import CROSS, HEADS, HOT, LINK_STATS, PD, TD
@@ -157,7 +157,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         """This chunk is walked in order by executor 0 (module docstring)."""
         self._alone_seen = 0.0
         """Chunks executor 0 ran alone, as of the history this executor holds."""
-        self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
+        self._walked = no_walk()
         """What executor 0 walked in order since the last chunk's decision."""
         self._walked_batches: list[tuple[int, int, int, int]] = []
         """The chunk's batches executor 0 walked: (begin, end, ns, aborted transactions),
@@ -231,7 +231,7 @@ class MorphStreamScheduler(SpeculativeScheduler):
         walked.operations = int(totals[WALKED_OPS])
         self._fold(self._history, float(totals[EXPLORE_NS]), team.parties if team.alone else 1)
         self._last, self._explore_ns = None, 0
-        self._walked = BatchStats(0, 0, 0, 0, 0, 0, 0, 0, explore=ORDERED)
+        self._walked = no_walk()
         if team.alone:
             shared[0] += 1
             self._alone_seen = float(shared[0])
@@ -325,13 +325,14 @@ class MorphStreamScheduler(SpeculativeScheduler):
             operations = self.direct.statements.operations_between(begins, ends)
         else:
             operations = ops.txn_ptr[ends] - ops.txn_ptr[begins]
+        sizes = ends - begins
         walked = self._walked
-        walked.transactions += int((ends - begins).sum())
+        walked.transactions += int(sizes.sum())
         walked.operations += int(operations.sum())
         walked.failed += int(failed.sum())
         self._explore_ns += int(spent.sum())
-        ran = ends > begins
-        columns = (ends - begins, operations, failed, spent / 1e9)
+        ran = sizes > 0
+        columns = (sizes, operations, failed, spent / 1e9)
         self._log.add_walked(WalkedBatches(*(column[ran] for column in columns)))
 
     def _seat(self, chunk: ChunkArrays) -> ex.PoolSeat:
