@@ -57,6 +57,11 @@ waits for at most the chunk being executed before its own, a one-shot run's late
 means what a session's does (events arrive when they are read), and memory stays
 bounded. Read further ahead at costly operations, events waited for their turn and were
 counted as a backlog (`ChunkSizer.limit`): latency ~3 targets (docs/performance.md)."""
+SOURCE_BATCH_ROWS = 1 << 24
+"""Rows asked of a source at a time. Sources in memory (a table, Spark's partitions) hand
+views that long, read a `ChunkSizer.step` at a time: a chunk's events are then one slice
+of them, conformed at once (`Punctuator.take`), which executors read without a copy.
+Parquet decodes smaller batches of its own (`txstream.connectors.sources.PARQUET_BATCH_ROWS`)."""
 CONCURRENCY = {"input": 1, "run": 1}
 """Ray concurrency groups (see module docstring)."""
 
@@ -118,9 +123,10 @@ class ProgressController:
         )
         """Events of the first chunk, which executor 0 runs alone (0: the team does;
         `Scheduler.first_walk_events`); the sizer learns the team's rate from the next."""
-        self._cpus: tuple[set[int], set[int]] | None = None
-        """Where the dispatch loop and its reaper run while the team works, and while
-        executor 0 runs alone (off its core, as beside one executor); set by `run`."""
+        self._cpus: tuple[set[int], set[int], set[int]] | None = None
+        """Where the dispatch loop and its reaper run while the team works, where the
+        Sink does (wherever the process may), and where all three run while executor 0
+        runs alone (off its core, as beside one executor); set by `run`."""
         self._pinned_alone = False
         self._reaper_tid: int | None = None
         self.sink = sink
@@ -141,7 +147,7 @@ class ProgressController:
         self._failure: BaseException | None = None
         self._reaper_cpu_s = 0.0  # the reaper thread's CPU, counted with the dispatch loop's
         punctuation_s = None if config.punctuation_ms is None else config.punctuation_ms / 1e3
-        self._punctuator = Punctuator(config.punctuation_interval, punctuation_s, start_ts)
+        self._punctuator = Punctuator(config.punctuation_interval, punctuation_s, start_ts, schema)
         self._checkpoints = CheckpointBuffer.attach(checkpoints) if checkpoints else None
         self._batches_since_checkpoint = 0
         self._sizer = ChunkSizer(config.latency_target_ms / 1e3, config.max_chunk_events)
@@ -195,10 +201,11 @@ class ProgressController:
         Raises the root cause if an executor fails. With ``cpus``, the dispatch loop and
         its reaper run there (as threads: the calling thread is pinned); with
         ``alone_cpus``, there while executor 0 runs chunks alone (`_pin`)."""
+        process_cpus = os.sched_getaffinity(0)
         if cpus:
             os.sched_setaffinity(0, cpus)
         if alone_cpus:
-            self._cpus = (os.sched_getaffinity(0), alone_cpus)
+            self._cpus = (os.sched_getaffinity(0), process_cpus, alone_cpus)
         cpu_start = time.thread_time()  # this thread's and the reaper's: not the team's
         reaper = threading.Thread(target=self._reap, name="reaper", daemon=True)
         reaper.start()
@@ -232,7 +239,8 @@ class ProgressController:
     def _dispatch_until_closed(self) -> None:
         p = self._punctuator
         source = None
-        unread: pa.RecordBatch | None = None  # the rest of the source's last batch
+        batch: pa.RecordBatch | None = None  # the source's last batch
+        read = 0  # its rows read so far
         flushed = 0
         while True:
             with self._cond:
@@ -241,7 +249,7 @@ class ProgressController:
                         return
                     self._take_tables()
                     if source is None and self._queue:
-                        source = self._queue.popleft()[1].iter_batches(self._sizer.largest)
+                        source = self._queue.popleft()[1].iter_batches(SOURCE_BATCH_ROWS)
                     now = time.time()
                     arrived = p.ts + p.pending
                     flush = self._flush_through if self._flush_through > flushed else 0
@@ -261,15 +269,14 @@ class ProgressController:
                         break
                     self._cond.wait(None if deadline is None else max(deadline - now, 1e-3))
             if readable:
-                if unread is None or unread.num_rows == 0:
-                    unread = next(source, None)
-                if unread is None:
+                if batch is None or read == batch.num_rows:
+                    batch, read = next(source, None), 0
+                if batch is None:
                     source = None
                 else:
-                    arrival = time.time()
-                    piece, unread = unread.slice(0, step), unread.slice(step)
-                    for batch in conform_events(piece, self.schema).to_batches():
-                        p.add(batch, arrival)
+                    rows = min(step, batch.num_rows - read)
+                    p.add(batch, time.time(), read, rows)  # conformed in chunks (`take`)
+                    read += rows
             p.cut_if_due(time.time())
             if flush or ending or idle:
                 p.punctuate()
@@ -302,17 +309,19 @@ class ProgressController:
         return len(self._in_flight) < CHUNKS_IN_FLIGHT
 
     def _pin(self, alone: bool) -> None:
-        """Executor 0 running alone leaves its peers' cores idle: the dispatch loop and
-        its reaper move there, off executor 0's core, as they run beside one executor
-        (the feeders otherwise share its core now and then); back when the team works."""
+        """Executor 0 running alone leaves its peers' cores idle: the dispatch loop, its
+        reaper and the Sink move there, off executor 0's core (the feeders otherwise
+        share its core now and then: the Sink, left to the kernel's scheduler, took it
+        from the lone executor tens of times a run); back when the team works."""
         if self._cpus is None or alone == self._pinned_alone:
             return
-        team_cpus, alone_cpus = self._cpus
+        team_cpus, sink_cpus, alone_cpus = self._cpus
         cpus = alone_cpus if alone else team_cpus
         os.sched_setaffinity(0, cpus)
         if self._reaper_tid is not None:
             with contextlib.suppress(OSError):  # (the reaper ended: a failure)
                 os.sched_setaffinity(self._reaper_tid, cpus)
+        self.sink.pin.remote(alone_cpus if alone else sink_cpus)
         self._pinned_alone = alone
 
     def _may_read(self, step: int, room: bool) -> bool:

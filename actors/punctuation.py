@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 from txstream.config import CHUNK_EVENTS
+from txstream.topologies.api import conform_events, one_batch
 
 START_EVENTS = 1024
 """Chunk size before the team's rate is known: 0.1 s at 40 us per user function (SL),
@@ -55,12 +56,22 @@ class Chunk:
 class Punctuator:
     """Pending events and the punctuations among them (see module docstring)."""
 
-    def __init__(self, interval: int, punctuation_s: float | None, start_ts: int = 0):
+    def __init__(
+        self,
+        interval: int,
+        punctuation_s: float | None,
+        start_ts: int = 0,
+        schema: pa.Schema | None = None,
+    ):
         self.interval = interval
+        self.schema = schema
+        """With a schema, a chunk's events are conformed to it as the chunk is taken
+        (`take`); without, they are added conformed."""
         self.punctuation_s = punctuation_s
         self.ts = start_ts
         """ts of the first pending event (every event before it is in a chunk)."""
-        self._pieces: deque[tuple[pa.RecordBatch, float]] = deque()
+        self._pieces: deque[tuple[pa.RecordBatch, int, int, float]] = deque()
+        """Pending events as (batch, first row, rows, arrival)."""
         self._ends: deque[int] = deque()  # absolute ts where batches end (not yet taken)
         self._end = start_ts  # ts after the last pending event
         self._open = start_ts  # ts where the open batch starts
@@ -78,14 +89,19 @@ class Punctuator:
         """Pending events whose batch is closed (ready to be taken)."""
         return (self._ends[-1] if self._ends else self.ts) - self.ts
 
-    def add(self, batch: pa.RecordBatch, arrival: float) -> None:
-        """Events that arrived at ``arrival``; cuts a batch every ``interval`` events."""
-        if batch.num_rows == 0:
+    def add(
+        self, batch: pa.RecordBatch, arrival: float, first: int = 0, rows: int | None = None
+    ) -> None:
+        """Events that arrived at ``arrival``: ``rows`` rows of ``batch`` from ``first``
+        (all of it by default); cuts a batch every ``interval`` events. Rows added in
+        order from one batch make one slice of it in a chunk (`take`), not a copy."""
+        rows = batch.num_rows - first if rows is None else rows
+        if rows == 0:
             return
-        self._pieces.append((batch, arrival))
+        self._pieces.append((batch, first, rows, arrival))
         if self._open == self._end:
             self._open_since = arrival
-        self._end += batch.num_rows
+        self._end += rows
         while self._end - self._open >= self.interval:
             self._cut(self._open + self.interval, arrival)
             self.count_cuts += 1
@@ -120,27 +136,37 @@ class Punctuator:
         while self._ends and self._ends[0] - self.ts <= limit:
             ends.append(self._ends.popleft())
         n = ends[-1] - self.ts
-        pieces, arrivals, sizes = [], [], []
+        spans: list[list] = []  # [batch, first, rows]: consecutive rows of one batch
+        arrivals, sizes = [], []
         taken = 0
         while taken < n:
-            batch, arrival = self._pieces[0]
-            use = min(batch.num_rows, n - taken)
-            pieces.append(batch.slice(0, use))
+            batch, first, rows, arrival = self._pieces[0]
+            use = min(rows, n - taken)
+            if spans and spans[-1][0] is batch and spans[-1][1] + spans[-1][2] == first:
+                spans[-1][2] += use
+            else:
+                spans.append([batch, first, use])
             arrivals.append(arrival)
             sizes.append(use)
             taken += use
-            if use == batch.num_rows:
+            if use == rows:
                 self._pieces.popleft()
             else:
-                self._pieces[0] = (batch.slice(use), arrival)
+                self._pieces[0] = (batch, first + use, rows - use, arrival)
         chunk = Chunk(
             ts0=self.ts,
-            events=pa.Table.from_batches(pieces),
+            events=pa.Table.from_batches([self._conformed(*span) for span in spans]),
             arrival=np.repeat(np.asarray(arrivals, np.float64), sizes),
             batch_ends=np.asarray(ends, np.int64) - self.ts,
         )
         self.ts = ends[-1]
         return chunk
+
+    def _conformed(self, batch: pa.RecordBatch, first: int, rows: int) -> pa.RecordBatch:
+        """Rows ``first..`` of ``batch``, ``rows`` of them, conformed to the schema: one
+        conversion for all of them, and no copy where none is needed."""
+        events = batch.slice(first, rows)
+        return events if self.schema is None else one_batch(conform_events(events, self.schema))
 
     def _cut(self, at: int, arrival: float | None) -> None:
         """A batch ends at ``at``; the next one starts with an event that arrived at

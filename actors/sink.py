@@ -11,6 +11,7 @@ open for ``PART_SECONDS``, so that committed outputs follow the stream closely.
 from __future__ import annotations
 
 import bisect
+import os
 import time
 from pathlib import Path
 
@@ -52,6 +53,11 @@ class Sink:
         """Rejected events by reason."""
         self._cpu_s = 0.0
         self._publish()
+
+    def pin(self, cpus: set[int]) -> None:
+        """Run the calls that follow on ``cpus`` (a Sink that is a thread of the team's
+        process: `ProgressController._pin`)."""
+        os.sched_setaffinity(0, cpus)
 
     def write(self, rows: pa.RecordBatch, ts0: int, arrival: np.ndarray) -> None:
         """Accept a share that starts at ``ts0``; write every share that is now in order."""

@@ -76,7 +76,8 @@ def spare_cpus(cores: list[tuple[int, int]]) -> set[int]:
     scheduler with the Sink's, it would share the executor's core now and then. The Sink's
     thread is left to the scheduler: an executor running a kernel made for its statements
     is fast enough to wait for its feeders a good part of a run, and the Sink then writes
-    on its core (docs/performance.md)."""
+    on its core (docs/performance.md); but not beside an executor 0 that runs chunks alone,
+    its peers' cores idle (`ProgressController._pin`)."""
     return set(os.sched_getaffinity(0)) - {cpu for _, cpu in cores}
 
 

@@ -3,8 +3,13 @@ dimensions are kept, and `auto` decides from what the team measured."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+import pytest
 from local_engine import run_local
+from txstream.actors.executor import Executor
+from txstream.actors.sink import Sink
 from txstream.schedulers.decision import (
     ABORT,
     EXPLORE,
@@ -197,6 +202,31 @@ def test_auto_walks_cheap_operations_in_order_with_serials_results():
     costly = run_local("sl", events, init, scheduler="morphstream", udf_cost_us=1, **options)
     assert costly.metrics["decisions"]["explore"]["ordered"] == 1  # the first chunk only
     assert costly.events.equals(serial.events) and costly.state == serial.state
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one CPU: nowhere to move to")
+def test_while_executor_0_walks_alone_its_feeders_keep_off_its_core(monkeypatch):
+    """The Sink writes a lone executor 0's rows on its idle peers' cores, as the
+    ProgressController dispatches from there (`ProgressController._pin`)."""
+    seen: dict[str, list] = {"executor": [], "sink": []}
+    process, write = Executor.process, Sink.write
+
+    def processing(self, *args, **kwargs):
+        if self.rank == 0:
+            seen["executor"].append(os.sched_getaffinity(0))
+        return process(self, *args, **kwargs)
+
+    def writing(self, *args, **kwargs):
+        seen["sink"].append(os.sched_getaffinity(0))
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Executor, "process", processing)
+    monkeypatch.setattr(Sink, "write", writing)
+    events, init = generate("sl", WorkloadSpec(events=20_000, keys=500, seed=3))
+    walked = run_local("sl", events, init, scheduler="morphstream", executors=2)
+    assert walked.metrics["decisions"]["explore"]["ordered"] > 1
+    (executor_core,) = set(map(frozenset, seen["executor"]))
+    assert seen["sink"] and all(not cpus & executor_core for cpus in seen["sink"])
 
 
 def test_auto_decides_from_the_measured_graph_of_each_batch():

@@ -151,6 +151,31 @@ def test_take_splits_pushes_mid_batch_with_their_arrivals():
     assert (p.ts, p.pending) == (109, 0)
 
 
+def test_rows_read_in_order_from_one_batch_are_one_slice_of_it_conformed_once():
+    source = pa.record_batch(
+        {
+            "ts": pa.array(range(10), pa.int32()),
+            "kind": pa.array(["a", "b"] * 5),
+            "extra": pa.array([0.5] * 10),
+        }
+    )
+    schema = pa.schema([("ts", pa.int64()), ("kind", pa.dictionary(pa.int32(), pa.string()))])
+    p = Punctuator(4, None, schema=schema)
+    for first, arrival in ((0, 1.0), (3, 2.0), (6, 3.0)):  # read a step of 3 at a time
+        p.add(source, arrival, first, 3)
+    p.add(pa.record_batch({"ts": pa.array([9, 10]), "kind": pa.array(["c", "c"])}), 4.0)
+    chunk = p.take(8)
+    assert chunk.events.schema == schema
+    assert [len(b) for b in chunk.events.to_batches()] == [8]  # one slice, one conversion
+    assert _ts(chunk) == list(range(8))
+    assert chunk.events.column("kind").to_pylist() == ["a", "b"] * 4
+    assert chunk.arrival.tolist() == [1.0] * 3 + [2.0] * 3 + [3.0] * 2
+    p.punctuate()
+    rest = p.take(100)
+    assert [len(b) for b in rest.events.to_batches()] == [1, 2]  # two batches, two slices
+    assert _ts(rest) == [8, 9, 10]
+
+
 # ---------------------------------------------------------------- Punctuator: property
 _ops = st.lists(
     st.one_of(
