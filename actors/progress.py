@@ -40,7 +40,7 @@ from txstream.state.shared import ArrayHandle
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.state.values import ValueType, typed_table
 from txstream.state.watermark import Watermark
-from txstream.topologies.api import Layout, conform_events, one_batch
+from txstream.topologies.api import Layout, conform_events, one_batch, own_memory
 
 if TYPE_CHECKING:
     from txstream.config import RunConfig
@@ -58,10 +58,12 @@ means what a session's does (events arrive when they are read), and memory stays
 bounded. Read further ahead at costly operations, events waited for their turn and were
 counted as a backlog (`ChunkSizer.limit`): latency ~3 targets (docs/performance.md)."""
 SOURCE_BATCH_ROWS = 1 << 24
-"""Rows asked of a source at a time. Sources in memory (a table, Spark's partitions) hand
-views that long, read a `ChunkSizer.step` at a time: a chunk's events are then one slice
-of them, conformed at once (`Punctuator.take`), which executors read without a copy.
-Parquet decodes smaller batches of its own (`txstream.connectors.sources.PARQUET_BATCH_ROWS`)."""
+"""Rows asked of a source at a time for executors in this process. Sources in memory (a
+table, Spark's partitions) hand views that long, read a `ChunkSizer.step` at a time: a
+chunk's events are then one slice of them, conformed at once (`Punctuator.take`), which
+executors read without a copy. Parquet decodes smaller batches of its own
+(`txstream.connectors.sources.PARQUET_BATCH_ROWS`). Executors in other processes get at
+most the largest chunk at a time: a pickled slice carries its whole batch's memory."""
 CONCURRENCY = {"input": 1, "run": 1}
 """Ray concurrency groups (see module docstring)."""
 
@@ -249,7 +251,8 @@ class ProgressController:
                         return
                     self._take_tables()
                     if source is None and self._queue:
-                        source = self._queue.popleft()[1].iter_batches(SOURCE_BATCH_ROWS)
+                        rows = self._sizer.largest if self._remote else SOURCE_BATCH_ROWS
+                        source = self._queue.popleft()[1].iter_batches(rows)
                     now = time.time()
                     arrived = p.ts + p.pending
                     flush = self._flush_through if self._flush_through > flushed else 0
@@ -368,7 +371,7 @@ class ProgressController:
         ):
             share = events.slice(first, end - first)
             if self._remote:  # pickled whole; a thread makes it one batch on its own core
-                share = one_batch(share)
+                share = own_memory(one_batch(share))
             arrival = chunk.arrival[first:end]
             calls.append(
                 executor.process.remote(

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from txstream.actors.punctuation import START_EVENTS, ChunkSizer, Punctuator
 from txstream.config import CHUNK_EVENTS
+from txstream.topologies.api import one_batch, own_memory
 
 
 def _rows(first: int, n: int) -> pa.RecordBatch:
@@ -174,6 +177,17 @@ def test_rows_read_in_order_from_one_batch_are_one_slice_of_it_conformed_once():
     rest = p.take(100)
     assert [len(b) for b in rest.events.to_batches()] == [1, 2]  # two batches, two slices
     assert _ts(rest) == [8, 9, 10]
+
+
+def test_a_chunk_for_another_process_pickles_its_own_rows_only():
+    source = pa.record_batch({"ts": pa.array(range(100_000)), "kind": pa.array(["a"] * 100_000)})
+    p = Punctuator(1000, None)
+    p.add(source, 1.0, 5000, 2000)
+    chunk = one_batch(p.take(2000).events)
+    assert len(pickle.dumps(chunk)) > 40 * len(pickle.dumps(own_memory(chunk)))
+    assert own_memory(chunk).equals(chunk)
+    whole = own_memory(chunk)
+    assert own_memory(whole) is whole  # nothing to drop: no copy
 
 
 # ---------------------------------------------------------------- Punctuator: property

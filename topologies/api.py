@@ -1017,6 +1017,14 @@ def one_batch(events: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=events.schema)
 
 
+def own_memory(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` in memory of its own: a copy if it is a slice of a batch over twice its
+    size, whose pickle would carry all of that batch."""
+    if batch.get_total_buffer_size() > 2 * batch.nbytes:
+        return pa.concat_batches([batch])
+    return batch
+
+
 def conform_events(events: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
     """``events`` with exactly the columns of ``schema``, in its order and types (integers
     of any width widened, all-null columns typed); other columns are dropped. Batches of
