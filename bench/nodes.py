@@ -35,6 +35,7 @@ import statistics
 import tempfile
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
@@ -126,6 +127,11 @@ def main() -> None:
     counts = [int(n) for n in args.nodes.split(",")]
     folder = tempfile.mkdtemp(prefix="txs-bench-nodes-")
     node = {"num_cpus": 1, "object_store_memory": 300 * 1024**2, "temp_dir": folder}
+    # Ray notes a cluster's address in its default folder whatever temp_dir says, and
+    # fails where that folder does not exist: made for the run
+    ray_folder = Path(tempfile.gettempdir()) / "ray"
+    made = not ray_folder.exists()
+    ray_folder.mkdir(exist_ok=True)
     cluster = Cluster(initialize_head=True, head_node_args=node)
     try:
         for _ in range(max(counts) - 1):
@@ -137,6 +143,8 @@ def main() -> None:
         ray.shutdown()
         cluster.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
+        if made:
+            shutil.rmtree(ray_folder, ignore_errors=True)
     path = write_results(args.out, results)
     plot(results, path.with_suffix(".png"))
     print(path)
