@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from txstream.actors.executor import output_schema
 from txstream.cluster.nodes import cpus_before, hosts_of, pick_nodes
 from txstream.cluster.ray_runtime import actor_failure, ray_session, start_actor, stop_actors
+from txstream.config import CHUNK_EVENTS
 from txstream.connectors.inputs import Events, event_source, staged_by_spark
 from txstream.connectors.outputs import part_name
 from txstream.engine.engine import NAMESPACE
@@ -63,8 +64,10 @@ if TYPE_CHECKING:  # Spark's connector is imported only when Spark stages the in
     from txstream.connectors.spark import SparkSource
     from txstream.nodes.intake import Prepared
 
-UNIT_EVENTS = 65536
-"""Events per unit of input: the sequencer's grain (levels restart with every unit)."""
+UNIT_EVENTS = CHUNK_EVENTS
+"""Events per unit of input: the sequencer's grain (levels restart with every unit). As
+many as a team's largest chunk: a unit gathered on one node is then one chunk there, and
+each step pays a round trip through the node's pipeline, so fewer, larger ones pay."""
 UNITS_IN_FLIGHT = 2
 """Units submitted and not finished yet: one running, one ready."""
 UNIT_LEVELS = 128
