@@ -132,8 +132,9 @@ def main() -> None:
     ray_folder = Path(tempfile.gettempdir()) / "ray"
     made = not ray_folder.exists()
     ray_folder.mkdir(exist_ok=True)
-    cluster = Cluster(initialize_head=True, head_node_args=node)
+    cluster = None
     try:
+        cluster = Cluster(initialize_head=True, head_node_args=node)
         for _ in range(max(counts) - 1):
             cluster.add_node(**node)
         cluster.wait_for_nodes()
@@ -141,7 +142,8 @@ def main() -> None:
         results = run_all(args, counts, cluster.address)
     finally:
         ray.shutdown()
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
         if made:
             shutil.rmtree(ray_folder, ignore_errors=True)
