@@ -40,7 +40,7 @@ from txstream.state.shared import ArrayHandle
 from txstream.state.snapshots import SnapshotHandle, SnapshotRing
 from txstream.state.values import ValueType, typed_table
 from txstream.state.watermark import Watermark
-from txstream.topologies.api import Layout, conform_events, one_batch, own_memory
+from txstream.topologies.api import Layout, one_batch, own_memory
 
 if TYPE_CHECKING:
     from txstream.config import RunConfig
@@ -162,8 +162,8 @@ class ProgressController:
     @ray.method(concurrency_group="input")
     def push(self, events: pa.Table, runs: list[tuple[int, float]]) -> None:
         """Events pushed in ``runs`` of ``(rows, arrival)`` (one per push the session
-        gathered into this call); they follow everything pushed before."""
-        events = conform_events(events, self.schema)
+        gathered into this call); they follow everything pushed before, and are conformed
+        to the event schema as chunks are taken (`Punctuator.take`)."""
         pieces, start = [], 0
         for rows, arrival in runs:
             pieces += [(batch, arrival) for batch in events.slice(start, rows).to_batches()]

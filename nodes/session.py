@@ -66,8 +66,9 @@ if TYPE_CHECKING:  # Spark's connector is imported only when Spark stages the in
 
 UNIT_EVENTS = CHUNK_EVENTS
 """Events per unit of input: the sequencer's grain (levels restart with every unit). As
-many as a team's largest chunk: a unit gathered on one node is then one chunk there, and
-each step pays a round trip through the node's pipeline, so fewer, larger ones pay."""
+many as a team's largest chunk by default: a unit gathered on one node is one chunk
+there, and each step pays a round trip through the node's pipeline, so fewer, larger
+ones pay."""
 UNITS_IN_FLIGHT = 2
 """Units submitted and not finished yet: one running, one ready."""
 UNIT_LEVELS = 128
